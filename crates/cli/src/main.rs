@@ -1,0 +1,528 @@
+//! `ubtrfs`: read (and later write) btrfs filesystems without a kernel mount.
+//! A thin layer over ubtrfs-core: argument parsing, output formatting, exit codes.
+
+mod extract;
+mod fmt;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use ubtrfs_core::dir::DirEntry;
+use ubtrfs_core::fs::{S_IFBLK, S_IFCHR, S_IFLNK, S_IFMT};
+use ubtrfs_core::inode::Stat;
+use ubtrfs_core::{Filesystem, Node, OpenOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "ubtrfs",
+    version,
+    about = "btrfs in userspace: read images and devices without a kernel mount"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args, Clone)]
+struct Image {
+    /// Image file or block device (several devices: a,b or repeat --device).
+    image: String,
+    /// More devices of a multi-device filesystem.
+    #[arg(long = "device", short = 'D', value_name = "DEV")]
+    devices: Vec<PathBuf>,
+    /// Do not verify data checksums.
+    #[arg(long)]
+    no_csum: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// List a directory (paths are absolute from the top-level subvolume).
+    Ls {
+        #[command(flatten)]
+        img: Image,
+        #[arg(default_value = "/")]
+        path: String,
+        /// Long listing (mode, links, uid, gid, size, mtime).
+        #[arg(short = 'l')]
+        long: bool,
+        /// Recurse into subdirectories (and subvolumes).
+        #[arg(short = 'R')]
+        recursive: bool,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Write a file's contents to stdout.
+    Cat {
+        #[command(flatten)]
+        img: Image,
+        path: String,
+    },
+    /// Show every stat(2) field the kernel reports for a path.
+    Stat {
+        #[command(flatten)]
+        img: Image,
+        path: String,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Copy files out of the image (like `btrfs restore`), keeping metadata.
+    Extract {
+        #[command(flatten)]
+        img: Image,
+        dest: PathBuf,
+        /// Extract only this path (its contents go into DEST).
+        #[arg(long, default_value = "/")]
+        path: String,
+    },
+    /// Subvolume commands.
+    Subvolume {
+        #[command(subcommand)]
+        cmd: SubvolCmd,
+    },
+    /// Low-level inspection.
+    Inspect {
+        #[command(subcommand)]
+        cmd: InspectCmd,
+    },
+}
+
+#[derive(Subcommand)]
+enum SubvolCmd {
+    /// List subvolumes and snapshots like `btrfs subvolume list`.
+    List {
+        #[command(flatten)]
+        img: Image,
+        /// Print paths with <FS_TREE>/ like `btrfs subvolume list -a`.
+        #[arg(short = 'a')]
+        all: bool,
+        /// Also print parent uuid (-q) and uuid (-u) columns.
+        #[arg(short = 'q')]
+        parent_uuid: bool,
+        #[arg(short = 'u')]
+        uuid: bool,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum InspectCmd {
+    /// Print the superblock like `btrfs inspect-internal dump-super`.
+    DumpSuper {
+        #[command(flatten)]
+        img: Image,
+        /// Print backup roots and the system chunk array too.
+        #[arg(short = 'f', long)]
+        full: bool,
+        /// Which copy (0, 1, 2).
+        #[arg(short = 's', long, default_value_t = 0)]
+        super_mirror: usize,
+    },
+    /// Print trees like `btrfs inspect-internal dump-tree`.
+    DumpTree {
+        #[command(flatten)]
+        img: Image,
+        /// Tree id or name (root, extent, chunk, dev, fs, csum, quota, uuid, free-space, ...).
+        #[arg(short = 't', long)]
+        tree: Option<String>,
+        /// Print only the block at this logical address.
+        #[arg(short = 'b', long)]
+        block: Option<u64>,
+    },
+}
+
+fn open(img: &Image) -> Result<Filesystem> {
+    let mut paths: Vec<PathBuf> = img.image.split(',').map(PathBuf::from).collect();
+    paths.extend(img.devices.iter().cloned());
+    let opts = OpenOptions {
+        verify_data_csum: !img.no_csum,
+        ..Default::default()
+    };
+    let fs = Filesystem::open_paths(&paths, opts)
+        .with_context(|| format!("cannot open {}", img.image))?;
+    flush_warnings(&fs);
+    Ok(fs)
+}
+
+fn flush_warnings(fs: &Filesystem) {
+    for w in fs.info.take_warnings() {
+        eprintln!("ubtrfs: warning: {w}");
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // A closed pipe (ubtrfs cat | head) is not an error worth a message.
+            if let Some(ioe) = e.downcast_ref::<io::Error>() {
+                if ioe.kind() == io::ErrorKind::BrokenPipe {
+                    return ExitCode::SUCCESS;
+                }
+            }
+            let msg = format!("{e:#}");
+            eprintln!("ubtrfs: error: {}", msg.replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    let stdout = io::stdout();
+    let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
+    match cli.cmd {
+        Cmd::Ls {
+            img,
+            path,
+            long,
+            recursive,
+            format,
+        } => {
+            let fs = open(&img)?;
+            let r = cmd_ls(&fs, &path, long, recursive, format, &mut out);
+            flush_warnings(&fs);
+            r?;
+        }
+        Cmd::Cat { img, path } => {
+            let fs = open(&img)?;
+            let r = cmd_cat(&fs, &path, &mut out);
+            flush_warnings(&fs);
+            r?;
+        }
+        Cmd::Stat { img, path, format } => {
+            let fs = open(&img)?;
+            cmd_stat(&fs, &path, format, &mut out)?;
+        }
+        Cmd::Extract { img, dest, path } => {
+            let fs = open(&img)?;
+            let r = extract::extract(&fs, &path, &dest);
+            flush_warnings(&fs);
+            let summary = r?;
+            if summary.failures > 0 {
+                bail!(
+                    "{} of {} entries could not be fully restored (see warnings above)",
+                    summary.failures,
+                    summary.entries
+                );
+            }
+        }
+        Cmd::Subvolume {
+            cmd:
+                SubvolCmd::List {
+                    img,
+                    all,
+                    parent_uuid,
+                    uuid,
+                    format,
+                },
+        } => {
+            let fs = open(&img)?;
+            cmd_subvol_list(&fs, all, parent_uuid, uuid, format, &mut out)?;
+        }
+        Cmd::Inspect { cmd } => match cmd {
+            InspectCmd::DumpSuper {
+                img,
+                full,
+                super_mirror,
+            } => cmd_dump_super(&img, full, super_mirror, &mut out)?,
+            InspectCmd::DumpTree { img, tree, block } => {
+                let fs = open(&img)?;
+                let tree = match tree {
+                    None => None,
+                    Some(t) => Some(
+                        t.parse::<i64>()
+                            .map(|v| v as u64)
+                            .ok()
+                            .or_else(|| ubtrfs_core::print_tree::parse_tree_name(&t))
+                            .with_context(|| format!("unknown tree {t:?}"))?,
+                    ),
+                };
+                let r = ubtrfs_core::print_tree::dump_tree(&fs.info, tree, block, &mut out);
+                flush_warnings(&fs);
+                r?;
+            }
+        },
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn target_of(fs: &Filesystem, node: Node, st: &Stat) -> Result<Option<Vec<u8>>> {
+    if st.mode & S_IFMT == S_IFLNK {
+        Ok(Some(fs.readlink(node)?))
+    } else {
+        Ok(None)
+    }
+}
+
+fn ls_line(fs: &Filesystem, name: &[u8], node: Node, st: &Stat, long: bool) -> Result<String> {
+    let name = fmt::name_display(name);
+    if !long {
+        return Ok(name);
+    }
+    let size = match st.mode & S_IFMT {
+        S_IFCHR | S_IFBLK => {
+            let (maj, min) = (
+                nix::sys::stat::major(st.rdev),
+                nix::sys::stat::minor(st.rdev),
+            );
+            format!("{maj}, {min}")
+        }
+        _ => st.size.to_string(),
+    };
+    let mut s = format!(
+        "{} {} {} {} {} {} {}",
+        fmt::mode_string(st.mode),
+        st.nlink,
+        st.uid,
+        st.gid,
+        size,
+        fmt::ls_time(&st.mtime),
+        name
+    );
+    if let Some(t) = target_of(fs, node, st)? {
+        s.push_str(" -> ");
+        s.push_str(&fmt::name_display(&t));
+    }
+    Ok(s)
+}
+
+fn stat_json(fs: &Filesystem, path: &str, node: Node, st: &Stat) -> Result<serde_json::Value> {
+    let mut v = serde_json::json!({
+        "path": path,
+        "type": fmt::type_name(st.mode),
+        "subvol": st.subvol,
+        "ino": st.ino,
+        "mode": st.mode,
+        "nlink": st.nlink,
+        "uid": st.uid,
+        "gid": st.gid,
+        "rdev": st.rdev,
+        "size": st.size,
+        "blocks": st.blocks,
+        "blksize": st.blksize,
+        "atime": fmt::ts_string(&st.atime),
+        "mtime": fmt::ts_string(&st.mtime),
+        "ctime": fmt::ts_string(&st.ctime),
+        "crtime": fmt::ts_string(&st.crtime),
+    });
+    if let Some(t) = target_of(fs, node, st)? {
+        v["target"] = serde_json::Value::String(fmt::name_display(&t));
+    }
+    Ok(v)
+}
+
+fn join(dir: &str, name: &[u8]) -> String {
+    let n = fmt::name_display(name);
+    if dir.ends_with('/') {
+        format!("{dir}{n}")
+    } else {
+        format!("{dir}/{n}")
+    }
+}
+
+fn sorted_entries(fs: &Filesystem, dir: Node) -> Result<Vec<DirEntry>> {
+    let mut v = fs.readdir(dir)?;
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(v)
+}
+
+fn cmd_ls(
+    fs: &Filesystem,
+    path: &str,
+    long: bool,
+    recursive: bool,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let node = fs.resolve(path)?;
+    let st = fs.stat(node)?;
+    let mut json = Vec::new();
+    if st.mode & S_IFMT != ubtrfs_core::fs::S_IFDIR {
+        if format == Format::Json {
+            json.push(stat_json(fs, path, node, &st)?);
+            serde_json::to_writer_pretty(&mut *out, &json)?;
+            writeln!(out)?;
+        } else {
+            writeln!(out, "{}", ls_line(fs, path.as_bytes(), node, &st, long)?)?;
+        }
+        return Ok(());
+    }
+    let mut stack = vec![(path.to_string(), node)];
+    let mut first = true;
+    while let Some((dpath, dnode)) = stack.pop() {
+        let entries = sorted_entries(fs, dnode)?;
+        if recursive && format == Format::Text {
+            if !first {
+                writeln!(out)?;
+            }
+            writeln!(out, "{dpath}:")?;
+        }
+        first = false;
+        let mut subdirs = Vec::new();
+        for e in &entries {
+            let st = fs.stat(e.node)?;
+            let p = join(&dpath, &e.name);
+            if format == Format::Json {
+                let mut v = stat_json(fs, &p, e.node, &st)?;
+                v["name"] = serde_json::Value::String(fmt::name_display(&e.name));
+                json.push(v);
+            } else {
+                writeln!(out, "{}", ls_line(fs, &e.name, e.node, &st, long)?)?;
+            }
+            if recursive && st.mode & S_IFMT == ubtrfs_core::fs::S_IFDIR {
+                subdirs.push((p, e.node));
+            }
+        }
+        // Depth-first in name order, as ls -R prints.
+        stack.extend(subdirs.into_iter().rev());
+    }
+    if format == Format::Json {
+        serde_json::to_writer_pretty(&mut *out, &json)?;
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+fn cmd_cat(fs: &Filesystem, path: &str, out: &mut dyn Write) -> Result<()> {
+    let node = fs.resolve(path)?;
+    let inode = fs.inode_item(node)?;
+    if inode.mode & S_IFMT == ubtrfs_core::fs::S_IFDIR {
+        bail!("{path}: Is a directory");
+    }
+    const CHUNK: usize = 1 << 20;
+    let mut off = 0u64;
+    while off < inode.size {
+        let buf = fs
+            .read_inode(node, &inode, off, CHUNK)
+            .with_context(|| format!("{path}: read at offset {off}"))?;
+        if buf.is_empty() {
+            break;
+        }
+        out.write_all(&buf)?;
+        off += buf.len() as u64;
+    }
+    Ok(())
+}
+
+fn cmd_stat(fs: &Filesystem, path: &str, format: Format, out: &mut dyn Write) -> Result<()> {
+    let node = fs.resolve(path)?;
+    let st = fs.stat(node)?;
+    if format == Format::Json {
+        serde_json::to_writer_pretty(&mut *out, &stat_json(fs, path, node, &st)?)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    let file = match target_of(fs, node, &st)? {
+        Some(t) => format!("{path} -> {}", fmt::name_display(&t)),
+        None => path.to_string(),
+    };
+    writeln!(out, "  File: {file}")?;
+    writeln!(
+        out,
+        "  Size: {:<15} Blocks: {:<10} IO Block: {:<6} {}",
+        st.size,
+        st.blocks,
+        st.blksize,
+        fmt::stat_type_text(st.mode, st.size)
+    )?;
+    let dev = if st.mode & S_IFMT == S_IFCHR || st.mode & S_IFMT == S_IFBLK {
+        format!(
+            " Device type: {},{}",
+            nix::sys::stat::major(st.rdev),
+            nix::sys::stat::minor(st.rdev)
+        )
+    } else {
+        String::new()
+    };
+    writeln!(
+        out,
+        "Subvol: {:<15} Inode: {:<11} Links: {}{dev}",
+        st.subvol, st.ino, st.nlink
+    )?;
+    writeln!(
+        out,
+        "Access: ({:04o}/{})  Uid: {:>5}   Gid: {:>5}",
+        st.mode & 0o7777,
+        fmt::mode_string(st.mode),
+        st.uid,
+        st.gid
+    )?;
+    writeln!(out, "Access: {}", fmt::stat_time(&st.atime))?;
+    writeln!(out, "Modify: {}", fmt::stat_time(&st.mtime))?;
+    writeln!(out, "Change: {}", fmt::stat_time(&st.ctime))?;
+    writeln!(out, " Birth: {}", fmt::stat_time(&st.crtime))?;
+    Ok(())
+}
+
+fn cmd_subvol_list(
+    fs: &Filesystem,
+    all: bool,
+    parent_uuid: bool,
+    uuid: bool,
+    format: Format,
+    out: &mut dyn Write,
+) -> Result<()> {
+    let subs = fs.subvolumes()?;
+    if format == Format::Json {
+        serde_json::to_writer_pretty(&mut *out, &subs)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    for s in &subs {
+        let mut line = format!("ID {} gen {} top level {}", s.id, s.gen, s.top_level);
+        if parent_uuid {
+            line.push_str(&format!(" parent_uuid {}", s.parent_uuid));
+        }
+        if uuid {
+            line.push_str(&format!(" uuid {}", s.uuid));
+        }
+        if all {
+            line.push_str(&format!(" path <FS_TREE>/{}", s.path));
+        } else {
+            line.push_str(&format!(" path {}", s.path));
+        }
+        writeln!(out, "{line}")?;
+    }
+    Ok(())
+}
+
+fn cmd_dump_super(img: &Image, full: bool, mirror: usize, out: &mut dyn Write) -> Result<()> {
+    use ubtrfs_core::dev::{Device, FileDevice};
+    use ubtrfs_format::consts::*;
+    use ubtrfs_format::superblock::SuperBlock;
+    if mirror >= SUPER_MIRROR_MAX {
+        bail!("superblock copy {mirror} does not exist (0, 1 or 2)");
+    }
+    let path = img.image.split(',').next().unwrap_or(&img.image);
+    let dev = FileDevice::open(std::path::Path::new(path), false)
+        .with_context(|| format!("cannot open {path}"))?;
+    let off = super_mirror_offset(mirror);
+    if off + SUPER_INFO_SIZE as u64 > dev.size() {
+        bail!("{path}: superblock copy {mirror} at {off} is beyond the end of the device");
+    }
+    let mut buf = vec![0u8; SUPER_INFO_SIZE];
+    dev.read_at(off, &mut buf)
+        .with_context(|| format!("{path}: reading superblock at {off}"))?;
+    let sb = SuperBlock::parse(&buf).with_context(|| format!("{path}: superblock at {off}"))?;
+    let text = if full {
+        {
+            let _ = off;
+            ubtrfs_core::print_tree::dump_super_full(&sb)
+        }
+    } else {
+        ubtrfs_core::print_tree::dump_super(&sb, off, path)
+    };
+    out.write_all(text.as_bytes())?;
+    Ok(())
+}

@@ -1,0 +1,571 @@
+//! Opening a filesystem: superblocks, device matching, the chunk-tree bootstrap, tree
+//! block reads (checksum, tree checker, mirror retry) and the tree-block cache.
+
+use crate::dev::{Device, FileDevice};
+use crate::error::{Error, Result};
+use crate::tree_checker::{check_block, check_header, CheckCtx, Expect};
+use crate::volumes::{ChunkMap, MapEntry};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use ubtrfs_format::bytes::uuid_string;
+use ubtrfs_format::consts::*;
+use ubtrfs_format::csum::CsumType;
+use ubtrfs_format::items::{Chunk, RootItem};
+use ubtrfs_format::key::Key;
+use ubtrfs_format::superblock::SuperBlock;
+use ubtrfs_format::tree::BlockView;
+
+/// A validated tree block.
+#[derive(Debug)]
+pub struct TreeBlock {
+    pub bytenr: u64,
+    pub data: Vec<u8>,
+}
+
+impl TreeBlock {
+    pub fn view(&self) -> BlockView<'_> {
+        BlockView::new(&self.data)
+    }
+    pub fn level(&self) -> u8 {
+        self.view().level()
+    }
+    pub fn nritems(&self) -> usize {
+        self.view().nritems() as usize
+    }
+    pub fn generation(&self) -> u64 {
+        self.view().generation()
+    }
+    pub fn owner(&self) -> u64 {
+        self.view().owner()
+    }
+}
+
+/// Where a tree's root block is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RootPtr {
+    pub id: u64,
+    pub bytenr: u64,
+    pub level: u8,
+    pub generation: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    /// Verify data checksums on every read (`--no-csum` turns this off).
+    pub verify_data_csum: bool,
+    /// Upper bound of the tree-block cache.
+    pub cache_bytes_max: usize,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            verify_data_csum: true,
+            cache_bytes_max: 256 << 20,
+        }
+    }
+}
+
+/// Bounded tree-block cache with FIFO eviction: cheap, and good enough for the
+/// mostly-sequential walks the CLI does. (A FUSE mount will want sharding.)
+#[derive(Debug, Default)]
+struct BlockCache {
+    map: HashMap<u64, Arc<TreeBlock>>,
+    order: VecDeque<u64>,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+pub struct FsInfo {
+    pub sb: SuperBlock,
+    pub devices: BTreeMap<u64, Arc<dyn Device>>,
+    pub chunk_map: ChunkMap,
+    pub csum_type: CsumType,
+    pub nodesize: u32,
+    pub sectorsize: u32,
+    pub opts: OpenOptions,
+    cache: Mutex<BlockCache>,
+    warnings: Mutex<Vec<String>>,
+    /// ROOT_ITEMs of the well-known trees, read once at open.
+    pub tree_roots: BTreeMap<u64, RootItem>,
+}
+
+/// Reads and validates every superblock copy on a device; returns the newest valid one
+/// and notes about the bad ones.
+pub fn read_best_super(dev: &dyn Device) -> Result<(SuperBlock, Vec<String>)> {
+    let mut best: Option<SuperBlock> = None;
+    let mut notes = Vec::new();
+    let mut first_err: Option<String> = None;
+    for i in 0..SUPER_MIRROR_MAX {
+        let off = super_mirror_offset(i);
+        if off + SUPER_INFO_SIZE as u64 > dev.size() {
+            if i == 0 {
+                return Err(Error::corrupt(format!(
+                    "{}: too small ({} bytes) to hold a btrfs superblock",
+                    dev.name(),
+                    dev.size()
+                )));
+            }
+            break;
+        }
+        let mut buf = vec![0u8; SUPER_INFO_SIZE];
+        if let Err(e) = dev.read_at(off, &mut buf) {
+            notes.push(format!("superblock copy {i} at {off}: read failed: {e}"));
+            continue;
+        }
+        let sb = match SuperBlock::parse(&buf) {
+            Ok(s) => s,
+            Err(e) => {
+                notes.push(format!("superblock copy {i} at {off}: {e}"));
+                continue;
+            }
+        };
+        if sb.magic != BTRFS_MAGIC {
+            if i == 0 {
+                first_err = Some("no btrfs magic in the primary superblock".into());
+            }
+            // A missing mirror (never written) is normal; only report a primary miss.
+            continue;
+        }
+        if let Err((exp, found)) = sb.verify_csum() {
+            let msg = format!(
+                "superblock copy {i} at {off}: checksum mismatch (stored {}, computed {})",
+                hex(&exp),
+                hex(&found)
+            );
+            notes.push(msg.clone());
+            first_err.get_or_insert(msg);
+            continue;
+        }
+        if let Err(e) = sb.check(off) {
+            let msg = format!("superblock copy {i} at {off}: {e}");
+            notes.push(msg.clone());
+            first_err.get_or_insert(msg);
+            continue;
+        }
+        if best.as_ref().is_none_or(|b| sb.generation > b.generation) {
+            if let Some(b) = &best {
+                notes.push(format!(
+                    "superblock copy {i} has generation {} newer than {}; using it",
+                    sb.generation, b.generation
+                ));
+            }
+            best = Some(sb);
+        } else if let Some(b) = &best {
+            if sb.generation < b.generation {
+                notes.push(format!(
+                    "superblock copy {i} at {off} is stale (generation {} < {})",
+                    sb.generation, b.generation
+                ));
+            }
+        }
+    }
+    match best {
+        Some(b) => Ok((b, notes)),
+        None => Err(Error::corrupt(format!(
+            "{}: no valid superblock ({})",
+            dev.name(),
+            first_err.unwrap_or_else(|| "not a btrfs filesystem".into())
+        ))),
+    }
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+impl FsInfo {
+    /// Opens image files or block devices (all devices of a multi-device filesystem).
+    pub fn open_paths(paths: &[impl AsRef<Path>], opts: OpenOptions) -> Result<FsInfo> {
+        let mut devs: Vec<Arc<dyn Device>> = Vec::new();
+        for p in paths {
+            let p = p.as_ref();
+            let d = FileDevice::open(p, false)
+                .map_err(|e| Error::io(format!("opening {}", p.display()), e))?;
+            devs.push(Arc::new(d));
+        }
+        FsInfo::open(devs, opts)
+    }
+
+    pub fn open(devs: Vec<Arc<dyn Device>>, opts: OpenOptions) -> Result<FsInfo> {
+        if devs.is_empty() {
+            return Err(Error::Invalid("no device given".into()));
+        }
+        let mut warnings = Vec::new();
+        let mut supers = Vec::new();
+        for d in &devs {
+            let (sb, notes) = read_best_super(d.as_ref())?;
+            warnings.extend(notes.into_iter().map(|n| format!("{}: {n}", d.name())));
+            supers.push(sb);
+        }
+        // The newest superblock across devices describes the filesystem.
+        let best = supers
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, s)| s.generation)
+            .map(|(i, _)| i)
+            .unwrap_or(0);
+        let sb = supers[best].clone();
+        let mut devices: BTreeMap<u64, Arc<dyn Device>> = BTreeMap::new();
+        for (d, s) in devs.iter().zip(&supers) {
+            if s.fsid != sb.fsid {
+                return Err(Error::Invalid(format!(
+                    "{} belongs to filesystem {}, not {}",
+                    d.name(),
+                    uuid_string(&s.fsid),
+                    uuid_string(&sb.fsid)
+                )));
+            }
+            let devid = s.dev_item.devid;
+            if devices.insert(devid, d.clone()).is_some() {
+                return Err(Error::Invalid(format!(
+                    "devid {devid} given twice ({})",
+                    d.name()
+                )));
+            }
+        }
+        let unknown = sb.incompat_flags & !FEATURE_INCOMPAT_SUPP;
+        if unknown != 0 {
+            let names = incompat_names(unknown);
+            return Err(Error::Unsupported(format!(
+                "incompat features {:#x} ({}) are not supported",
+                unknown,
+                if names.is_empty() {
+                    "unknown".to_string()
+                } else {
+                    names.join(", ")
+                }
+            )));
+        }
+        let csum_type = sb
+            .csum_type()
+            .ok_or_else(|| Error::Unsupported(format!("csum type {}", sb.csum_type_raw)))?;
+        let mut fs = FsInfo {
+            nodesize: sb.nodesize,
+            sectorsize: sb.sectorsize,
+            csum_type,
+            sb,
+            devices,
+            chunk_map: ChunkMap::default(),
+            opts,
+            cache: Mutex::new(BlockCache::default()),
+            warnings: Mutex::new(warnings),
+            tree_roots: BTreeMap::new(),
+        };
+        fs.bootstrap_chunks()?;
+        fs.load_tree_roots()?;
+        Ok(fs)
+    }
+
+    fn check_ctx(&self) -> CheckCtx {
+        CheckCtx {
+            nodesize: self.nodesize,
+            sectorsize: self.sectorsize,
+            csum_size: self.csum_type.size(),
+            super_generation: self.sb.generation,
+            fsid: self.sb.metadata_fsid(),
+        }
+    }
+
+    fn add_chunk(&mut self, key: &Key, chunk: &Chunk) -> Result<()> {
+        if key.objectid != FIRST_CHUNK_TREE_OBJECTID {
+            return Err(Error::corrupt(format!(
+                "chunk item with objectid {}",
+                key.objectid
+            )));
+        }
+        let e = MapEntry::from_chunk(key.offset, chunk, self.sectorsize)?;
+        self.chunk_map.insert(e)
+    }
+
+    fn bootstrap_chunks(&mut self) -> Result<()> {
+        let sys = self
+            .sb
+            .sys_chunks()
+            .map_err(|e| Error::corrupt(format!("superblock sys_chunk_array: {e}")))?;
+        if sys.is_empty() {
+            return Err(Error::corrupt("superblock sys_chunk_array holds no chunk"));
+        }
+        for (k, c) in &sys {
+            self.add_chunk(k, c)?;
+        }
+        let chunk_root = RootPtr {
+            id: CHUNK_TREE_OBJECTID,
+            bytenr: self.sb.chunk_root,
+            level: self.sb.chunk_root_level,
+            generation: self.sb.chunk_root_generation,
+        };
+        let mut chunks = Vec::new();
+        let mut dev_items = Vec::new();
+        crate::ctree::walk_items(self, &chunk_root, Key::MIN, |k, data| {
+            match k.ty {
+                CHUNK_ITEM_KEY => {
+                    let c = Chunk::parse(data)
+                        .map_err(|e| Error::corrupt(format!("chunk tree item {k}: {e}")))?;
+                    chunks.push((*k, c));
+                }
+                DEV_ITEM_KEY => {
+                    let d = ubtrfs_format::items::DevItem::parse(data)
+                        .map_err(|e| Error::corrupt(format!("chunk tree item {k}: {e}")))?;
+                    dev_items.push(d);
+                }
+                _ => {}
+            }
+            Ok(true)
+        })?;
+        for (k, c) in &chunks {
+            self.add_chunk(k, c)?;
+        }
+        let missing: Vec<u64> = dev_items
+            .iter()
+            .map(|d| d.devid)
+            .filter(|id| !self.devices.contains_key(id))
+            .collect();
+        if !missing.is_empty() {
+            self.warn(format!(
+                "devices missing: devid {} (reads that need them will fail)",
+                missing
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    fn load_tree_roots(&mut self) -> Result<()> {
+        let root = self.root_tree_ptr();
+        let mut roots = BTreeMap::new();
+        crate::ctree::walk_items(self, &root, Key::MIN, |k, data| {
+            if k.ty == ROOT_ITEM_KEY
+                && (k.objectid < FIRST_FREE_OBJECTID || k.objectid == DATA_RELOC_TREE_OBJECTID)
+            {
+                let r = RootItem::parse(data)
+                    .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
+                roots.insert(k.objectid, r);
+            }
+            // Subvolume root items (>= 256) come after; stop at the first of them.
+            Ok(k.objectid < FIRST_FREE_OBJECTID)
+        })?;
+        // The data reloc tree's item sorts last; look it up directly.
+        if let Some((k, data)) = crate::ctree::lookup_prev(
+            self,
+            &root,
+            Key::new(DATA_RELOC_TREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
+        )? {
+            if k.objectid == DATA_RELOC_TREE_OBJECTID && k.ty == ROOT_ITEM_KEY {
+                let r = RootItem::parse(&data)
+                    .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
+                roots.insert(DATA_RELOC_TREE_OBJECTID, r);
+            }
+        }
+        for id in [EXTENT_TREE_OBJECTID, DEV_TREE_OBJECTID, FS_TREE_OBJECTID] {
+            if !roots.contains_key(&id) {
+                return Err(Error::corrupt(format!(
+                    "root tree has no ROOT_ITEM for tree {id}"
+                )));
+            }
+        }
+        self.tree_roots = roots;
+        Ok(())
+    }
+
+    pub fn root_tree_ptr(&self) -> RootPtr {
+        RootPtr {
+            id: ROOT_TREE_OBJECTID,
+            bytenr: self.sb.root,
+            level: self.sb.root_level,
+            generation: self.sb.generation,
+        }
+    }
+
+    /// The root pointer of a well-known tree, if it exists.
+    pub fn tree_ptr(&self, id: u64) -> Option<RootPtr> {
+        if id == ROOT_TREE_OBJECTID {
+            return Some(self.root_tree_ptr());
+        }
+        if id == CHUNK_TREE_OBJECTID {
+            return Some(RootPtr {
+                id,
+                bytenr: self.sb.chunk_root,
+                level: self.sb.chunk_root_level,
+                generation: self.sb.chunk_root_generation,
+            });
+        }
+        self.tree_roots.get(&id).map(|r| root_ptr_of(id, r))
+    }
+
+    pub fn warn(&self, msg: String) {
+        if let Ok(mut w) = self.warnings.lock() {
+            if !w.contains(&msg) && w.len() < 1000 {
+                w.push(msg);
+            }
+        }
+    }
+
+    /// Warnings gathered so far (bad superblock copies, bad mirrors, ...), emptied.
+    pub fn take_warnings(&self) -> Vec<String> {
+        self.warnings
+            .lock()
+            .map(|mut w| std::mem::take(&mut *w))
+            .unwrap_or_default()
+    }
+
+    /// Reads `buf.len()` bytes at logical address `logical` from copy `mirror`.
+    pub fn read_logical(&self, logical: u64, buf: &mut [u8], mirror: usize) -> Result<()> {
+        let mut done = 0usize;
+        while done < buf.len() {
+            let l = logical + done as u64;
+            let e = self.chunk_map.lookup(l)?;
+            let p = e.map(l, mirror)?;
+            let n = (p.len as usize).min(buf.len() - done);
+            let dev = self.devices.get(&p.devid).ok_or_else(|| {
+                Error::io(
+                    format!("logical {l}"),
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("device devid {} is missing", p.devid),
+                    ),
+                )
+            })?;
+            dev.read_at(p.offset, &mut buf[done..done + n])
+                .map_err(|e| {
+                    Error::io(
+                        format!(
+                            "reading {n} bytes at logical {l} (devid {} physical {})",
+                            p.devid, p.offset
+                        ),
+                        e,
+                    )
+                })?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Number of copies of the chunk holding `logical`.
+    pub fn num_mirrors(&self, logical: u64) -> Result<usize> {
+        Ok(self.chunk_map.lookup(logical)?.num_mirrors())
+    }
+
+    /// Reads, verifies and caches a tree block. Tries every copy; a bad copy that is
+    /// rescued by a good one is reported as a warning naming the copy.
+    pub fn read_tree_block(&self, bytenr: u64, expect: &Expect) -> Result<Arc<TreeBlock>> {
+        if let Some(b) = self.cache_get(bytenr) {
+            if expect.generation.is_none_or(|g| g == b.generation())
+                && expect.level.is_none_or(|l| l == b.level())
+            {
+                return Ok(b);
+            }
+        }
+        if bytenr == 0 || bytenr % self.sectorsize as u64 != 0 {
+            return Err(Error::corrupt(format!(
+                "tree block {bytenr}: address not sector aligned"
+            )));
+        }
+        let mirrors = self.num_mirrors(bytenr)?;
+        let mut errors = Vec::new();
+        for m in 0..mirrors {
+            match self.read_tree_block_copy(bytenr, m, expect) {
+                Ok(data) => {
+                    for e in &errors {
+                        self.warn(format!("{e}; used copy {}", m + 1));
+                    }
+                    let b = Arc::new(TreeBlock { bytenr, data });
+                    self.cache_put(b.clone());
+                    return Ok(b);
+                }
+                Err(e) => errors.push(if mirrors > 1 {
+                    format!("copy {} of {e}", m + 1)
+                } else {
+                    e.to_string()
+                }),
+            }
+        }
+        Err(Error::corrupt(
+            errors
+                .into_iter()
+                .map(|e| e.trim_start_matches("corrupt filesystem: ").to_string())
+                .collect::<Vec<_>>()
+                .join("; "),
+        ))
+    }
+
+    fn read_tree_block_copy(&self, bytenr: u64, mirror: usize, expect: &Expect) -> Result<Vec<u8>> {
+        let mut data = vec![0u8; self.nodesize as usize];
+        self.read_logical(bytenr, &mut data, mirror)?;
+        let n = self.csum_type.size();
+        let found = self.csum_type.compute(&data[CSUM_SIZE_MAX..]);
+        if found[..n] != data[..n] {
+            if data.iter().all(|&b| b == 0) {
+                return Err(Error::corrupt(format!(
+                    "tree block {bytenr}: all zeroes (never written or wiped)"
+                )));
+            }
+            return Err(Error::corrupt(format!(
+                "tree block {bytenr}: checksum mismatch (stored {}, computed {})",
+                hex(&data[..n]),
+                hex(&found[..n])
+            )));
+        }
+        let ctx = self.check_ctx();
+        check_header(&ctx, bytenr, &data, expect)?;
+        check_block(&ctx, bytenr, &data, expect)?;
+        Ok(data)
+    }
+
+    fn cache_get(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {
+        self.cache.lock().ok()?.map.get(&bytenr).cloned()
+    }
+
+    fn cache_put(&self, b: Arc<TreeBlock>) {
+        let Ok(mut c) = self.cache.lock() else { return };
+        let sz = b.data.len();
+        while c.bytes + sz > self.opts.cache_bytes_max {
+            let Some(old) = c.order.pop_front() else {
+                break;
+            };
+            if let Some(o) = c.map.remove(&old) {
+                c.bytes -= o.data.len();
+            }
+        }
+        if c.map.insert(b.bytenr, b.clone()).is_none() {
+            c.order.push_back(b.bytenr);
+            c.bytes += sz;
+        }
+    }
+
+    /// Finds the ROOT_ITEM of any tree (subvolume ids included).
+    pub fn read_root_item(&self, id: u64) -> Result<Option<RootItem>> {
+        if let Some(r) = self.tree_roots.get(&id) {
+            return Ok(Some(r.clone()));
+        }
+        let root = self.root_tree_ptr();
+        // Snapshots key their ROOT_ITEM by creation transid: search (id, ROOT_ITEM, -1)
+        // and step back to the last item of that id.
+        match crate::ctree::lookup_prev(self, &root, Key::new(id, ROOT_ITEM_KEY, u64::MAX))? {
+            Some((k, data)) if k.objectid == id && k.ty == ROOT_ITEM_KEY => {
+                let r = RootItem::parse(&data)
+                    .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
+                Ok(Some(r))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Root pointer of a subvolume (or any tree) by id.
+    pub fn subvol_ptr(&self, id: u64) -> Result<Option<RootPtr>> {
+        Ok(self.read_root_item(id)?.map(|r| root_ptr_of(id, &r)))
+    }
+}
+
+pub fn root_ptr_of(id: u64, r: &RootItem) -> RootPtr {
+    RootPtr {
+        id,
+        bytenr: r.bytenr,
+        level: r.level,
+        generation: r.generation,
+    }
+}

@@ -1,0 +1,69 @@
+//! Engine errors. Io (the device failed), Corrupt (the image is wrong: says which block
+//! and what), Unsupported (valid but beyond this implementation) are kept apart so a
+//! caller can tell a bad disk from a bad image from a missing feature.
+
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("I/O error: {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("corrupt filesystem: {0}")]
+    Corrupt(String),
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A data checksum mismatch: an I/O error for the file that hit it.
+    #[error("checksum mismatch: {0}")]
+    DataCsum(String),
+    #[error("{0}: No such file or directory")]
+    NotFound(String),
+    #[error("{0}: Not a directory")]
+    NotDir(String),
+    #[error("{0}: Is a directory")]
+    IsDir(String),
+    #[error("{0}: Invalid argument")]
+    Invalid(String),
+    #[error("{0}: Too many levels of symbolic links")]
+    Loop(String),
+}
+
+impl Error {
+    pub fn corrupt(msg: impl Into<String>) -> Self {
+        Error::Corrupt(msg.into())
+    }
+    pub fn io(what: impl Into<String>, source: io::Error) -> Self {
+        Error::Io {
+            what: what.into(),
+            source,
+        }
+    }
+    /// The errno a POSIX caller (FUSE) should see.
+    pub fn errno(&self) -> i32 {
+        match self {
+            Error::Io { .. } | Error::Corrupt(_) | Error::DataCsum(_) => libc_consts::EIO,
+            Error::Unsupported(_) => libc_consts::EOPNOTSUPP,
+            Error::NotFound(_) => libc_consts::ENOENT,
+            Error::NotDir(_) => libc_consts::ENOTDIR,
+            Error::IsDir(_) => libc_consts::EISDIR,
+            Error::Invalid(_) => libc_consts::EINVAL,
+            Error::Loop(_) => libc_consts::ELOOP,
+        }
+    }
+}
+
+/// Linux errno values (stable ABI), kept here so the engine needs no libc.
+mod libc_consts {
+    pub const ENOENT: i32 = 2;
+    pub const EIO: i32 = 5;
+    pub const ENOTDIR: i32 = 20;
+    pub const EISDIR: i32 = 21;
+    pub const EINVAL: i32 = 22;
+    pub const ELOOP: i32 = 40;
+    pub const EOPNOTSUPP: i32 = 95;
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,128 @@
+//! Data checksums: the csum tree holds, per data sector, the checksum of its on-disk
+//! bytes, in items keyed (EXTENT_CSUM, EXTENT_CSUM, first bytenr).
+
+use crate::ctree::{next_item, search_forward, search_prev};
+use crate::disk_io::FsInfo;
+use crate::error::{Error, Result};
+use ubtrfs_format::consts::*;
+use ubtrfs_format::key::Key;
+
+impl FsInfo {
+    /// Checksums for the `nsectors` sectors starting at logical `start` (sector
+    /// aligned); None for sectors the csum tree has nothing for.
+    pub fn lookup_csums(&self, start: u64, nsectors: usize) -> Result<Vec<Option<Vec<u8>>>> {
+        let mut out = vec![None; nsectors];
+        let Some(root) = self.tree_ptr(CSUM_TREE_OBJECTID) else {
+            return Ok(out);
+        };
+        let ss = self.sectorsize as u64;
+        let csize = self.csum_type.size();
+        let end = start + nsectors as u64 * ss;
+        let key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, start);
+        let path = match search_prev(self, &root, &key)? {
+            Some(p) => Some(p),
+            None => search_forward(self, &root, &key)?,
+        };
+        let Some(mut p) = path else { return Ok(out) };
+        loop {
+            let k = p.key()?;
+            if k.objectid != EXTENT_CSUM_OBJECTID || k.ty != EXTENT_CSUM_KEY {
+                if k > key {
+                    break;
+                }
+            } else {
+                if k.offset >= end {
+                    break;
+                }
+                let data = p.data()?;
+                let n = data.len() / csize;
+                let item_end = k.offset + n as u64 * ss;
+                if item_end > start {
+                    let from = k.offset.max(start);
+                    let to = item_end.min(end);
+                    let mut b = from;
+                    while b < to {
+                        let i = ((b - k.offset) / ss) as usize;
+                        let o = ((b - start) / ss) as usize;
+                        let c = data.get(i * csize..(i + 1) * csize).ok_or_else(|| {
+                            Error::corrupt(format!("csum item {k} shorter than its range"))
+                        })?;
+                        out[o] = Some(c.to_vec());
+                        b += ss;
+                    }
+                }
+            }
+            if !next_item(self, &mut p)? {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Reads sector-aligned data at `logical`, verifying checksums when asked; tries
+    /// each copy in turn. On failure the error says which sector and what was found.
+    pub fn read_data_verified(
+        &self,
+        logical: u64,
+        len: usize,
+        verify: bool,
+        what: &dyn Fn(u64) -> String,
+    ) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        let ss = self.sectorsize as usize;
+        let csums = if verify && len % ss == 0 && logical % ss as u64 == 0 {
+            Some(self.lookup_csums(logical, len / ss)?)
+        } else {
+            None
+        };
+        let mirrors = self.num_mirrors(logical)?;
+        let mut first_err: Option<Error> = None;
+        for m in 0..mirrors {
+            if let Err(e) = self.read_logical(logical, &mut buf, m) {
+                first_err.get_or_insert(e);
+                continue;
+            }
+            let Some(csums) = &csums else { return Ok(buf) };
+            match self.verify_sectors(logical, &buf, csums, what) {
+                Ok(()) => {
+                    if m > 0 {
+                        self.warn(format!(
+                            "data at logical {logical}: copy 1 failed, used copy {}",
+                            m + 1
+                        ));
+                    }
+                    return Ok(buf);
+                }
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        Err(first_err.unwrap_or_else(|| Error::corrupt("no copy readable")))
+    }
+
+    fn verify_sectors(
+        &self,
+        logical: u64,
+        buf: &[u8],
+        csums: &[Option<Vec<u8>>],
+        what: &dyn Fn(u64) -> String,
+    ) -> Result<()> {
+        let ss = self.sectorsize as usize;
+        let n = self.csum_type.size();
+        for (i, c) in csums.iter().enumerate() {
+            let Some(expected) = c else { continue };
+            let found = self.csum_type.compute(&buf[i * ss..(i + 1) * ss]);
+            if found[..n] != expected[..] {
+                let at = logical + (i * ss) as u64;
+                return Err(Error::DataCsum(format!(
+                    "{} (logical {at}): expected {} found {}",
+                    what(at),
+                    crate::disk_io::hex(expected),
+                    crate::disk_io::hex(&found[..n])
+                )));
+            }
+        }
+        Ok(())
+    }
+}

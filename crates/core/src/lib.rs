@@ -1,0 +1,24 @@
+//! The ubtrfs engine. Modules follow the kernel's fs/btrfs names so a btrfs developer
+//! finds their way: `dev` (device trait), `volumes` (chunk map), `disk_io` (superblock,
+//! tree-block reads), `tree_checker`, `ctree` (search/iterate), `inode`, `dir`, `xattr`,
+//! `file` (data reads), `file_item` (data checksums), `subvol`.
+
+pub mod ctree;
+pub mod dev;
+pub mod dir;
+pub mod disk_io;
+pub mod error;
+pub mod file;
+pub mod file_item;
+pub mod fs;
+pub mod inode;
+pub mod print_tree;
+pub mod subvol;
+pub mod tree_checker;
+pub mod volumes;
+pub mod xattr;
+
+pub use disk_io::{FsInfo, OpenOptions, RootPtr};
+pub use error::{Error, Result};
+pub use fs::{Filesystem, Node};
+pub use ubtrfs_format as format;
