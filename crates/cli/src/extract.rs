@@ -25,6 +25,8 @@ pub struct Summary {
 
 struct Ctx<'a> {
     fs: &'a Filesystem,
+    /// Directories on the current path: an entry leading back to one is a loop.
+    ancestors: Vec<Node>,
     links: HashMap<(u64, u64), PathBuf>,
     bar: ProgressBar,
     summary: Summary,
@@ -63,6 +65,7 @@ pub fn extract(fs: &Filesystem, src: &str, dest: &Path) -> Result<Summary> {
     };
     let mut ctx = Ctx {
         fs,
+        ancestors: Vec::new(),
         links: HashMap::new(),
         bar,
         summary: Summary {
@@ -89,13 +92,32 @@ pub fn extract(fs: &Filesystem, src: &str, dest: &Path) -> Result<Summary> {
     Ok(ctx.summary)
 }
 
+/// Deeper than any real tree (PATH_MAX allows ~2048 levels of 1-byte names).
+const DEPTH_MAX: usize = 4096;
+
 fn extract_dir(ctx: &mut Ctx<'_>, dir: Node, path: &Path) -> Result<()> {
+    if ctx.ancestors.contains(&dir) {
+        anyhow::bail!(
+            "{}: directory loop (subvolume {} inode {} is its own ancestor)",
+            path.display(),
+            dir.root,
+            dir.ino
+        );
+    }
+    if ctx.ancestors.len() >= DEPTH_MAX {
+        anyhow::bail!(
+            "{}: directories nested deeper than {DEPTH_MAX}",
+            path.display()
+        );
+    }
+    ctx.ancestors.push(dir);
     let entries = ctx.fs.readdir(dir)?;
     for e in entries {
         let p = path.join(OsStr::from_bytes(&e.name));
         let st = ctx.fs.stat(e.node)?;
         extract_one(ctx, e.node, &st, &p)?;
     }
+    ctx.ancestors.pop();
     Ok(())
 }
 

@@ -358,9 +358,18 @@ fn cmd_ls(
         }
         return Ok(());
     }
+    // A directory reachable twice (a loop in a corrupt image) is listed once.
+    let mut seen = std::collections::HashSet::new();
     let mut stack = vec![(path.to_string(), node)];
     let mut first = true;
     while let Some((dpath, dnode)) = stack.pop() {
+        if !dnode.is_placeholder() && !seen.insert(dnode) {
+            bail!(
+                "{dpath}: directory loop (subvolume {} inode {})",
+                dnode.root,
+                dnode.ino
+            );
+        }
         let entries = sorted_entries(fs, dnode)?;
         if recursive && format == Format::Text {
             if !first {

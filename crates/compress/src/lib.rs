@@ -143,12 +143,13 @@ pub fn decompress(
     let ss = check_sectorsize(sectorsize)?;
     check_out_len(out_len)?;
     let mut out = vec![0u8; out_len];
-    match alg {
+    let produced = match alg {
         Compression::None => copy_plain(input, &mut out),
         Compression::Zlib => zlib::decompress(input, &mut out)?,
         Compression::Lzo => lzo::decompress_regular(input, &mut out, ss)?,
         Compression::Zstd => zstd_codec::decompress(input, &mut out)?,
-    }
+    };
+    zero_tail(&mut out, produced);
     Ok(out)
 }
 
@@ -169,18 +170,29 @@ pub fn decompress_inline(
     let ss = check_sectorsize(sectorsize)?;
     check_out_len(out_len)?;
     let mut out = vec![0u8; out_len];
-    match alg {
+    let produced = match alg {
         Compression::None => copy_plain(input, &mut out),
         Compression::Zlib => zlib::decompress(input, &mut out)?,
         Compression::Lzo => lzo::decompress_inline(input, &mut out, ss)?,
         Compression::Zstd => zstd_codec::decompress(input, &mut out)?,
-    }
+    };
+    zero_tail(&mut out, produced);
     Ok(out)
 }
 
-fn copy_plain(input: &[u8], out: &mut [u8]) {
+fn copy_plain(input: &[u8], out: &mut [u8]) -> usize {
     let n = input.len().min(out.len());
     out[..n].copy_from_slice(&input[..n]);
+    n
+}
+
+/// Zero everything after the bytes a decoder produced. Needed because
+/// decoders may use the unused tail of the output as scratch space (zstd
+/// keeps literals there).
+fn zero_tail(out: &mut [u8], produced: usize) {
+    if let Some(tail) = out.get_mut(produced..) {
+        tail.fill(0);
+    }
 }
 
 /// True if storing `compressed_len` bytes instead of `input_len` bytes saves

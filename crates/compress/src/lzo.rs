@@ -34,13 +34,13 @@ fn read_le32(buf: &[u8], at: usize) -> Option<usize> {
 }
 
 /// Decode a regular (non-inline) extent. `input` is exactly the extent's
-/// on-disk bytes (`disk_num_bytes`); `out` is pre-zeroed and has the final
-/// size.
+/// on-disk bytes (`disk_num_bytes`); `out` has the final size. Returns the
+/// number of bytes produced.
 pub(crate) fn decompress_regular(
     input: &[u8],
     out: &mut [u8],
     sectorsize: usize,
-) -> Result<(), CompressError> {
+) -> Result<usize, CompressError> {
     let total = read_le32(input, 0).ok_or_else(|| {
         corrupt(format!(
             "extent of {} bytes is too short for the 4-byte length header",
@@ -63,7 +63,7 @@ pub(crate) fn decompress_regular(
         )));
     }
     if out.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
 
     let seg_max = worst_compress(sectorsize);
@@ -100,23 +100,24 @@ pub(crate) fn decompress_regular(
         if produced == out.len() {
             // Everything the caller asked for has been produced; like the
             // kernel, do not look at further segments.
-            return Ok(());
+            return Ok(produced);
         }
         let left = sectorsize - cur % sectorsize;
         if left < LZO_LEN {
             cur += left;
         }
     }
-    // Fewer bytes than requested: the rest of `out` stays zero.
-    Ok(())
+    // Fewer bytes than requested: the caller zero-fills the rest.
+    Ok(produced)
 }
 
 /// Decode an inline extent: total header, one segment header, one segment.
+/// Returns the number of bytes produced.
 pub(crate) fn decompress_inline(
     input: &[u8],
     out: &mut [u8],
     sectorsize: usize,
-) -> Result<(), CompressError> {
+) -> Result<usize, CompressError> {
     let seg_max = worst_compress(sectorsize);
     if input.len() < 2 * LZO_LEN || input.len() > seg_max + 2 * LZO_LEN {
         return Err(corrupt(format!(
@@ -145,7 +146,7 @@ pub(crate) fn decompress_inline(
         .map_err(|e| corrupt(format!("inline segment at byte 4: {e}")))?;
     let take = n.min(out.len());
     out[..take].copy_from_slice(&scratch[..take]);
-    Ok(())
+    Ok(take)
 }
 
 /// Compress `input` (at most 128 KiB, starting at a sector-aligned file

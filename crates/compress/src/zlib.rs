@@ -13,8 +13,8 @@ fn corrupt(detail: String) -> CompressError {
     CompressError::corrupt(Compression::Zlib, detail)
 }
 
-/// Inflate into `out` (pre-zeroed, final size).
-pub(crate) fn decompress(input: &[u8], out: &mut [u8]) -> Result<(), CompressError> {
+/// Inflate into `out`; returns the number of bytes produced.
+pub(crate) fn decompress(input: &[u8], out: &mut [u8]) -> Result<usize, CompressError> {
     if input.len() < 3 {
         return Err(corrupt(format!(
             "stream of {} bytes is too short for a zlib header",
@@ -70,7 +70,7 @@ pub(crate) fn decompress(input: &[u8], out: &mut [u8]) -> Result<(), CompressErr
             )));
         }
     }
-    Ok(())
+    Ok(out_pos)
 }
 
 /// Compress into one zlib stream (default window, like the kernel).

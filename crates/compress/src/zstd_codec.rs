@@ -22,8 +22,10 @@ fn internal(e: std::io::Error) -> CompressError {
     }
 }
 
-/// Decode the first frame of `input` into `out` (pre-zeroed, final size).
-pub(crate) fn decompress(input: &[u8], out: &mut [u8]) -> Result<(), CompressError> {
+/// Decode the first frame of `input` into `out`; returns the number of
+/// bytes produced. zstd may scribble on the unused tail of `out` (it keeps
+/// literals there), so the caller must clear `out[produced..]`.
+pub(crate) fn decompress(input: &[u8], out: &mut [u8]) -> Result<usize, CompressError> {
     let mut d = Decoder::new().map_err(internal)?;
     d.set_parameter(DParameter::WindowLogMax(MAX_WINDOW_LOG))
         .map_err(internal)?;
@@ -32,7 +34,7 @@ pub(crate) fn decompress(input: &[u8], out: &mut [u8]) -> Result<(), CompressErr
     loop {
         if outb.pos() == outb.capacity() {
             // Everything requested has been produced.
-            return Ok(());
+            return Ok(outb.pos());
         }
         let (in_before, out_before) = (inb.pos(), outb.pos());
         let hint = d
@@ -40,7 +42,7 @@ pub(crate) fn decompress(input: &[u8], out: &mut [u8]) -> Result<(), CompressErr
             .map_err(|e| corrupt(format!("frame error near byte {}: {e}", inb.pos())))?;
         if hint == 0 {
             // Frame fully decoded; anything after it is padding.
-            return Ok(());
+            return Ok(outb.pos());
         }
         if inb.pos() == input.len() && inb.pos() == in_before && outb.pos() == out_before {
             return Err(corrupt(format!(

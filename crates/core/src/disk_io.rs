@@ -454,8 +454,14 @@ impl FsInfo {
     /// rescued by a good one is reported as a warning naming the copy.
     pub fn read_tree_block(&self, bytenr: u64, expect: &Expect) -> Result<Arc<TreeBlock>> {
         if let Some(b) = self.cache_get(bytenr) {
+            // A cached block must satisfy this parent's expectations too: a hostile
+            // node could point twice at one block under different keys.
+            let first_ok = expect
+                .first_key
+                .is_none_or(|k| b.nritems() == 0 || b.view().key_at(0).ok() == Some(k));
             if expect.generation.is_none_or(|g| g == b.generation())
                 && expect.level.is_none_or(|l| l == b.level())
+                && first_ok
             {
                 return Ok(b);
             }

@@ -227,6 +227,16 @@ fn check_item(ctx: &CheckCtx, key: &Key, data: &[u8]) -> std::result::Result<(),
                 {
                     return Err("name hash does not match the key".into());
                 }
+                // A name with '/' or NUL, or "." / "..", would let a hostile image
+                // steer an extraction outside its destination.
+                if key.ty != XATTR_ITEM_KEY
+                    && (d.name.contains(&b'/')
+                        || d.name.contains(&0)
+                        || d.name == b"."
+                        || d.name == b"..")
+                {
+                    return Err("invalid directory entry name".into());
+                }
                 if d.ty > FT_XATTR {
                     return Err(format!("invalid file type {}", d.ty));
                 }
