@@ -496,7 +496,9 @@ fn cmd_subvol_list(
         if uuid {
             line.push_str(&format!(" uuid {}", s.uuid));
         }
-        if all {
+        // Like progs: with -a, paths of subvolumes not directly below the listed
+        // subvolume (the top level here) are marked absolute.
+        if all && s.top_level != ubtrfs_format::consts::FS_TREE_OBJECTID {
             line.push_str(&format!(" path <FS_TREE>/{}", s.path));
         } else {
             line.push_str(&format!(" path {}", s.path));

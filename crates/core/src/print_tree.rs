@@ -20,7 +20,10 @@ use std::sync::Arc;
 use ubtrfs_format::bytes::uuid_string;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::{extent_data_ref_hash, CsumType};
-use ubtrfs_format::items::{InodeItem, RootItem, Timespec};
+use ubtrfs_format::items::{
+    InodeItem, RootItem, Timespec, CHUNK_BASE_SIZE, DIR_ITEM_HEADER_SIZE,
+    FILE_EXTENT_INLINE_DATA_START, STRIPE_SIZE,
+};
 use ubtrfs_format::key::Key;
 use ubtrfs_format::superblock::SuperBlock;
 use ubtrfs_format::tree::BlockView;
@@ -575,7 +578,7 @@ fn print_dir_item(s: &mut String, ctx: &PrintCtx, d: &[u8]) {
             s,
             "\t\ttransid {transid} data_len {data_len} name_len {name_len}\n"
         );
-        let name_off = cur + DIR_ITEM_HEADER;
+        let name_off = cur + DIR_ITEM_HEADER_SIZE;
         out!(
             s,
             "\t\tname: {}\n",
@@ -589,11 +592,9 @@ fn print_dir_item(s: &mut String, ctx: &PrintCtx, d: &[u8]) {
                 out!(s, "\t\tdata {}\n", escape_name(data));
             }
         }
-        cur += DIR_ITEM_HEADER + name_len + data_len;
+        cur += DIR_ITEM_HEADER_SIZE + name_len + data_len;
     }
 }
-
-const DIR_ITEM_HEADER: usize = ubtrfs_format::items::DIR_ITEM_HEADER_SIZE;
 
 fn print_file_extent(s: &mut String, d: &[u8]) {
     let generation = rd_u64(d, 0);
@@ -613,8 +614,7 @@ fn print_file_extent(s: &mut String, d: &[u8]) {
         FILE_EXTENT_INLINE => out!(
             s,
             "\t\tinline extent data size {} ram_bytes {ram_bytes} compression {compression} ({})\n",
-            (d.len() as u32)
-                .wrapping_sub(ubtrfs_format::items::FILE_EXTENT_INLINE_DATA_START as u32),
+            (d.len() as u32).wrapping_sub(FILE_EXTENT_INLINE_DATA_START as u32),
             compress_str(compression)
         ),
         FILE_EXTENT_PREALLOC => {
@@ -829,8 +829,6 @@ fn print_chunk(s: &mut String, d: &[u8]) {
         out!(s, "\t\t\tdev_uuid {}\n", rd_uuid(d, o + 16));
     }
 }
-
-use ubtrfs_format::items::{CHUNK_BASE_SIZE, STRIPE_SIZE};
 
 fn print_dev_item(s: &mut String, d: &[u8]) {
     out!(
