@@ -466,7 +466,7 @@ impl FsInfo {
                 return Ok(b);
             }
         }
-        if bytenr == 0 || bytenr % self.sectorsize as u64 != 0 {
+        if bytenr == 0 || !bytenr.is_multiple_of(self.sectorsize as u64) {
             return Err(Error::corrupt(format!(
                 "tree block {bytenr}: address not sector aligned"
             )));

@@ -70,7 +70,7 @@ impl FsInfo {
     ) -> Result<Vec<u8>> {
         let mut buf = vec![0u8; len];
         let ss = self.sectorsize as usize;
-        let csums = if verify && len % ss == 0 && logical % ss as u64 == 0 {
+        let csums = if verify && len.is_multiple_of(ss) && logical.is_multiple_of(ss as u64) {
             Some(self.lookup_csums(logical, len / ss)?)
         } else {
             None

@@ -2083,3 +2083,696 @@ fn sys_chunk_array(s: &mut String, sb: &SuperBlock) {
         item += 1;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Little-endian byte builder.
+    #[derive(Default)]
+    struct B(Vec<u8>);
+    impl B {
+        fn u8(mut self, v: u8) -> Self {
+            self.0.push(v);
+            self
+        }
+        fn u16(mut self, v: u16) -> Self {
+            self.0.extend_from_slice(&v.to_le_bytes());
+            self
+        }
+        fn u32(mut self, v: u32) -> Self {
+            self.0.extend_from_slice(&v.to_le_bytes());
+            self
+        }
+        fn u64(mut self, v: u64) -> Self {
+            self.0.extend_from_slice(&v.to_le_bytes());
+            self
+        }
+        fn key(self, k: Key) -> Self {
+            self.u64(k.objectid).u8(k.ty).u64(k.offset)
+        }
+        fn bytes(mut self, b: &[u8]) -> Self {
+            self.0.extend_from_slice(b);
+            self
+        }
+    }
+
+    fn item(key: Key, data: &[u8]) -> String {
+        print_item(&PrintCtx::default(), &key, data)
+    }
+
+    #[test]
+    fn keys_like_progs() {
+        let k = |o, t, off| key_str(&Key::new(o, t, off));
+        assert_eq!(
+            k(FS_TREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
+            "key (FS_TREE ROOT_ITEM 18446744073709551615)"
+        );
+        assert_eq!(k(257, DIR_ITEM_KEY, u64::MAX), "key (257 DIR_ITEM -1)");
+        assert_eq!(k(0, 0, 0), "key (0 UNKNOWN.0 0)");
+        assert_eq!(
+            k(0, PERSISTENT_ITEM_KEY, 1),
+            "key (DEV_STATS PERSISTENT_ITEM 1)"
+        );
+        assert_eq!(k(0, QGROUP_INFO_KEY, 5), "key (0 QGROUP_INFO 0/5)");
+        assert_eq!(
+            k((1 << 48) | 100, QGROUP_RELATION_KEY, 256),
+            "key (1/100 QGROUP_RELATION 0/256)"
+        );
+        assert_eq!(
+            k(0x28452e8608a81957, UUID_KEY_SUBVOL, 0x0140510f56bbe0a5),
+            "key (0x28452e8608a81957 UUID_KEY_SUBVOL 0x0140510f56bbe0a5)"
+        );
+        assert_eq!(
+            k(FREE_SPACE_OBJECTID, 0, 30408704),
+            "key (FREE_SPACE UNTYPED 30408704)"
+        );
+        assert_eq!(
+            k(256, CHUNK_ITEM_KEY, 22020096),
+            "key (FIRST_CHUNK_TREE CHUNK_ITEM 22020096)"
+        );
+        assert_eq!(k(256, INODE_ITEM_KEY, 0), "key (256 INODE_ITEM 0)");
+        assert_eq!(k(1, DEV_ITEM_KEY, 1), "key (DEV_ITEMS DEV_ITEM 1)");
+        assert_eq!(k(1, DEV_EXTENT_KEY, 4096), "key (1 DEV_EXTENT 4096)");
+        assert_eq!(
+            k(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, 5),
+            "key (TREE_RELOC ROOT_ITEM FS_TREE)"
+        );
+        assert_eq!(
+            k(TREE_LOG_FIXUP_OBJECTID, INODE_ITEM_KEY, 0),
+            "key (LOG_FIXUP INODE_ITEM 0)"
+        );
+        assert_eq!(k(2, 120, 0), "key (EXTENT_TREE CSUM_ITEM 0)");
+        assert_eq!(k(7, 77, 0), "key (CSUM_TREE UNKNOWN.77 0)");
+    }
+
+    #[test]
+    fn times() {
+        assert_eq!(format_timespec(0, 0), "0.0 (1970-01-01 00:00:00)");
+        assert_eq!(
+            format_timespec(1795310728, 367613586),
+            "1795310728.367613586 (2026-11-22 01:25:28)"
+        );
+        assert_eq!(format_date(951782400), "2000-02-29 00:00:00");
+        assert_eq!(format_date(951868800), "2000-03-01 00:00:00");
+        assert_eq!(format_date(-1), "1969-12-31 23:59:59");
+        assert_eq!(format_date(4107542399), "2100-02-28 23:59:59");
+        assert_eq!(format_date(4107542400), "2100-03-01 00:00:00");
+    }
+
+    #[test]
+    fn inode_item() {
+        let mut b = B::default()
+            .u64(7) // generation
+            .u64(8) // transid
+            .u64(6) // size
+            .u64(4096) // nbytes
+            .u64(0) // block group
+            .u32(2) // nlink
+            .u32(1000)
+            .u32(100)
+            .u32(0o100644)
+            .u64(0)
+            .u64(INODE_NODATASUM | INODE_NODATACOW | (1 << 20))
+            .u64(3)
+            .bytes(&[0; 32]);
+        for t in [1u64, 2, 3, 4] {
+            b = b.u64(1700000000 + t).u32(t as u32 * 10);
+        }
+        assert_eq!(
+            item(Key::new(257, INODE_ITEM_KEY, 0), &b.0),
+            "\t\tgeneration 7 transid 8 size 6 nbytes 4096\n\
+             \t\tblock group 0 mode 100644 links 2 uid 1000 gid 100 rdev 0\n\
+             \t\tsequence 3 flags 0x100003(NODATASUM|NODATACOW|UNKNOWN: 0x100000)\n\
+             \t\tatime 1700000001.10 (2023-11-14 22:13:21)\n\
+             \t\tctime 1700000002.20 (2023-11-14 22:13:22)\n\
+             \t\tmtime 1700000003.30 (2023-11-14 22:13:23)\n\
+             \t\totime 1700000004.40 (2023-11-14 22:13:24)\n"
+        );
+    }
+
+    #[test]
+    fn refs_and_dir_items() {
+        let r = B::default().u64(2).u16(5).bytes(b"a b\tc").u64(3).u16(1).bytes(&[0xe9]);
+        assert_eq!(
+            item(Key::new(257, INODE_REF_KEY, 256), &r.0),
+            "\t\tindex 2 namelen 5 name: a\\ b\\tc\n\t\tindex 3 namelen 1 name: \\351\n"
+        );
+        let x = B::default().u64(256).u64(9).u16(3).bytes(b"abc");
+        assert_eq!(
+            item(Key::new(257, INODE_EXTREF_KEY, 1234), &x.0),
+            "\t\tindex 9 parent 256 namelen 3 name: abc\n"
+        );
+        let long = vec![b'v'; 300];
+        let d = B::default()
+            .key(Key::new(0, 0, 0))
+            .u64(9)
+            .u16(300)
+            .u16(8)
+            .u8(FT_XATTR)
+            .bytes(b"user.foo")
+            .bytes(&long);
+        let want = format!(
+            "\t\tlocation key (0 UNKNOWN.0 0) type XATTR\n\
+             \t\ttransid 9 data_len 300 name_len 8\n\
+             \t\tname: user.foo\n\t\tdata {}\n",
+            "v".repeat(255)
+        );
+        assert_eq!(item(Key::new(257, XATTR_ITEM_KEY, 1), &d.0), want);
+        let ctx = PrintCtx {
+            hide_names: true,
+            ..Default::default()
+        };
+        assert!(print_item(&ctx, &Key::new(257, XATTR_ITEM_KEY, 1), &d.0)
+            .ends_with("\t\tname: HIDDEN\n\t\tdata HIDDEN\n"));
+        let e = B::default()
+            .key(Key::new(258, INODE_ITEM_KEY, 0))
+            .u64(5)
+            .u16(0)
+            .u16(40)
+            .u8(FT_REG_FILE)
+            .bytes(b"ab");
+        assert_eq!(
+            item(Key::new(256, DIR_INDEX_KEY, 2), &e.0),
+            "\t\tlocation key (258 INODE_ITEM 0) type FILE\n\
+             ERROR: invalid length, cur=0 name_len=40 data_len=0 size=32\n"
+        );
+    }
+
+    #[test]
+    fn file_extents() {
+        let inline = B::default()
+            .u64(6)
+            .u64(5)
+            .u8(3)
+            .u8(0)
+            .u16(0)
+            .u8(FILE_EXTENT_INLINE)
+            .bytes(b"hell");
+        assert_eq!(
+            item(Key::new(257, EXTENT_DATA_KEY, 0), &inline.0),
+            "\t\tgeneration 6 type 0 (inline)\n\
+             \t\tinline extent data size 4 ram_bytes 5 compression 3 (zstd)\n"
+        );
+        let reg = |ty: u8, comp: u8| {
+            B::default()
+                .u64(11)
+                .u64(131072)
+                .u8(comp)
+                .u8(0)
+                .u16(0)
+                .u8(ty)
+                .u64(13631488)
+                .u64(4096)
+                .u64(0)
+                .u64(131072)
+                .0
+        };
+        assert_eq!(
+            item(Key::new(257, EXTENT_DATA_KEY, 0), &reg(FILE_EXTENT_REG, 1)),
+            "\t\tgeneration 11 type 1 (regular)\n\
+             \t\textent data disk byte 13631488 nr 4096\n\
+             \t\textent data offset 0 nr 131072 ram 131072\n\
+             \t\textent compression 1 (zlib)\n"
+        );
+        assert_eq!(
+            item(Key::new(257, EXTENT_DATA_KEY, 0), &reg(FILE_EXTENT_PREALLOC, 0)),
+            "\t\tgeneration 11 type 2 (prealloc)\n\
+             \t\tprealloc data disk byte 13631488 nr 4096\n\
+             \t\tprealloc data offset 0 nr 131072\n"
+        );
+        assert!(item(Key::new(257, EXTENT_DATA_KEY, 0), &reg(9, 7))
+            .contains("type 9 (unknown)\n\t\textent data disk byte"));
+        assert!(item(Key::new(257, EXTENT_DATA_KEY, 0), &reg(1, 7)).ends_with("7 (UNKNOWN.7)\n"));
+    }
+
+    #[test]
+    fn extent_items() {
+        let d = B::default()
+            .u64(3)
+            .u64(11)
+            .u64(EXTENT_FLAG_DATA)
+            .u8(EXTENT_DATA_REF_KEY)
+            .u64(5)
+            .u64(265)
+            .u64(0)
+            .u32(1)
+            .u8(SHARED_DATA_REF_KEY)
+            .u64(30408704)
+            .u32(1)
+            .u8(EXTENT_OWNER_REF_KEY)
+            .u64(5)
+            .u8(99)
+            .u64(1);
+        assert_eq!(
+            item(Key::new(13631488, EXTENT_ITEM_KEY, 1048576), &d.0),
+            "\t\trefs 3 gen 11 flags DATA\n\
+             \t\t(178 0xdfb591f21e8bacd) extent data backref root FS_TREE objectid 265 offset 0 count 1\n\
+             \t\t(184 0x1d00000) shared data backref parent 30408704 count 1\n\
+             \t(172 0x5) textent owner root 5\n"
+        );
+        let m = B::default()
+            .u64(1)
+            .u64(13)
+            .u64(EXTENT_FLAG_TREE_BLOCK | BLOCK_FLAG_FULL_BACKREF)
+            .u8(TREE_BLOCK_REF_KEY)
+            .u64(DATA_RELOC_TREE_OBJECTID)
+            .u8(SHARED_BLOCK_REF_KEY)
+            .u64(30523392);
+        assert_eq!(
+            item(Key::new(30523392, METADATA_ITEM_KEY, 1), &m.0),
+            "\t\trefs 1 gen 13 flags TREE_BLOCK|FULL_BACKREF\n\
+             \t\ttree block skinny level 1\n\
+             \t\t(176 0xfffffffffffffff7) tree block backref root DATA_RELOC_TREE\n\
+             \t\t(182 0x1d1c000) shared block backref parent 30523392\n"
+        );
+        let t = B::default()
+            .u64(1)
+            .u64(13)
+            .u64(EXTENT_FLAG_TREE_BLOCK)
+            .key(Key::new(256, DIR_INDEX_KEY, 2))
+            .u8(0)
+            .u8(TREE_BLOCK_REF_KEY)
+            .u64(257);
+        assert_eq!(
+            item(Key::new(30523392, EXTENT_ITEM_KEY, 4096), &t.0),
+            "\t\trefs 1 gen 13 flags TREE_BLOCK\n\
+             \t\ttree block key (256 DIR_INDEX 2) level 0\n\
+             \t\t(176 0x101) tree block backref root 257\n"
+        );
+        assert_eq!(item(Key::new(1, EXTENT_ITEM_KEY, 1), &[0; 10]), "");
+        assert_eq!(
+            item(
+                Key::new(1, EXTENT_DATA_REF_KEY, 7),
+                &B::default().u64(256).u64(257).u64(4096).u32(2).0
+            ),
+            "\t\textent data backref root 256 objectid 257 offset 4096 count 2\n"
+        );
+        assert_eq!(
+            item(Key::new(1, SHARED_DATA_REF_KEY, 7), &2u32.to_le_bytes()),
+            "\t\tshared data backref count 2\n"
+        );
+        assert_eq!(
+            item(Key::new(1, TREE_BLOCK_REF_KEY, 7), &[]),
+            "\t\ttree block backref\n"
+        );
+    }
+
+    #[test]
+    fn flag_strings() {
+        assert_eq!(bg_flags_str(BLOCK_GROUP_DATA), "DATA|single");
+        assert_eq!(
+            bg_flags_str(BLOCK_GROUP_METADATA | BLOCK_GROUP_DUP),
+            "METADATA|DUP"
+        );
+        assert_eq!(
+            bg_flags_str(BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA | BLOCK_GROUP_RAID1),
+            "DATA|METADATA|RAID1"
+        );
+        assert_eq!(
+            bg_flags_str(BLOCK_GROUP_SYSTEM | BLOCK_GROUP_RAID1C3),
+            "SYSTEM|RAID1C3"
+        );
+        assert_eq!(
+            bg_flags_str(BLOCK_GROUP_METADATA | BLOCK_GROUP_SYSTEM),
+            "METADATASYSTEM|single"
+        );
+        assert_eq!(qgroup_status_flags_str(0x25), "ON|INCONSISTENT|UNKNOWN(0x20)");
+        assert_eq!(qgroup_status_flags_str(0xa), "OFF|SIMPLE_MODE|SCANNING");
+        assert_eq!(inode_flags_str(0), "none");
+        assert_eq!(extent_flags_str(BLOCK_FLAG_FULL_BACKREF), "|FULL_BACKREF");
+    }
+
+    #[test]
+    fn misc_items() {
+        assert_eq!(
+            item(Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, 258), &[]),
+            "\t\torphan item\n"
+        );
+        assert_eq!(
+            item(Key::new(257, DIR_LOG_INDEX_KEY, 4), &22u64.to_le_bytes()),
+            "\t\tdir log end 22\n"
+        );
+        let rr = B::default().u64(256).u64(3).u16(4).bytes(b"sub1");
+        assert_eq!(
+            item(Key::new(5, ROOT_REF_KEY, 256), &rr.0),
+            "\t\troot ref key dirid 256 sequence 3 name sub1\n"
+        );
+        assert_eq!(
+            item(Key::new(256, ROOT_BACKREF_KEY, 5), &rr.0),
+            "\t\troot backref key dirid 256 sequence 3 name sub1\n"
+        );
+        assert_eq!(
+            item(Key::new(1, UUID_KEY_SUBVOL, 2), &B::default().u64(5).u64(256).0),
+            "\t\tsubvol_id 5\n\t\tsubvol_id 256\n"
+        );
+        assert_eq!(
+            item(Key::new(1, UUID_KEY_RECEIVED_SUBVOL, 2), &[0; 9]),
+            "btrfs: uuid item with illegal size 9!\n"
+        );
+        let stats = B::default().u64(1).u64(2).u64(3).u64(4).u64(5);
+        assert_eq!(
+            item(Key::new(0, PERSISTENT_ITEM_KEY, 1), &stats.0),
+            "\t\tpersistent item objectid DEV_STATS offset 1\n\t\tdevice stats\n\
+             \t\twrite_errs 1 read_errs 2 flush_errs 3 corruption_errs 4 generation 5\n"
+        );
+        let rep = B::default()
+            .u64(u64::MAX)
+            .u64(10)
+            .u64(20)
+            .u64(1)
+            .u64(2)
+            .u64(1795311348)
+            .u64(1795311349)
+            .u64(0)
+            .u64(0);
+        assert_eq!(
+            item(Key::new(0, DEV_REPLACE_KEY, 0), &rep.0),
+            "\t\tsrc devid -1 cursor left 10 cursor right 20 mode AVOID\n\
+             \t\tstate FINISHED write errors 0 uncorrectable read errors 0\n\
+             \t\tstart time 1795311348 (2026-11-22 01:35:48)\n\
+             \t\tstop time 1795311348 (2026-11-22 01:35:48)\n"
+        );
+        let bal = item(Key::new(BALANCE_OBJECTID, TEMPORARY_ITEM_KEY, 0), &[7, 0, 0, 0, 0, 0, 0, 0]);
+        assert!(bal.starts_with(
+            "\t\ttemporary item objectid BALANCE offset 0\n\t\tbalance status flags 7\n\t\tDATA\n\
+             \t\tprofiles 0 devid 0 target 0 flags 0\n"
+        ));
+        assert!(bal.ends_with("\t\tSYSTEM\n\t\tprofiles 0 devid 0 target 0 flags 0\n\t\tusage_min 0 usage_max 0 pstart 0 pend 0\n\t\tvstart 0 vend 0 limit_min 0 limit_max 0\n\t\tstripes_min 0 stripes_max 0\n"));
+        assert_eq!(
+            item(Key::new(CSUM_CHANGE_OBJECTID, TEMPORARY_ITEM_KEY, 2), &[]),
+            "\t\ttemporary item objectid CSUM_CHANGE offset 2\n\t\ttarget csum type sha256 (2)\n"
+        );
+        let lim = B::default().u64(1).u64(104857600).u64(u64::MAX).u64(0).u64(0);
+        assert_eq!(
+            item(Key::new(0, QGROUP_LIMIT_KEY, 256), &lim.0),
+            "\t\tflags 1\n\t\tmax_referenced 104857600 max_exclusive -1\n\
+             \t\trsv_referenced 0 rsv_exclusive 0\n"
+        );
+        let st = B::default().u64(1).u64(13).u64(9).u64(u64::MAX).u64(12);
+        assert_eq!(
+            item(Key::new(0, QGROUP_STATUS_KEY, 0), &st.0),
+            "\t\tversion 1 generation 13 flags ON|SIMPLE_MODE scan 18446744073709551615\n"
+        );
+        let sq = PrintCtx {
+            incompat_flags: FEATURE_INCOMPAT_SIMPLE_QUOTA,
+            ..Default::default()
+        };
+        assert!(print_item(&sq, &Key::new(0, QGROUP_STATUS_KEY, 0), &st.0)
+            .ends_with("scan 18446744073709551615 enable_gen 12\n"));
+        assert_eq!(item(Key::new(0, QGROUP_RELATION_KEY, 5), &[]), "");
+        assert_eq!(
+            item(Key::new(1, RAID_STRIPE_KEY, 65536), &B::default().u64(1).u64(4096).0),
+            "\t\t\tstripe 0 devid 1 physical 4096\n"
+        );
+        assert_eq!(
+            item(Key::new(1, STRING_ITEM_KEY, 0), b"hi\0x"),
+            "\t\titem data hi\n"
+        );
+        let fsh = B::default().key(Key::new(256, 0, 0)).u64(7).u64(3).u64(1);
+        assert_eq!(
+            item(Key::new(FREE_SPACE_OBJECTID, 0, 30408704), &fsh.0),
+            "\t\tlocation key (256 UNKNOWN.0 0)\n\t\tcache generation 7 entries 3 bitmaps 1\n"
+        );
+    }
+
+    #[test]
+    fn csum_items() {
+        let d: Vec<u8> = (0u8..20).collect();
+        let key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, 4096);
+        assert_eq!(item(key, &d), "\t\trange start 4096 end 24576 length 20480\n");
+        let ctx = PrintCtx {
+            csum_items: true,
+            ..Default::default()
+        };
+        assert_eq!(
+            print_item(&ctx, &key, &d),
+            "\t\trange start 4096 end 24576 length 20480\n\
+             \t\t[4096] 0x00010203 [8192] 0x04050607 [12288] 0x08090a0b [16384] 0x0c0d0e0f\n\
+             \t\t[20480] 0x10111213\n"
+        );
+        let x = PrintCtx {
+            csum_items: true,
+            csum_type: CsumType::Sha256,
+            ..Default::default()
+        };
+        let d = [0xabu8; 64];
+        let s = print_item(&x, &key, &d);
+        assert_eq!(s.lines().count(), 3, "{s}");
+    }
+
+    #[test]
+    fn chunk_and_dev_items() {
+        let uuid = [0x11u8; 16];
+        let c = B::default()
+            .u64(8388608)
+            .u64(2)
+            .u64(65536)
+            .u64(BLOCK_GROUP_SYSTEM | BLOCK_GROUP_DUP)
+            .u32(65536)
+            .u32(65536)
+            .u32(4096)
+            .u16(2)
+            .u16(1)
+            .u64(1)
+            .u64(22020096)
+            .bytes(&uuid)
+            .u64(1)
+            .u64(30408704)
+            .bytes(&uuid);
+        assert_eq!(
+            item(Key::new(256, CHUNK_ITEM_KEY, 22020096), &c.0),
+            "\t\tlength 8388608 owner 2 stripe_len 65536 type SYSTEM|DUP\n\
+             \t\tio_align 65536 io_width 65536 sector_size 4096\n\
+             \t\tnum_stripes 2 sub_stripes 1\n\
+             \t\t\tstripe 0 devid 1 offset 22020096\n\
+             \t\t\tdev_uuid 11111111-1111-1111-1111-111111111111\n\
+             \t\t\tstripe 1 devid 1 offset 30408704\n\
+             \t\t\tdev_uuid 11111111-1111-1111-1111-111111111111\n"
+        );
+        assert_eq!(
+            item(Key::new(256, CHUNK_ITEM_KEY, 0), &c.0[..60]),
+            "\t\tchunk item invalid\n"
+        );
+        let de = B::default().u64(3).u64(256).u64(22020096).u64(8388608).bytes(&uuid);
+        assert_eq!(
+            item(Key::new(1, DEV_EXTENT_KEY, 22020096), &de.0),
+            "\t\tdev extent chunk_tree 3\n\
+             \t\tchunk_objectid 256 chunk_offset 22020096 length 8388608\n\
+             \t\tchunk_tree_uuid 11111111-1111-1111-1111-111111111111\n"
+        );
+        let bg = B::default().u64(16384).u64(256).u64(BLOCK_GROUP_DATA);
+        assert_eq!(
+            item(Key::new(1, BLOCK_GROUP_ITEM_KEY, 2), &bg.0),
+            "\t\tblock group used 16384 chunk_objectid 256 flags DATA|single\n"
+        );
+    }
+
+    /// A leaf with two items, laid out the way the kernel packs them.
+    fn leaf(nodesize: usize, items: &[(Key, Vec<u8>)]) -> Vec<u8> {
+        let mut b = vec![0u8; nodesize];
+        b[0x20..0x30].copy_from_slice(&[0x22; 16]);
+        b[0x30..0x38].copy_from_slice(&30408704u64.to_le_bytes());
+        let flags = HEADER_FLAG_WRITTEN | (MIXED_BACKREF_REV << BACKREF_REV_SHIFT);
+        b[0x38..0x40].copy_from_slice(&flags.to_le_bytes());
+        b[0x40..0x50].copy_from_slice(&[0x33; 16]);
+        b[0x50..0x58].copy_from_slice(&9u64.to_le_bytes());
+        b[0x58..0x60].copy_from_slice(&5u64.to_le_bytes());
+        b[0x60..0x64].copy_from_slice(&(items.len() as u32).to_le_bytes());
+        let mut end = nodesize - HEADER_SIZE;
+        for (i, (k, d)) in items.iter().enumerate() {
+            end -= d.len();
+            let h = HEADER_SIZE + i * ITEM_SIZE;
+            let mut kb = [0u8; 17];
+            k.write(&mut kb);
+            b[h..h + 17].copy_from_slice(&kb);
+            b[h + 17..h + 21].copy_from_slice(&(end as u32).to_le_bytes());
+            b[h + 21..h + 25].copy_from_slice(&(d.len() as u32).to_le_bytes());
+            b[HEADER_SIZE + end..HEADER_SIZE + end + d.len()].copy_from_slice(d);
+        }
+        b
+    }
+
+    #[test]
+    fn leaf_block() {
+        let b = leaf(
+            4096,
+            &[
+                (Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, 300), vec![]),
+                (Key::new(700, DIR_LOG_ITEM_KEY, 1), 5u64.to_le_bytes().to_vec()),
+            ],
+        );
+        let ctx = PrintCtx {
+            nodesize: 4096,
+            ..Default::default()
+        };
+        assert_eq!(
+            print_block(&ctx, 30408704, &b),
+            "leaf 30408704 items 2 free space 3937 generation 9 owner FS_TREE\n\
+             leaf 30408704 flags 0x1(WRITTEN) backref revision 1\n\
+             fs uuid 22222222-2222-2222-2222-222222222222\n\
+             chunk uuid 33333333-3333-3333-3333-333333333333\n\
+             \titem 0 key (ORPHAN ORPHAN_ITEM 300) itemoff 3995 itemsize 0\n\
+             \t\torphan item\n\
+             \titem 1 key (700 DIR_LOG_ITEM 1) itemoff 3987 itemsize 8\n\
+             \t\tdir log end 5\n"
+        );
+        let ctx = PrintCtx {
+            nodesize: 4096,
+            csum_headers: true,
+            ..Default::default()
+        };
+        assert!(print_block(&ctx, 30408704, &b)
+            .contains("backref revision 1 csum 0x00000000\n"));
+        // An item pointing outside the leaf stops the listing.
+        let mut bad = b.clone();
+        let h = HEADER_SIZE + ITEM_SIZE;
+        bad[h + 17..h + 21].copy_from_slice(&5000u32.to_le_bytes());
+        let s = print_block(&PrintCtx { nodesize: 4096, ..Default::default() }, 30408704, &bad);
+        assert!(s.ends_with(
+            "ERROR: leaf 30408704 slot 1 pointer invalid, offset 5000 size 8 leaf data limit 3995\n\
+             ERROR: skip remaining slots\n"
+        ), "{s}");
+    }
+
+    #[test]
+    fn node_block() {
+        let mut b = leaf(4096, &[]);
+        b[0x64] = 1;
+        b[0x60..0x64].copy_from_slice(&2u32.to_le_bytes());
+        for (i, (k, p)) in [(Key::new(256, 1, 0), 8192u64), (Key::new(300, 96, 7), 12288)]
+            .iter()
+            .enumerate()
+        {
+            let o = HEADER_SIZE + i * KEY_PTR_SIZE;
+            let mut kb = [0u8; 17];
+            k.write(&mut kb);
+            b[o..o + 17].copy_from_slice(&kb);
+            b[o + 17..o + 25].copy_from_slice(&p.to_le_bytes());
+            b[o + 25..o + 33].copy_from_slice(&8u64.to_le_bytes());
+        }
+        let ctx = PrintCtx {
+            nodesize: 4096,
+            ..Default::default()
+        };
+        assert_eq!(
+            print_block(&ctx, 30408704, &b),
+            "node 30408704 level 1 items 2 free space 119 generation 9 owner FS_TREE\n\
+             node 30408704 flags 0x1(WRITTEN) backref revision 1\n\
+             fs uuid 22222222-2222-2222-2222-222222222222\n\
+             chunk uuid 33333333-3333-3333-3333-333333333333\n\
+             \tkey (256 INODE_ITEM 0) block 8192 gen 8\n\
+             \tkey (300 DIR_INDEX 7) block 12288 gen 8\n"
+        );
+    }
+
+    #[test]
+    fn tree_names() {
+        for (s, id) in [
+            ("5", Some(5)),
+            ("256", Some(256)),
+            ("0", None),
+            ("root", Some(1)),
+            ("EXTENT", Some(2)),
+            ("chunk_tree", Some(3)),
+            ("dev", Some(4)),
+            ("device", Some(4)),
+            ("fs", Some(5)),
+            ("BTRFS_FS_TREE_OBJECTID", Some(5)),
+            ("csum", Some(7)),
+            ("checksum", Some(7)),
+            ("quota", Some(8)),
+            ("uuid", Some(9)),
+            ("free-space", Some(10)),
+            ("free_space_tree", Some(10)),
+            ("block-group", Some(11)),
+            ("raid-stripe", Some(12)),
+            ("data-reloc", Some(DATA_RELOC_TREE_OBJECTID)),
+            ("tree-log", Some(TREE_LOG_OBJECTID)),
+            ("tree_log_fixup", Some(TREE_LOG_FIXUP_OBJECTID)),
+            ("tree-reloc", Some(TREE_RELOC_OBJECTID)),
+            ("fsx", None),
+            ("fs-tree", None),
+            ("", None),
+            ("-5", None),
+        ] {
+            assert_eq!(parse_tree_name(s), id, "{s}");
+        }
+    }
+
+    #[test]
+    fn escapes() {
+        assert_eq!(
+            escape_name(b"a b\\c\n\x01\x7f\xff\x1b"),
+            "a\\ b\\\\c\\n\\001\\177\\377\\e"
+        );
+    }
+
+    /// A superblock built from scratch: fields at their offsets, valid checksum.
+    fn superblock() -> Vec<u8> {
+        let mut b = vec![0u8; SUPER_INFO_SIZE];
+        let put = |b: &mut Vec<u8>, off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
+        put(&mut b, 0x20, &[0x44; 16]);
+        put(&mut b, 0x30, &SUPER_INFO_OFFSET.to_le_bytes());
+        put(&mut b, 0x38, &(HEADER_FLAG_WRITTEN | SUPER_FLAG_SEEDING | (1 << 50)).to_le_bytes());
+        put(&mut b, 0x40, &BTRFS_MAGIC.to_le_bytes());
+        put(&mut b, 0x48, &7u64.to_le_bytes());
+        put(&mut b, 0x90, &4096u32.to_le_bytes());
+        put(&mut b, 0x94, &16384u32.to_le_bytes());
+        put(&mut b, 0xb4, &(FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_VERITY).to_le_bytes());
+        put(&mut b, 0xbc, &FEATURE_INCOMPAT_NO_HOLES.to_le_bytes());
+        put(&mut b, 0xc9 + 66 + 16, &[0x44; 16]); // dev_item.fsid
+        put(&mut b, 0x12b, b"lab\x01el");
+        // One backup root slot in use.
+        put(&mut b, 0xb2b, &30408704u64.to_le_bytes());
+        put(&mut b, 0xb2b + 8, &7u64.to_le_bytes());
+        let c = CsumType::Crc32c.compute(&b[CSUM_SIZE_MAX..]);
+        put(&mut b, 0, &c[..4]);
+        b
+    }
+
+    #[test]
+    fn super_text() {
+        let raw = superblock();
+        let sb = SuperBlock::parse(&raw).unwrap_or_else(|e| panic!("{e}"));
+        let s = dump_super(&sb, 65536, "img");
+        assert!(s.starts_with(
+            "superblock: bytenr=65536, device=img\n\
+             ---------------------------------------------------------\n\
+             csum_type\t\t0 (crc32c)\ncsum_size\t\t4\ncsum\t\t\t0x"
+        ));
+        assert!(s.contains(" [match]\nbytenr\t\t\t65536\nflags\t\t\t0x4000100000001\n\
+             \t\t\t( WRITTEN |\n\t\t\t  SEEDING |\n\t\t\t  unknown flag: 0x4000000000000 )\n\
+             magic\t\t\t_BHRfS_M [match]\n"), "{s}");
+        assert!(s.contains("label\t\t\tlab.el\n"));
+        assert!(s.contains("compat_ro_flags\t\t0x5\n\t\t\t( FREE_SPACE_TREE |\n\t\t\t  unknown flag: 0x4 )\n"));
+        assert!(s.contains("incompat_flags\t\t0x200\n\t\t\t( NO_HOLES )\ncache_generation"));
+        assert!(s.contains("compat_flags\t\t0x0\ncompat_ro"));
+        assert!(s.contains("dev_item.fsid\t\t44444444-4444-4444-4444-444444444444 [match]\n"));
+        assert!(s.ends_with("dev_item.generation\t0\n\n"));
+        let f = dump_super_with(&sb, 65536, "img", true);
+        assert!(f.ends_with(
+            "dev_item.generation\t0\nsys_chunk_array[2048]:\nbackup_roots[4]:\n\tbackup 0:\n\
+             \t\tbackup_tree_root:\t30408704\tgen: 7\tlevel: 0\n\
+             \t\tbackup_chunk_root:\t0\tgen: 0\tlevel: 0\n\
+             \t\tbackup_extent_root:\t0\tgen: 0\tlevel: 0\n\
+             \t\tbackup_fs_root:\t\t0\tgen: 0\tlevel: 0\n\
+             \t\tbackup_dev_root:\t0\tgen: 0\tlevel: 0\n\
+             \t\tcsum_root:\t0\tgen: 0\tlevel: 0\n\
+             \t\tbackup_total_bytes:\t0\n\t\tbackup_bytes_used:\t0\n\t\tbackup_num_devices:\t0\n\n\n"
+        ), "{f}");
+        // A flipped byte breaks the checksum; a wrong magic is flagged.
+        let mut bad = raw.clone();
+        bad[0x40] = b'X';
+        let sb = SuperBlock::parse(&bad).unwrap_or_else(|e| panic!("{e}"));
+        let s = dump_super(&sb, 65536, "img");
+        assert!(s.contains(" [DON'T MATCH]\nbytenr"));
+        assert!(s.contains("magic\t\t\tXBHRfS_M [DON'T MATCH]\n"));
+        let mut bad = raw;
+        bad[0xc4] = 9;
+        let sb = SuperBlock::parse(&bad).unwrap_or_else(|e| panic!("{e}"));
+        let s = dump_super(&sb, 65536, "img");
+        assert!(s.contains("csum_type\t\t9 (INVALID)\ncsum_size\t\t32\n"));
+        assert!(s.contains(" [UNKNOWN CSUM TYPE OR SIZE]\n"));
+    }
+}

@@ -102,7 +102,7 @@ fn check_node(ctx: &CheckCtx, bytenr: u64, v: &BlockView<'_>, n: usize) -> Resul
     let mut prev: Option<Key> = None;
     for i in 0..n {
         let p = v.key_ptr(i).map_err(|e| corrupt(bytenr, e.to_string()))?;
-        if p.blockptr == 0 || p.blockptr % ctx.sectorsize as u64 != 0 {
+        if p.blockptr == 0 || !p.blockptr.is_multiple_of(ctx.sectorsize as u64) {
             return Err(corrupt(
                 bytenr,
                 format!("slot {i} points to unaligned block {}", p.blockptr),
@@ -192,18 +192,18 @@ fn check_item(ctx: &CheckCtx, key: &Key, data: &[u8]) -> std::result::Result<(),
         ROOT_ITEM_KEY if data.len() != 439 && data.len() != 239 => {
             return Err(format!("root item size {}", data.len()))
         }
-        EXTENT_CSUM_KEY if data.is_empty() || data.len() % ctx.csum_size != 0 => {
+        EXTENT_CSUM_KEY if data.is_empty() || !data.len().is_multiple_of(ctx.csum_size) => {
             return Err(format!(
                 "csum item size {} not a multiple of {}",
                 data.len(),
                 ctx.csum_size
             ))
         }
-        EXTENT_CSUM_KEY if key.offset % ctx.sectorsize as u64 != 0 => {
+        EXTENT_CSUM_KEY if !key.offset.is_multiple_of(ctx.sectorsize as u64) => {
             return Err("csum item start not sector aligned".into())
         }
         EXTENT_ITEM_KEY | BLOCK_GROUP_ITEM_KEY | DEV_EXTENT_KEY
-            if key.ty != DEV_EXTENT_KEY && key.objectid % ctx.sectorsize as u64 != 0 =>
+            if key.ty != DEV_EXTENT_KEY && !key.objectid.is_multiple_of(ctx.sectorsize as u64) =>
         {
             return Err("start not sector aligned".into())
         }
@@ -258,7 +258,7 @@ fn check_item(ctx: &CheckCtx, key: &Key, data: &[u8]) -> std::result::Result<(),
             } = fe.body
             {
                 let ss = ctx.sectorsize as u64;
-                if num_bytes % ss != 0 || disk_num_bytes % ss != 0 || offset % ss != 0 {
+                if !num_bytes.is_multiple_of(ss) || !disk_num_bytes.is_multiple_of(ss) || !offset.is_multiple_of(ss) {
                     return Err("extent sizes not sector aligned".into());
                 }
                 if num_bytes == 0 {

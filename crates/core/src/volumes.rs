@@ -38,7 +38,7 @@ pub struct Physical {
 impl MapEntry {
     pub fn from_chunk(start: u64, c: &Chunk, sectorsize: u32) -> Result<MapEntry> {
         let bad = |d: String| Err(Error::corrupt(format!("chunk at logical {start}: {d}")));
-        if c.length == 0 || c.length % sectorsize as u64 != 0 {
+        if c.length == 0 || !c.length.is_multiple_of(sectorsize as u64) {
             return bad(format!(
                 "length {} not a multiple of the sector size",
                 c.length
@@ -70,7 +70,7 @@ impl MapEntry {
             BLOCK_GROUP_RAID1 if n != 2 => return bad(format!("RAID1 with {n} stripes")),
             BLOCK_GROUP_RAID1C3 if n != 3 => return bad(format!("RAID1C3 with {n} stripes")),
             BLOCK_GROUP_RAID1C4 if n != 4 => return bad(format!("RAID1C4 with {n} stripes")),
-            BLOCK_GROUP_RAID10 if c.sub_stripes != 2 || n % 2 != 0 => {
+            BLOCK_GROUP_RAID10 if c.sub_stripes != 2 || !n.is_multiple_of(2) => {
                 return bad(format!(
                     "RAID10 with {n} stripes and sub_stripes {}",
                     c.sub_stripes

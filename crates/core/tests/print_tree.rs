@@ -10,7 +10,8 @@
 //! `UBTRFS_DUMP_TREE` / `UBTRFS_DUMP_BLOCK` are set, `OUT.t` / `OUT.b`.
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use ubtrfs_core::format::superblock::SuperBlock;
 use ubtrfs_core::print_tree::{
     dump_super_with, dump_tree, dump_tree_with, parse_tree_name, DumpTreeOptions,
 };
@@ -25,12 +26,22 @@ fn dump_image_from_env() {
     };
     let out = std::env::var("UBTRFS_DUMP_OUT").unwrap_or_else(|_| "/tmp/ubtrfs-dump".into());
     let paths: Vec<&str> = img.split(':').collect();
+    // dump-super of the first device, straight from the file (no filesystem open).
+    let mirror: usize = std::env::var("UBTRFS_DUMP_MIRROR").map_or(0, |m| m.parse().unwrap());
+    let bytenr = ubtrfs_core::format::consts::super_mirror_offset(mirror);
+    let mut f = File::open(paths[0]).unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.seek(SeekFrom::Start(bytenr)).unwrap();
+    f.read_exact(&mut buf).unwrap();
+    let sb = SuperBlock::parse(&buf).unwrap();
+    std::fs::write(format!("{out}.super"), dump_super_with(&sb, bytenr, paths[0], true)).unwrap();
+    if std::env::var("UBTRFS_DUMP_SUPER_ONLY").is_ok() {
+        return;
+    }
     let fs = FsInfo::open_paths(&paths, Default::default()).unwrap();
     let mut w = BufWriter::new(File::create(format!("{out}.tree")).unwrap());
     dump_tree(&fs, None, None, &mut w).unwrap();
     w.flush().unwrap();
-    let s = dump_super_with(&fs.sb, 65536, paths[0], true);
-    std::fs::write(format!("{out}.super"), s).unwrap();
     if let Ok(t) = std::env::var("UBTRFS_DUMP_TREE") {
         let id = parse_tree_name(&t).expect("tree name");
         let mut w = BufWriter::new(File::create(format!("{out}.t")).unwrap());

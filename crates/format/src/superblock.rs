@@ -287,11 +287,11 @@ impl SuperBlock {
             return bad("tree level out of range".into());
         }
         for (name, v) in [("root", self.root), ("chunk_root", self.chunk_root)] {
-            if v == 0 || v % ss as u64 != 0 {
+            if v == 0 || !v.is_multiple_of(ss as u64) {
                 return bad(format!("{name} {v} is not sector aligned"));
             }
         }
-        if self.log_root % ss as u64 != 0 {
+        if !self.log_root.is_multiple_of(ss as u64) {
             return bad(format!("log_root {} is not sector aligned", self.log_root));
         }
         if self.sys_chunk_array_size as usize > SYSTEM_CHUNK_ARRAY_SIZE {
