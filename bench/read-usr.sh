@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Issue 2 benchmarks: reading a kernel-made image holding a copy of /usr (100k+ files).
+#   extract:  `ubtrfs extract IMG DEST --path /usr`  vs  `cp -a MNT/usr DEST` from the
+#             kernel's loop mount; page cache dropped before the cold runs, then warm.
+#   ls:       `ubtrfs ls -R -l IMG /usr`  vs  `find MNT/usr -ls`.
+# Same image, same run; prints each time and the ratio ubtrfs/kernel (< 1 is faster).
+# Needs root. WORK=dir keeps the image between runs (made once); SRC=/usr by default.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SRC=${SRC:-/usr}
+WORK=${WORK:-/var/tmp/ubtrfs-bench}
+IMG=$WORK/usr.img
+MNT=$WORK/mnt
+DEST=$WORK/dest
+U=$PWD/target/release/ubtrfs
+mkdir -p "$WORK" "$MNT"
+cargo build --release -q -p ubtrfs-cli
+
+cleanup() { mountpoint -q "$MNT" && umount "$MNT" || true; rm -rf "$DEST"; }
+trap cleanup EXIT
+
+if [ ! -s "$IMG" ]; then
+    bytes=$(du -sb "$SRC" | cut -f1)
+    truncate -s $(( bytes * 2 + (1 << 30) )) "$IMG"
+    mkfs.btrfs -q -f "$IMG"
+    mount -o loop "$IMG" "$MNT"
+    cp -a "$SRC" "$MNT/usr"
+    umount "$MNT"
+fi
+files=$(mount -o loop,ro "$IMG" "$MNT" && find "$MNT/usr" | wc -l; umount "$MNT")
+echo "image: $IMG ($files entries from $SRC)"
+
+ms() { local s e; s=$(date +%s%N); "$@" >/dev/null; e=$(date +%s%N); echo $(( (e - s) / 1000000 )); }
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
+report() { echo "$1: ubtrfs $2 ms, kernel $3 ms, ratio $(ratio "$2" "$3")x"; }
+
+
+# Cold: caches dropped right before the timed command (the kernel mount is made
+# after the drop and is not timed).
+rm -rf "$DEST"; mkdir -p "$DEST"; drop; mount -o loop,ro "$IMG" "$MNT"
+k_cold=$(ms cp -a "$MNT/usr" "$DEST/usr"); umount "$MNT"
+rm -rf "$DEST"; mkdir -p "$DEST"; drop
+u_cold=$(ms "$U" extract "$IMG" "$DEST/usr" --path /usr)
+# Warm: second run of each.
+rm -rf "$DEST"; mkdir -p "$DEST"; mount -o loop,ro "$IMG" "$MNT"
+cat "$IMG" >/dev/null
+k_warm=$(ms cp -a "$MNT/usr" "$DEST/usr")
+rm -rf "$DEST"; mkdir -p "$DEST"
+u_warm=$(ms "$U" extract "$IMG" "$DEST/usr" --path /usr)
+report "extract cold" "$u_cold" "$k_cold"
+report "extract warm" "$u_warm" "$k_warm"
+
+umount "$MNT"; drop; mount -o loop,ro "$IMG" "$MNT"
+k_ls_cold=$(ms find "$MNT/usr" -ls); umount "$MNT"; drop
+u_ls_cold=$(ms "$U" ls -R -l "$IMG" /usr)
+mount -o loop,ro "$IMG" "$MNT"
+k_ls_warm=$(ms find "$MNT/usr" -ls)
+u_ls_warm=$(ms "$U" ls -R -l "$IMG" /usr)
+report "ls -R -l vs find -ls cold" "$u_ls_cold" "$k_ls_cold"
+report "ls -R -l vs find -ls warm" "$u_ls_warm" "$k_ls_warm"

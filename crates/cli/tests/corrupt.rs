@@ -1,0 +1,210 @@
+//! Damaged images: a flipped data sector is an I/O error naming the file, offset and
+//! both checksums; a damaged metadata copy is worked around with a warning naming the
+//! copy; a wrecked superblock or tree root is a one-line error, never a panic.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use ubtrfs_core::{Filesystem, OpenOptions as FsOpen};
+use ubtrfs_format::items::FileExtentBody;
+
+fn golden(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/golden")
+        .join(name)
+}
+
+/// The basic golden image, decompressed to a temp file.
+fn basic_image(dir: &Path) -> PathBuf {
+    let out = dir.join("basic.img");
+    let mut dec =
+        zstd::stream::read::Decoder::new(File::open(golden("basic.img.zst")).unwrap()).unwrap();
+    let mut f = File::create(&out).unwrap();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = dec.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        f.write_all(&buf[..n]).unwrap();
+    }
+    out
+}
+
+fn ubtrfs(args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Physical offset (single device) of logical `l`, copy `mirror`.
+fn physical(fs: &Filesystem, l: u64, mirror: usize) -> u64 {
+    fs.info
+        .chunk_map
+        .lookup(l)
+        .unwrap()
+        .map(l, mirror)
+        .unwrap()
+        .offset
+}
+
+fn flip(img: &Path, off: u64) {
+    let f = OpenOptions::new().read(true).write(true).open(img).unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, off).unwrap();
+    b[0] ^= 0x5a;
+    f.write_all_at(&b, off).unwrap();
+}
+
+#[test]
+fn data_checksum_mismatch_names_file_offset_and_checksums() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = basic_image(dir.path());
+    let path = "/dir1/dir2/size-1m";
+    let (disk, second_sector) = {
+        let fs = Filesystem::open_paths(&[&img], FsOpen::default()).unwrap();
+        let node = fs.resolve(path).unwrap();
+        let ext = fs.file_extents(node).unwrap();
+        let FileExtentBody::Regular {
+            disk_bytenr,
+            offset,
+            ..
+        } = ext[0].item.body
+        else {
+            panic!("expected a regular extent: {:?}", ext[0]);
+        };
+        assert_eq!(ext[0].item.compression, 0);
+        let l = disk_bytenr + offset + 4096;
+        (physical(&fs, l, 0), l)
+    };
+    flip(&img, disk + 100);
+    let (ok, out, err) = ubtrfs(&["cat", img.to_str().unwrap(), path]);
+    assert!(!ok, "cat of a corrupted file must fail");
+    assert!(out.len() < 1 << 20, "no partial file reported as success");
+    let line = err.trim();
+    assert_eq!(line.lines().count(), 1, "one-line error: {err}");
+    assert!(line.contains(path), "{line}");
+    assert!(line.contains("checksum mismatch"), "{line}");
+    assert!(
+        line.contains("expected") && line.contains("found"),
+        "{line}"
+    );
+    assert!(line.contains(&second_sector.to_string()), "{line}");
+    // --no-csum reads what is there.
+    let (ok, out, _) = ubtrfs(&["cat", "--no-csum", img.to_str().unwrap(), path]);
+    assert!(ok);
+    assert_eq!(out.len(), 1 << 20);
+}
+
+#[test]
+fn bad_metadata_copy_is_worked_around_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = basic_image(dir.path());
+    let (p0, root_bytenr) = {
+        let fs = Filesystem::open_paths(&[&img], FsOpen::default()).unwrap();
+        let root = fs.root(5).unwrap();
+        assert_eq!(
+            fs.info.num_mirrors(root.bytenr).unwrap(),
+            2,
+            "metadata is DUP"
+        );
+        (physical(&fs, root.bytenr, 0), root.bytenr)
+    };
+    flip(&img, p0 + 200);
+    let (ok, out, err) = ubtrfs(&["ls", img.to_str().unwrap(), "/"]);
+    assert!(ok, "the second copy must rescue the read: {err}");
+    assert!(out.contains("dir1"));
+    assert!(err.contains("warning"), "{err}");
+    assert!(err.contains(&format!("tree block {root_bytenr}")), "{err}");
+    assert!(
+        err.contains("copy 1") && err.contains("used copy 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn both_metadata_copies_bad_is_one_line_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = basic_image(dir.path());
+    let (p0, p1, root_bytenr) = {
+        let fs = Filesystem::open_paths(&[&img], FsOpen::default()).unwrap();
+        let root = fs.root(5).unwrap();
+        (
+            physical(&fs, root.bytenr, 0),
+            physical(&fs, root.bytenr, 1),
+            root.bytenr,
+        )
+    };
+    flip(&img, p0 + 200);
+    flip(&img, p1 + 200);
+    let (ok, _, err) = ubtrfs(&["ls", img.to_str().unwrap(), "/"]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains(&format!("tree block {root_bytenr}")), "{err}");
+    assert!(err.contains("checksum mismatch"), "{err}");
+}
+
+#[test]
+fn bad_primary_superblock_falls_back_to_a_mirror() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = basic_image(dir.path());
+    flip(&img, 0x10000 + 0x100);
+    let (ok, out, err) = ubtrfs(&["ls", img.to_str().unwrap(), "/"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("dir1"));
+    assert!(
+        err.contains("superblock copy 0") && err.contains("checksum mismatch"),
+        "{err}"
+    );
+}
+
+#[test]
+fn hostile_and_truncated_images_give_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", vec![]),
+        ("zeros", vec![0u8; 1 << 20]),
+        ("short", vec![0xffu8; 70000]),
+    ];
+    for (name, bytes) in cases {
+        let p = dir.path().join(name);
+        std::fs::write(&p, &bytes).unwrap();
+        let (ok, _, err) = ubtrfs(&["ls", p.to_str().unwrap(), "/"]);
+        assert!(!ok, "{name}");
+        assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
+        assert!(err.starts_with("ubtrfs: error:"), "{name}: {err}");
+    }
+    // A truncated real image: the superblock is fine, the trees are gone.
+    let img = basic_image(dir.path());
+    let f = OpenOptions::new().write(true).open(&img).unwrap();
+    f.set_len(4 << 20).unwrap();
+    let (ok, _, err) = ubtrfs(&["ls", "-R", img.to_str().unwrap(), "/"]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let mut f = File::open(&img).unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+}
+
+#[test]
+fn missing_path_and_wrong_types_are_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = basic_image(dir.path());
+    let img = img.to_str().unwrap();
+    let (ok, _, err) = ubtrfs(&["cat", img, "/no/such/file"]);
+    assert!(!ok);
+    assert!(err.contains("No such file or directory"), "{err}");
+    let (ok, _, err) = ubtrfs(&["cat", img, "/dir1"]);
+    assert!(!ok);
+    assert!(err.contains("Is a directory"), "{err}");
+    let (ok, _, err) = ubtrfs(&["ls", img, "/dir1/dir2/size-1m/x"]);
+    assert!(!ok);
+    assert!(err.contains("Not a directory"), "{err}");
+}
