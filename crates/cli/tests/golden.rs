@@ -328,7 +328,7 @@ impl ScratchMount {
         std::fs::create_dir(&mnt).unwrap();
         File::create(&img).unwrap().set_len(2 << 30).unwrap();
         let ok = Command::new("mkfs.btrfs")
-            .args(["-q", "-f"])
+            .args(["-q", "-f", "-n", "65536"])
             .arg(&img)
             .status()
             .expect("mkfs.btrfs (install btrfs-progs)")
