@@ -147,8 +147,7 @@ fn open(img: &Image) -> Result<Filesystem> {
         verify_data_csum: !img.no_csum,
         ..Default::default()
     };
-    let fs = Filesystem::open_paths(&paths, opts)
-        .with_context(|| format!("cannot open {}", img.image))?;
+    let fs = Filesystem::open_paths(&paths, opts)?;
     flush_warnings(&fs);
     Ok(fs)
 }
@@ -526,14 +525,7 @@ fn cmd_dump_super(img: &Image, full: bool, mirror: usize, out: &mut dyn Write) -
     dev.read_at(off, &mut buf)
         .with_context(|| format!("{path}: reading superblock at {off}"))?;
     let sb = SuperBlock::parse(&buf).with_context(|| format!("{path}: superblock at {off}"))?;
-    let text = if full {
-        {
-            let _ = off;
-            ubtrfs_core::print_tree::dump_super_full(&sb)
-        }
-    } else {
-        ubtrfs_core::print_tree::dump_super(&sb, off, path)
-    };
+    let text = ubtrfs_core::print_tree::dump_super_with(&sb, off, path, full);
     out.write_all(text.as_bytes())?;
     Ok(())
 }

@@ -181,8 +181,8 @@ impl FsInfo {
         let mut devs: Vec<Arc<dyn Device>> = Vec::new();
         for p in paths {
             let p = p.as_ref();
-            let d = FileDevice::open(p, false)
-                .map_err(|e| Error::io(format!("opening {}", p.display()), e))?;
+            let d =
+                FileDevice::open(p, false).map_err(|e| Error::io(p.display().to_string(), e))?;
             devs.push(Arc::new(d));
         }
         FsInfo::open(devs, opts)
@@ -483,20 +483,20 @@ impl FsInfo {
                     self.cache_put(b.clone());
                     return Ok(b);
                 }
-                Err(e) => errors.push(if mirrors > 1 {
-                    format!("copy {} of {e}", m + 1)
-                } else {
-                    e.to_string()
-                }),
+                Err(e) => {
+                    let msg = match &e {
+                        Error::Corrupt(m) => m.clone(),
+                        e => e.to_string(),
+                    };
+                    errors.push(if mirrors > 1 {
+                        format!("copy {} of {msg}", m + 1)
+                    } else {
+                        msg
+                    })
+                }
             }
         }
-        Err(Error::corrupt(
-            errors
-                .into_iter()
-                .map(|e| e.trim_start_matches("corrupt filesystem: ").to_string())
-                .collect::<Vec<_>>()
-                .join("; "),
-        ))
+        Err(Error::corrupt(errors.join("; ")))
     }
 
     fn read_tree_block_copy(&self, bytenr: u64, mirror: usize, expect: &Expect) -> Result<Vec<u8>> {

@@ -6,12 +6,9 @@ use std::io;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("I/O error: {what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: io::Error,
-    },
+    /// The message carries the cause (no `#[source]`, so chains do not repeat it).
+    #[error("I/O error: {what}: {err}")]
+    Io { what: String, err: io::Error },
     #[error("corrupt filesystem: {0}")]
     Corrupt(String),
     #[error("unsupported: {0}")]
@@ -38,7 +35,7 @@ impl Error {
     pub fn io(what: impl Into<String>, source: io::Error) -> Self {
         Error::Io {
             what: what.into(),
-            source,
+            err: source,
         }
     }
     /// The errno a POSIX caller (FUSE) should see.

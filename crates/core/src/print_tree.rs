@@ -2,7 +2,7 @@
 //! `inspect-internal dump-super` / `dump-tree` (v6.14), so the two tools' outputs can be
 //! compared with `diff`.
 //!
-//! Everything here is written from the observed text layout, not from progs' code. The
+//! Written from scratch to reproduce progs' text layout (no progs code is used). The
 //! printers work on raw bytes with zero-filled, bounds-checked reads: a damaged item
 //! prints what can be read instead of aborting the dump.
 //!
@@ -1116,7 +1116,7 @@ pub fn print_item(ctx: &PrintCtx, key: &Key, d: &[u8]) -> String {
             rd_u64(d, 32) as i64
         ),
         UUID_KEY_SUBVOL | UUID_KEY_RECEIVED_SUBVOL => {
-            if d.len() % 8 != 0 {
+            if !d.chunks_exact(8).remainder().is_empty() {
                 out!(s, "btrfs: uuid item with illegal size {}!\n", d.len());
             } else {
                 for c in d.chunks_exact(8) {
@@ -1335,6 +1335,16 @@ pub struct DumpTreeOptions {
     pub hide_names: bool,
     pub csum_headers: bool,
     pub csum_items: bool,
+    /// `-e`: only the leaves of the extent and device trees.
+    pub extents_only: bool,
+    /// `-d`: only the root, chunk and device trees.
+    pub device_only: bool,
+    /// `-u`: only the uuid tree.
+    pub uuid_only: bool,
+    /// `-r`: one line per tree root instead of the trees.
+    pub roots_only: bool,
+    /// `-R`: like `-r`, plus the superblock's backup roots.
+    pub backups: bool,
 }
 
 /// `dump-tree`: every tree (`tree` and `bytenr` None), one tree by id (`-t`), or one
@@ -1380,6 +1390,10 @@ impl Dumper<'_> {
         match self.fs.read_tree_block(bytenr, expect) {
             Ok(b) => Ok(Some(b)),
             Err(e) => {
+                let e = match e {
+                    Error::Corrupt(m) => m,
+                    e => e.to_string(),
+                };
                 if let Some(data) = self.read_raw(bytenr) {
                     self.write(&format!(
                         "WARNING: tree block {bytenr} fails validation, printed anyway: {e}\n"
@@ -1429,85 +1443,70 @@ impl Dumper<'_> {
         }
     }
 
-    fn children(&mut self, parent: &TreeBlock) -> Result<Vec<Arc<TreeBlock>>> {
-        let v = parent.view();
+    /// Reads child `i` of a node. None (after an error or warning line) when it cannot
+    /// be read or is not one level below its parent.
+    fn child(&mut self, parent: &TreeBlock, i: usize) -> Result<Option<Arc<TreeBlock>>> {
+        let Ok(p) = parent.view().key_ptr(i) else {
+            return Ok(None);
+        };
         let want = parent.level() - 1;
-        let n = v.nritems().min(node_ptrs_max(self.ctx.nodesize)) as usize;
-        let mut kids = Vec::with_capacity(n);
-        for i in 0..n {
-            let Ok(p) = v.key_ptr(i) else { break };
-            let expect = Expect {
-                level: Some(want),
-                generation: Some(p.generation),
-                first_key: Some(p.key),
-            };
-            let Some(b) = self.read(p.blockptr, &expect)? else {
-                continue;
-            };
-            if b.level() != want {
-                self.write(&format!(
-                    "WARNING: eb corrupted: parent bytenr {} slot {i} level {} child bytenr {} level has {} expect {want}, skipping the slot\n",
-                    parent.bytenr,
-                    parent.level(),
-                    b.bytenr,
-                    b.level()
-                ))?;
-                continue;
-            }
-            kids.push(b);
+        let expect = Expect {
+            level: Some(want),
+            generation: Some(p.generation),
+            first_key: Some(p.key),
+        };
+        let Some(b) = self.read(p.blockptr, &expect)? else {
+            return Ok(None);
+        };
+        if b.level() != want {
+            self.write(&format!(
+                "WARNING: eb corrupted: parent bytenr {} slot {i} level {} child bytenr {} level has {} expect {want}, skipping the slot\n",
+                parent.bytenr,
+                parent.level(),
+                b.bytenr,
+                b.level()
+            ))?;
+            return Ok(None);
         }
-        Ok(kids)
+        Ok(Some(b))
     }
 
-    /// Level by level, left to right: all nodes of one level, then the next.
+    /// Pointers of a node that are printed and followed.
+    fn nptrs(&self, node: &TreeBlock) -> usize {
+        node.view().nritems().min(node_ptrs_max(self.ctx.nodesize)) as usize
+    }
+
+    /// Level by level, left to right: all blocks of one level, then the next.
     fn bfs_children(&mut self, root: &TreeBlock) -> Result<()> {
-        let mut parents: Vec<Arc<TreeBlock>> = Vec::new();
-        for kid in self.children(root)? {
-            self.write(&print_block(&self.ctx, kid.bytenr, &kid.data))?;
-            if kid.level() > 0 {
-                parents.push(kid);
-            }
-        }
-        while !parents.is_empty() {
+        let mut parents: Vec<Arc<TreeBlock>>;
+        let mut level: Vec<&TreeBlock> = vec![root];
+        loop {
             let mut next = Vec::new();
-            for p in &parents {
-                for kid in self.children(p)? {
+            for p in level {
+                for i in 0..self.nptrs(p) {
+                    let Some(kid) = self.child(p, i)? else {
+                        continue;
+                    };
                     self.write(&print_block(&self.ctx, kid.bytenr, &kid.data))?;
                     if kid.level() > 0 {
                         next.push(kid);
                     }
                 }
             }
+            if next.is_empty() {
+                return Ok(());
+            }
             parents = next;
+            level = parents.iter().map(|b| b.as_ref()).collect();
         }
-        Ok(())
     }
 
+    /// Each child fully (its own children included) before the next one.
     fn dfs_children(&mut self, node: &TreeBlock) -> Result<()> {
-        let v = node.view();
-        let want = node.level() - 1;
-        let n = v.nritems().min(node_ptrs_max(self.ctx.nodesize)) as usize;
-        for i in 0..n {
-            let Ok(p) = v.key_ptr(i) else { break };
-            let expect = Expect {
-                level: Some(want),
-                generation: Some(p.generation),
-                first_key: Some(p.key),
-            };
-            let Some(b) = self.read(p.blockptr, &expect)? else {
-                continue;
-            };
-            if b.level() != want {
-                self.write(&format!(
-                    "WARNING: eb corrupted: parent bytenr {} slot {i} level {} child bytenr {} level has {} expect {want}, skipping the slot\n",
-                    node.bytenr,
-                    node.level(),
-                    b.bytenr,
-                    b.level()
-                ))?;
-                continue;
+        for i in 0..self.nptrs(node) {
+            if let Some(b) = self.child(node, i)? {
+                self.tree(&b, true)?;
             }
-            self.tree(&b, true)?;
         }
         Ok(())
     }
@@ -1540,7 +1539,7 @@ impl Dumper<'_> {
         Ok(v)
     }
 
-    fn scan_roots(&mut self, root: &crate::disk_io::RootPtr, only: Option<u64>) -> Result<()> {
+    fn scan_roots(&mut self, root: &crate::disk_io::RootPtr, o: &DumpTreeOptions) -> Result<()> {
         let items = match self.root_items(root) {
             Ok(v) => v,
             Err(e) if root.id != ROOT_TREE_OBJECTID => {
@@ -1552,8 +1551,21 @@ impl Dumper<'_> {
             }
             Err(e) => return Err(e),
         };
+        let roots_only = o.roots_only || o.backups;
         for (k, bytenr, level) in items {
-            if only.is_some_and(|t| t != k.objectid) {
+            if o.tree.is_some_and(|t| t != k.objectid) {
+                continue;
+            }
+            // Which trees -e / -d / -u keep.
+            let only = o.extents_only || o.device_only || o.uuid_only;
+            let skip = match k.objectid {
+                EXTENT_TREE_OBJECTID => o.device_only || o.uuid_only,
+                DEV_TREE_OBJECTID => o.uuid_only,
+                ROOT_TREE_DIR_OBJECTID => false,
+                UUID_TREE_OBJECTID => o.extents_only || o.device_only,
+                _ => only,
+            };
+            if skip {
                 continue;
             }
             let expect = Expect {
@@ -1563,12 +1575,113 @@ impl Dumper<'_> {
             let Some(b) = self.read(bytenr, &expect)? else {
                 continue;
             };
-            self.write(&format!(
-                "{} tree {} \n",
-                tree_label(k.objectid),
-                key_str(&k)
-            ))?;
-            self.tree(&b, true)?;
+            let head = format!("{} tree {}", tree_label(k.objectid), key_str(&k));
+            if o.extents_only {
+                self.write(&format!("{head}\n"))?;
+                self.extents(&b)?;
+            } else if roots_only {
+                self.write(&format!("{head} {} level {}\n", b.bytenr, b.level()))?;
+            } else {
+                self.write(&format!("{head} \n"))?;
+                self.tree(&b, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `-e`: the leaves below a block, depth-first, without node headers or checksums.
+    fn extents(&mut self, b: &TreeBlock) -> Result<()> {
+        if b.level() == 0 {
+            let ctx = PrintCtx {
+                csum_headers: false,
+                csum_items: false,
+                ..self.ctx.clone()
+            };
+            return self.write(&print_block(&ctx, b.bytenr, &b.data));
+        }
+        for i in 0..self.nptrs(b) {
+            let Ok(p) = b.view().key_ptr(i) else { break };
+            let expect = Expect {
+                level: Some(b.level() - 1),
+                generation: Some(p.generation),
+                first_key: Some(p.key),
+            };
+            let Some(next) = self.read(p.blockptr, &expect)? else {
+                continue;
+            };
+            if u16::from(next.level()) + 1 != u16::from(b.level()) {
+                return self.write(&format!(
+                    "WARNING: eb corrupted: item {i} eb level {} next level {}, skipping the rest\n",
+                    next.level(),
+                    b.level()
+                ));
+            }
+            self.extents(&next)?;
+        }
+        Ok(())
+    }
+
+    /// `-R`: the superblock's four backup root slots.
+    fn old_roots(&mut self) -> Result<()> {
+        let sb = &self.fs.sb;
+        let extent = if sb.incompat_flags & FEATURE_INCOMPAT_EXTENT_TREE_V2 != 0 {
+            "block group root"
+        } else {
+            "extent root"
+        };
+        let mut s = String::new();
+        for (i, b) in sb.backup_roots.iter().enumerate() {
+            out!(s, "btrfs root backup slot {i}\n");
+            out!(
+                s,
+                "\ttree root gen {} block {}\n",
+                b.tree_root_gen,
+                b.tree_root
+            );
+            out!(
+                s,
+                "\t\t{extent} gen {} block {}\n",
+                b.extent_root_gen,
+                b.extent_root
+            );
+            out!(
+                s,
+                "\t\tchunk root gen {} block {}\n",
+                b.chunk_root_gen,
+                b.chunk_root
+            );
+            out!(
+                s,
+                "\t\tdevice root gen {} block {}\n",
+                b.dev_root_gen,
+                b.dev_root
+            );
+            out!(
+                s,
+                "\t\tcsum root gen {} block {}\n",
+                b.csum_root_gen,
+                b.csum_root
+            );
+            out!(s, "\t\tfs root gen {} block {}\n", b.fs_root_gen, b.fs_root);
+            out!(
+                s,
+                "\t\t{} used {} total {} devices\n",
+                b.bytes_used,
+                b.total_bytes,
+                b.num_devices
+            );
+        }
+        self.write(&s)
+    }
+
+    /// `-r`: "NAME tree: BYTENR level L" for a tree not in the root tree.
+    fn root_line(&mut self, name: &str, bytenr: u64, level: Option<u8>) -> Result<()> {
+        let expect = Expect {
+            level,
+            ..Default::default()
+        };
+        if let Some(b) = self.read(bytenr, &expect)? {
+            self.write(&format!("{name} tree: {} level {}\n", b.bytenr, b.level()))?;
         }
         Ok(())
     }
@@ -1635,7 +1748,8 @@ pub fn dump_tree_with(fs: &FsInfo, opts: &DumpTreeOptions, out: &mut dyn Write) 
         blocks.dedup();
         let mut failed = None;
         for bytenr in blocks {
-            if bytenr % u64::from(fs.sectorsize) != 0 {
+            // The sector size is a power of two (checked when the superblock was read).
+            if bytenr & (u64::from(fs.sectorsize) - 1) != 0 {
                 d.write(&format!(
                     "ERROR: tree block bytenr {bytenr} is not aligned to sectorsize {}\n",
                     fs.sectorsize
@@ -1656,6 +1770,30 @@ pub fn dump_tree_with(fs: &FsInfo, opts: &DumpTreeOptions, out: &mut dyn Write) 
 
     let root_ptr = fs.root_tree_ptr();
     let root = crate::ctree::read_root(fs, &root_ptr)?;
+    let roots_only = opts.roots_only || opts.backups;
+    if !(opts.extents_only || opts.uuid_only || opts.tree.is_some()) {
+        let chunk = (fs.sb.chunk_root, Some(fs.sb.chunk_root_level));
+        if roots_only {
+            d.write(&format!(
+                "root tree: {} level {}\n",
+                root.bytenr,
+                root.level()
+            ))?;
+            d.root_line("chunk", chunk.0, chunk.1)?;
+            if let Some(log) = d.log_root() {
+                d.root_line("log root", log.bytenr, Some(log.level))?;
+            }
+        } else {
+            d.write("root tree\n")?;
+            d.tree(&root, true)?;
+            d.write("chunk tree\n")?;
+            d.whole_tree(chunk.0, chunk.1)?;
+            if let Some(log) = d.log_root() {
+                d.write("log root tree\n")?;
+                d.whole_tree(log.bytenr, Some(log.level))?;
+            }
+        }
+    }
     match opts.tree {
         Some(ROOT_TREE_OBJECTID) => {
             d.write("root tree\n")?;
@@ -1679,21 +1817,17 @@ pub fn dump_tree_with(fs: &FsInfo, opts: &DumpTreeOptions, out: &mut dyn Write) 
             d.write("block group tree\n")?;
             return d.whole_tree(p.bytenr, Some(p.level));
         }
-        Some(_) => {}
-        None => {
-            d.write("root tree\n")?;
-            d.tree(&root, true)?;
-            d.write("chunk tree\n")?;
-            d.whole_tree(fs.sb.chunk_root, Some(fs.sb.chunk_root_level))?;
-            if let Some(log) = d.log_root() {
-                d.write("log root tree\n")?;
-                d.whole_tree(log.bytenr, Some(log.level))?;
-            }
-        }
+        _ => {}
     }
-    d.scan_roots(&root_ptr, opts.tree)?;
+    d.scan_roots(&root_ptr, opts)?;
     if let Some(log) = d.log_root() {
-        d.scan_roots(&log, opts.tree)?;
+        d.scan_roots(&log, opts)?;
+    }
+    if opts.extents_only || opts.device_only || opts.uuid_only {
+        return Ok(());
+    }
+    if opts.backups {
+        d.old_roots()?;
     }
     d.footer()
 }
@@ -2213,7 +2347,13 @@ mod tests {
 
     #[test]
     fn refs_and_dir_items() {
-        let r = B::default().u64(2).u16(5).bytes(b"a b\tc").u64(3).u16(1).bytes(&[0xe9]);
+        let r = B::default()
+            .u64(2)
+            .u16(5)
+            .bytes(b"a b\tc")
+            .u64(3)
+            .u16(1)
+            .bytes(&[0xe9]);
         assert_eq!(
             item(Key::new(257, INODE_REF_KEY, 256), &r.0),
             "\t\tindex 2 namelen 5 name: a\\ b\\tc\n\t\tindex 3 namelen 1 name: \\351\n"
@@ -2296,7 +2436,10 @@ mod tests {
              \t\textent compression 1 (zlib)\n"
         );
         assert_eq!(
-            item(Key::new(257, EXTENT_DATA_KEY, 0), &reg(FILE_EXTENT_PREALLOC, 0)),
+            item(
+                Key::new(257, EXTENT_DATA_KEY, 0),
+                &reg(FILE_EXTENT_PREALLOC, 0)
+            ),
             "\t\tgeneration 11 type 2 (prealloc)\n\
              \t\tprealloc data disk byte 13631488 nr 4096\n\
              \t\tprealloc data offset 0 nr 131072\n"
@@ -2397,7 +2540,10 @@ mod tests {
             bg_flags_str(BLOCK_GROUP_METADATA | BLOCK_GROUP_SYSTEM),
             "METADATASYSTEM|single"
         );
-        assert_eq!(qgroup_status_flags_str(0x25), "ON|INCONSISTENT|UNKNOWN(0x20)");
+        assert_eq!(
+            qgroup_status_flags_str(0x25),
+            "ON|INCONSISTENT|UNKNOWN(0x20)"
+        );
         assert_eq!(qgroup_status_flags_str(0xa), "OFF|SIMPLE_MODE|SCANNING");
         assert_eq!(inode_flags_str(0), "none");
         assert_eq!(extent_flags_str(BLOCK_FLAG_FULL_BACKREF), "|FULL_BACKREF");
@@ -2423,7 +2569,10 @@ mod tests {
             "\t\troot backref key dirid 256 sequence 3 name sub1\n"
         );
         assert_eq!(
-            item(Key::new(1, UUID_KEY_SUBVOL, 2), &B::default().u64(5).u64(256).0),
+            item(
+                Key::new(1, UUID_KEY_SUBVOL, 2),
+                &B::default().u64(5).u64(256).0
+            ),
             "\t\tsubvol_id 5\n\t\tsubvol_id 256\n"
         );
         assert_eq!(
@@ -2453,7 +2602,10 @@ mod tests {
              \t\tstart time 1795311348 (2026-11-22 01:35:48)\n\
              \t\tstop time 1795311348 (2026-11-22 01:35:48)\n"
         );
-        let bal = item(Key::new(BALANCE_OBJECTID, TEMPORARY_ITEM_KEY, 0), &[7, 0, 0, 0, 0, 0, 0, 0]);
+        let bal = item(
+            Key::new(BALANCE_OBJECTID, TEMPORARY_ITEM_KEY, 0),
+            &[7, 0, 0, 0, 0, 0, 0, 0],
+        );
         assert!(bal.starts_with(
             "\t\ttemporary item objectid BALANCE offset 0\n\t\tbalance status flags 7\n\t\tDATA\n\
              \t\tprofiles 0 devid 0 target 0 flags 0\n"
@@ -2463,7 +2615,12 @@ mod tests {
             item(Key::new(CSUM_CHANGE_OBJECTID, TEMPORARY_ITEM_KEY, 2), &[]),
             "\t\ttemporary item objectid CSUM_CHANGE offset 2\n\t\ttarget csum type sha256 (2)\n"
         );
-        let lim = B::default().u64(1).u64(104857600).u64(u64::MAX).u64(0).u64(0);
+        let lim = B::default()
+            .u64(1)
+            .u64(104857600)
+            .u64(u64::MAX)
+            .u64(0)
+            .u64(0);
         assert_eq!(
             item(Key::new(0, QGROUP_LIMIT_KEY, 256), &lim.0),
             "\t\tflags 1\n\t\tmax_referenced 104857600 max_exclusive -1\n\
@@ -2482,7 +2639,10 @@ mod tests {
             .ends_with("scan 18446744073709551615 enable_gen 12\n"));
         assert_eq!(item(Key::new(0, QGROUP_RELATION_KEY, 5), &[]), "");
         assert_eq!(
-            item(Key::new(1, RAID_STRIPE_KEY, 65536), &B::default().u64(1).u64(4096).0),
+            item(
+                Key::new(1, RAID_STRIPE_KEY, 65536),
+                &B::default().u64(1).u64(4096).0
+            ),
             "\t\t\tstripe 0 devid 1 physical 4096\n"
         );
         assert_eq!(
@@ -2500,7 +2660,10 @@ mod tests {
     fn csum_items() {
         let d: Vec<u8> = (0u8..20).collect();
         let key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, 4096);
-        assert_eq!(item(key, &d), "\t\trange start 4096 end 24576 length 20480\n");
+        assert_eq!(
+            item(key, &d),
+            "\t\trange start 4096 end 24576 length 20480\n"
+        );
         let ctx = PrintCtx {
             csum_items: true,
             ..Default::default()
@@ -2554,7 +2717,12 @@ mod tests {
             item(Key::new(256, CHUNK_ITEM_KEY, 0), &c.0[..60]),
             "\t\tchunk item invalid\n"
         );
-        let de = B::default().u64(3).u64(256).u64(22020096).u64(8388608).bytes(&uuid);
+        let de = B::default()
+            .u64(3)
+            .u64(256)
+            .u64(22020096)
+            .u64(8388608)
+            .bytes(&uuid);
         assert_eq!(
             item(Key::new(1, DEV_EXTENT_KEY, 22020096), &de.0),
             "\t\tdev extent chunk_tree 3\n\
@@ -2599,7 +2767,10 @@ mod tests {
             4096,
             &[
                 (Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, 300), vec![]),
-                (Key::new(700, DIR_LOG_ITEM_KEY, 1), 5u64.to_le_bytes().to_vec()),
+                (
+                    Key::new(700, DIR_LOG_ITEM_KEY, 1),
+                    5u64.to_le_bytes().to_vec(),
+                ),
             ],
         );
         let ctx = PrintCtx {
@@ -2622,13 +2793,19 @@ mod tests {
             csum_headers: true,
             ..Default::default()
         };
-        assert!(print_block(&ctx, 30408704, &b)
-            .contains("backref revision 1 csum 0x00000000\n"));
+        assert!(print_block(&ctx, 30408704, &b).contains("backref revision 1 csum 0x00000000\n"));
         // An item pointing outside the leaf stops the listing.
         let mut bad = b.clone();
         let h = HEADER_SIZE + ITEM_SIZE;
         bad[h + 17..h + 21].copy_from_slice(&5000u32.to_le_bytes());
-        let s = print_block(&PrintCtx { nodesize: 4096, ..Default::default() }, 30408704, &bad);
+        let s = print_block(
+            &PrintCtx {
+                nodesize: 4096,
+                ..Default::default()
+            },
+            30408704,
+            &bad,
+        );
         assert!(s.ends_with(
             "ERROR: leaf 30408704 slot 1 pointer invalid, offset 5000 size 8 leaf data limit 3995\n\
              ERROR: skip remaining slots\n"
@@ -2640,9 +2817,12 @@ mod tests {
         let mut b = leaf(4096, &[]);
         b[0x64] = 1;
         b[0x60..0x64].copy_from_slice(&2u32.to_le_bytes());
-        for (i, (k, p)) in [(Key::new(256, 1, 0), 8192u64), (Key::new(300, 96, 7), 12288)]
-            .iter()
-            .enumerate()
+        for (i, (k, p)) in [
+            (Key::new(256, 1, 0), 8192u64),
+            (Key::new(300, 96, 7), 12288),
+        ]
+        .iter()
+        .enumerate()
         {
             let o = HEADER_SIZE + i * KEY_PTR_SIZE;
             let mut kb = [0u8; 17];
@@ -2714,12 +2894,20 @@ mod tests {
         let put = |b: &mut Vec<u8>, off: usize, v: &[u8]| b[off..off + v.len()].copy_from_slice(v);
         put(&mut b, 0x20, &[0x44; 16]);
         put(&mut b, 0x30, &SUPER_INFO_OFFSET.to_le_bytes());
-        put(&mut b, 0x38, &(HEADER_FLAG_WRITTEN | SUPER_FLAG_SEEDING | (1 << 50)).to_le_bytes());
+        put(
+            &mut b,
+            0x38,
+            &(HEADER_FLAG_WRITTEN | SUPER_FLAG_SEEDING | (1 << 50)).to_le_bytes(),
+        );
         put(&mut b, 0x40, &BTRFS_MAGIC.to_le_bytes());
         put(&mut b, 0x48, &7u64.to_le_bytes());
         put(&mut b, 0x90, &4096u32.to_le_bytes());
         put(&mut b, 0x94, &16384u32.to_le_bytes());
-        put(&mut b, 0xb4, &(FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_VERITY).to_le_bytes());
+        put(
+            &mut b,
+            0xb4,
+            &(FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_VERITY).to_le_bytes(),
+        );
         put(&mut b, 0xbc, &FEATURE_INCOMPAT_NO_HOLES.to_le_bytes());
         put(&mut b, 0xc9 + 66 + 16, &[0x44; 16]); // dev_item.fsid
         put(&mut b, 0x12b, b"lab\x01el");
@@ -2741,11 +2929,18 @@ mod tests {
              ---------------------------------------------------------\n\
              csum_type\t\t0 (crc32c)\ncsum_size\t\t4\ncsum\t\t\t0x"
         ));
-        assert!(s.contains(" [match]\nbytenr\t\t\t65536\nflags\t\t\t0x4000100000001\n\
+        assert!(
+            s.contains(
+                " [match]\nbytenr\t\t\t65536\nflags\t\t\t0x4000100000001\n\
              \t\t\t( WRITTEN |\n\t\t\t  SEEDING |\n\t\t\t  unknown flag: 0x4000000000000 )\n\
-             magic\t\t\t_BHRfS_M [match]\n"), "{s}");
+             magic\t\t\t_BHRfS_M [match]\n"
+            ),
+            "{s}"
+        );
         assert!(s.contains("label\t\t\tlab.el\n"));
-        assert!(s.contains("compat_ro_flags\t\t0x5\n\t\t\t( FREE_SPACE_TREE |\n\t\t\t  unknown flag: 0x4 )\n"));
+        assert!(s.contains(
+            "compat_ro_flags\t\t0x5\n\t\t\t( FREE_SPACE_TREE |\n\t\t\t  unknown flag: 0x4 )\n"
+        ));
         assert!(s.contains("incompat_flags\t\t0x200\n\t\t\t( NO_HOLES )\ncache_generation"));
         assert!(s.contains("compat_flags\t\t0x0\ncompat_ro"));
         assert!(s.contains("dev_item.fsid\t\t44444444-4444-4444-4444-444444444444 [match]\n"));
@@ -2774,5 +2969,36 @@ mod tests {
         let s = dump_super(&sb, 65536, "img");
         assert!(s.contains("csum_type\t\t9 (INVALID)\ncsum_size\t\t32\n"));
         assert!(s.contains(" [UNKNOWN CSUM TYPE OR SIZE]\n"));
+    }
+
+    /// Garbage blocks and items print without panicking.
+    #[test]
+    fn garbage_does_not_panic() {
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let ctx = PrintCtx {
+            nodesize: 4096,
+            csum_items: true,
+            ..Default::default()
+        };
+        for round in 0..300 {
+            let mut b: Vec<u8> = (0..4096).map(|_| next() as u8).collect();
+            // Keep item counts small enough to reach the item printers often.
+            b[0x60..0x64].copy_from_slice(&((next() % 40) as u32).to_le_bytes());
+            b[0x64] = if round % 3 == 0 { 1 } else { 0 };
+            let _ = print_block(&ctx, 4096, &b);
+            let len = (next() % 600) as usize;
+            for ty in 0..=255u8 {
+                let key = Key::new(next(), ty, next());
+                let _ = print_item(&ctx, &key, &b[..len]);
+            }
+        }
+        let _ = print_block(&ctx, 0, &[]);
+        let _ = print_block(&PrintCtx { nodesize: 0, ..ctx }, 0, &[1; 200]);
     }
 }

@@ -34,7 +34,11 @@ fn dump_image_from_env() {
     f.seek(SeekFrom::Start(bytenr)).unwrap();
     f.read_exact(&mut buf).unwrap();
     let sb = SuperBlock::parse(&buf).unwrap();
-    std::fs::write(format!("{out}.super"), dump_super_with(&sb, bytenr, paths[0], true)).unwrap();
+    std::fs::write(
+        format!("{out}.super"),
+        dump_super_with(&sb, bytenr, paths[0], true),
+    )
+    .unwrap();
     if std::env::var("UBTRFS_DUMP_SUPER_ONLY").is_ok() {
         return;
     }
@@ -54,6 +58,7 @@ fn dump_image_from_env() {
         w.flush().unwrap();
     }
     // UBTRFS_DUMP_OPTS: comma-separated follow,dfs,csum-headers,csum-items,hide-names,
+    // extents,device,uuid,roots,backups,
     // tree=T,block=B; written to OUT.o.
     if let Ok(o) = std::env::var("UBTRFS_DUMP_OPTS") {
         let mut opts = DumpTreeOptions::default();
@@ -64,6 +69,11 @@ fn dump_image_from_env() {
                 "csum-headers" => opts.csum_headers = true,
                 "csum-items" => opts.csum_items = true,
                 "hide-names" => opts.hide_names = true,
+                "extents" => opts.extents_only = true,
+                "device" => opts.device_only = true,
+                "uuid" => opts.uuid_only = true,
+                "roots" => opts.roots_only = true,
+                "backups" => opts.backups = true,
                 w if w.starts_with("tree=") => opts.tree = parse_tree_name(&w[5..]),
                 w if w.starts_with("block=") => opts.blocks.push(w[6..].parse().unwrap()),
                 "" => {}

@@ -101,7 +101,6 @@ impl fmt::Display for Key {
             None => format!("UNKNOWN.{}", self.ty),
         };
         let off = match self.ty {
-            _ if self.offset == u64::MAX => "-1".to_string(),
             QGROUP_RELATION_KEY | QGROUP_INFO_KEY | QGROUP_LIMIT_KEY => fmt_qgroupid(self.offset),
             UUID_KEY_SUBVOL | UUID_KEY_RECEIVED_SUBVOL => format!("0x{:016x}", self.offset),
             _ => self.offset.to_string(),
@@ -132,7 +131,7 @@ mod tests {
         let mut b = [0u8; 17];
         k.write(&mut b);
         assert_eq!(Key::from_bytes(&b).unwrap(), k);
-        assert_eq!(k.to_string(), "(FS_TREE ROOT_ITEM -1)");
+        assert_eq!(k.to_string(), "(FS_TREE ROOT_ITEM 18446744073709551615)");
         assert_eq!(Key::new(257, 1, 0).to_string(), "(257 INODE_ITEM 0)");
     }
     #[test]
