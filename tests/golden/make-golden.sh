@@ -602,6 +602,44 @@ build_set() {
     for i in $(seq 1 "$NDEV"); do
         zstd -19 -q -f "${imgs[$((i - 1))]}" -o "$OUTDIR/${names[$((i - 1))]}"
     done
+
+    # The kernel's qgroup numbers after a full rescan, taken on the working copy
+    # (the committed image was compressed above and is not touched by this).
+    for img in "${imgs[@]}"; do LOOPS+=("$(losetup -f --show "$img")"); done
+    if [ "$NDEV" -gt 1 ]; then
+        for l in "${LOOPS[@]}"; do btrfs device scan "$l" >/dev/null; done
+    fi
+    mount -t btrfs ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "${LOOPS[0]}" "$MNT"
+    btrfs quota enable "$MNT"
+    btrfs quota rescan -w "$MNT" >/dev/null
+    btrfs qgroup show --raw "$MNT" > "$WORK/qgroups.txt"
+    umount "$MNT"
+    for l in "${LOOPS[@]}"; do
+        btrfs device scan --forget "$l" >/dev/null 2>&1 || true
+        losetup -d "$l"
+    done
+    LOOPS=()
+    python3 - "$WORK/manifest.json" "$WORK/qgroups.txt" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+q = {}
+for line in open(sys.argv[2]):
+    f = line.split()
+    if f and f[0][0].isdigit() and "/" in f[0]:
+        q[f[0]] = [int(f[1]), int(f[2])]
+m["qgroups"] = q
+with open(sys.argv[1], "w") as out:
+    out.write("{\n")
+    items = [(k, v) for k, v in m.items() if k != "entries"]
+    for k, v in items:
+        out.write(" %s: %s,\n" % (json.dumps(k), json.dumps(v, ensure_ascii=False)))
+    out.write(' "entries": [\n')
+    es = m["entries"]
+    for i, e in enumerate(es):
+        out.write("  " + json.dumps(e, ensure_ascii=False, separators=(",", ":")))
+        out.write(",\n" if i + 1 < len(es) else "\n")
+    out.write(" ]\n}\n")
+PY
     mv "$WORK/manifest.json" "$OUTDIR/$name.manifest.json"
     log "$name: done ($(cd "$OUTDIR" && du -ch "${names[@]}" "$name.manifest.json" | tail -n 1 | cut -f1))"
 }

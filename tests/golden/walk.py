@@ -95,6 +95,46 @@ def ftype(mode):
     return "unknown"
 
 
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_EXTENT_LAST = 0x1
+
+
+def fiemap(path):
+    """The kernel's FS_IOC_FIEMAP for the whole file, as filefrag asks for it:
+    [[logical, physical, length, flags], ...]."""
+    out = []
+    start = 0
+    count = 64
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        while True:
+            hdr = struct.pack("<QQIIII", start, 0xFFFFFFFFFFFFFFFF, 0, 0, count, 0)
+            buf = bytearray(hdr + b"\0" * (56 * count))
+            fcntl.ioctl(fd, FS_IOC_FIEMAP, buf)
+            mapped = struct.unpack_from("<I", buf, 20)[0]
+            if mapped == 0:
+                break
+            last = False
+            for i in range(mapped):
+                lo, ph, ln = struct.unpack_from("<QQQ", buf, 32 + 56 * i)
+                fl = struct.unpack_from("<I", buf, 32 + 56 * i + 40)[0]
+                out.append([lo, ph, ln, fl])
+                last = last or bool(fl & FIEMAP_EXTENT_LAST)
+            if last:
+                break
+            start = out[-1][0] + out[-1][2]
+    finally:
+        os.close(fd)
+    return out
+
+
+def fi_du(path):
+    """`btrfs filesystem du --raw -s PATH` -> [total, exclusive, set_shared]."""
+    text = run(["btrfs", "filesystem", "du", "--raw", "-s", path], quiet=True)
+    line = text.strip().splitlines()[-1].split()
+    return [int(line[0]), int(line[1]), int(line[2])]
+
+
 def sha256_file(path):
     h = hashlib.sha256()
     with open(path, "rb", buffering=0) as f:
@@ -206,12 +246,23 @@ def main():
             }
             if stat.S_ISREG(st.st_mode):
                 e["sha256"] = sha256_file(p)
+                e["fiemap"] = fiemap(p)
             if stat.S_ISLNK(st.st_mode):
                 e["target_hex"] = os.fsencode(os.readlink(p)).hex()
             e["xattrs"] = xattrs(p)
             entries.append(e)
 
     entries.sort(key=lambda e: os.fsencode(e["path"]))
+
+    # `btrfs filesystem du -s` of the top, every top-level directory, and every
+    # subvolume root (what deleting it would free is about these).
+    du = {}
+    for e in entries:
+        p = e["path"]
+        if e["type"] != "dir" or e["ino"] == 2:
+            continue
+        if p == "/" or p.count("/") == 1 or e["ino"] == 256:
+            du[p] = fi_du(os.path.join(mnt, p.lstrip("/")) if p != "/" else mnt)
 
     notes = []
     if args.notes and os.path.exists(args.notes):
@@ -241,6 +292,7 @@ def main():
         "subvolume_list": run(["btrfs", "subvolume", "list", mnt]),
         "subvolume_list_a": run(["btrfs", "subvolume", "list", "-a", mnt]),
         "notes": notes,
+        "fi_du": du,
         "entries": entries,
     }
     # Pretty top level, one compact line per entry (keeps big manifests small

@@ -3,6 +3,8 @@
 
 mod extract;
 mod fmt;
+mod mount;
+mod share;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -26,7 +28,7 @@ struct Cli {
 }
 
 #[derive(Args, Clone)]
-struct Image {
+pub struct Image {
     /// Image file or block device (several devices: a,b or repeat --device).
     image: String,
     /// More devices of a multi-device filesystem.
@@ -38,7 +40,7 @@ struct Image {
 }
 
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
-enum Format {
+pub enum Format {
     Text,
     Json,
 }
@@ -83,11 +85,18 @@ enum Cmd {
         #[arg(long, default_value = "/")]
         path: String,
     },
+    /// Filesystem-wide commands.
+    Filesystem {
+        #[command(subcommand)]
+        cmd: FsCmd,
+    },
     /// Subvolume commands.
     Subvolume {
         #[command(subcommand)]
         cmd: SubvolCmd,
     },
+    /// Mount read-only with FUSE (like the kernel's btrfs mount, for reading).
+    Mount(mount::MountArgs),
     /// Low-level inspection.
     Inspect {
         #[command(subcommand)]
@@ -96,7 +105,16 @@ enum Cmd {
 }
 
 #[derive(Subcommand)]
+enum FsCmd {
+    /// Disk usage with exclusive and shared bytes, like `btrfs filesystem du`.
+    Du(share::DuArgs),
+}
+
+#[derive(Subcommand)]
 enum SubvolCmd {
+    /// Referenced and exclusive bytes per subvolume (the numbers of a qgroup rescan,
+    /// no quota tree needed), and what deleting the given subvolumes together frees.
+    Du(share::SubvolDuArgs),
     /// List subvolumes and snapshots like `btrfs subvolume list`.
     List {
         #[command(flatten)]
@@ -116,6 +134,8 @@ enum SubvolCmd {
 
 #[derive(Subcommand)]
 enum InspectCmd {
+    /// Extents with SHARED/ENCODED/INLINE flags like the kernel's FIEMAP (`-v`: filefrag -v).
+    Fiemap(share::FiemapArgs),
     /// Print the superblock like `btrfs inspect-internal dump-super`.
     DumpSuper {
         #[command(flatten)]
@@ -216,6 +236,14 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Cmd::Subvolume {
+            cmd: SubvolCmd::Du(a),
+        } => {
+            let fs = open(&a.img)?;
+            let r = share::cmd_subvol_du(&fs, &a, &mut out);
+            flush_warnings(&fs);
+            r?;
+        }
+        Cmd::Subvolume {
             cmd:
                 SubvolCmd::List {
                     img,
@@ -228,7 +256,20 @@ fn run(cli: Cli) -> Result<()> {
             let fs = open(&img)?;
             cmd_subvol_list(&fs, all, parent_uuid, uuid, format, &mut out)?;
         }
+        Cmd::Mount(args) => mount::run(args)?,
+        Cmd::Filesystem { cmd: FsCmd::Du(a) } => {
+            let fs = open(&a.img)?;
+            let r = share::cmd_du(&fs, &a, &mut out);
+            flush_warnings(&fs);
+            r?;
+        }
         Cmd::Inspect { cmd } => match cmd {
+            InspectCmd::Fiemap(a) => {
+                let fs = open(&a.img)?;
+                let r = share::cmd_fiemap(&fs, &a, &mut out);
+                flush_warnings(&fs);
+                r?;
+            }
             InspectCmd::DumpSuper {
                 img,
                 full,

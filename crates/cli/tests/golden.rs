@@ -449,3 +449,104 @@ fn golden_extract_matches_kernel() {
     }
     report(diffs);
 }
+
+/// fiemap of every regular file equals the kernel's FS_IOC_FIEMAP (extents, merged
+/// ranges, SHARED/ENCODED/INLINE/UNWRITTEN/LAST flags).
+#[test]
+fn golden_fiemap_matches_kernel() {
+    let mut diffs = Vec::new();
+    let mut checked = 0usize;
+    for (name, m) in manifests() {
+        let u = unpack_set(&m);
+        let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
+        let mut share = ubtrfs_core::backref::ShareCtx::new(&fs.info).unwrap();
+        for (p, k) in entries(&m) {
+            let Some(kf) = k.get("fiemap") else { continue };
+            let node = fs.resolve(&p).unwrap();
+            let ours: Vec<Value> = fs
+                .fiemap(node, &mut share)
+                .unwrap_or_else(|e| panic!("{name}: fiemap {p}: {e}"))
+                .iter()
+                .map(|e| serde_json::json!([e.logical, e.physical, e.length, e.flags]))
+                .collect();
+            checked += 1;
+            if &Value::Array(ours.clone()) != kf {
+                diffs.push(format!(
+                    "{name}: {p}: fiemap kernel {kf} ubtrfs {}",
+                    Value::Array(ours)
+                ));
+            }
+        }
+    }
+    report(diffs);
+    eprintln!("fiemap compared for {checked} files");
+}
+
+/// `filesystem du -s` of the top, top-level directories and subvolume roots equals
+/// `btrfs filesystem du --raw -s` on the kernel mount.
+#[test]
+fn golden_du_matches_kernel() {
+    let mut diffs = Vec::new();
+    for (name, m) in manifests() {
+        let Some(du) = m.get("fi_du").and_then(|d| d.as_object()) else {
+            continue;
+        };
+        let u = unpack_set(&m);
+        let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
+        let mut share = ubtrfs_core::backref::ShareCtx::new(&fs.info).unwrap();
+        for (p, want) in du {
+            let lines = fs
+                .filesystem_du(&mut share, p, true)
+                .unwrap_or_else(|e| panic!("{name}: du {p}: {e}"));
+            let l = lines.last().unwrap();
+            let got = serde_json::json!([l.total, l.exclusive, l.set_shared.unwrap_or(0)]);
+            if &got != want {
+                diffs.push(format!("{name}: du -s {p}: kernel {want} ubtrfs {got}"));
+            }
+        }
+    }
+    report(diffs);
+}
+
+/// `subvolume du` equals `btrfs qgroup show --raw` after `quota enable` +
+/// `quota rescan -w` on the kernel (referenced and exclusive per subvolume).
+#[test]
+fn golden_subvolume_du_matches_qgroup_rescan() {
+    let mut diffs = Vec::new();
+    for (name, m) in manifests() {
+        let Some(q) = m.get("qgroups").and_then(|d| d.as_object()) else {
+            continue;
+        };
+        let u = unpack_set(&m);
+        let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
+        let sharing = ubtrfs_core::qgroup::compute_sharing(&fs.info).unwrap();
+        let ours: BTreeMap<String, Value> = sharing
+            .numbers()
+            .iter()
+            .map(|n| {
+                (
+                    format!("0/{}", n.subvol),
+                    serde_json::json!([n.referenced, n.exclusive]),
+                )
+            })
+            .collect();
+        for (id, want) in q {
+            // Level-0 qgroups of deleted subvolumes stay in the quota tree at 0/0.
+            if !id.starts_with("0/") {
+                continue;
+            }
+            let got = ours.get(id).cloned().unwrap_or(serde_json::json!([0, 0]));
+            if &got != want {
+                diffs.push(format!("{name}: qgroup {id}: kernel {want} ubtrfs {got}"));
+            }
+        }
+        for id in ours.keys() {
+            if !q.contains_key(id) {
+                diffs.push(format!(
+                    "{name}: qgroup {id}: ubtrfs reports it, the kernel does not"
+                ));
+            }
+        }
+    }
+    report(diffs);
+}

@@ -156,32 +156,59 @@ fn fixup_forward(fs: &FsInfo, path: &mut Path) -> Result<bool> {
 }
 
 /// Moves the path to the first item of the next leaf. False at the end of the tree.
+///
+/// Keys must grow from leaf to leaf: a hostile tree that links one block from several
+/// nodes (the first-key check cannot tell the copies apart when their parents differ)
+/// would otherwise be walked again and again, exponentially in its height.
 pub fn next_leaf(fs: &FsInfo, path: &mut Path) -> Result<bool> {
-    let mut level = 1;
+    let leaf = path.leaf();
+    let mut floor = match leaf.nritems() {
+        0 => None,
+        n => Some(key_of(leaf, n - 1)?),
+    };
     loop {
-        if level >= path.nodes.len() {
-            let leaf_n = path.leaf().nritems();
-            path.nodes[0].1 = leaf_n;
-            return Ok(false);
+        let mut level = 1;
+        loop {
+            if level >= path.nodes.len() {
+                let leaf_n = path.leaf().nritems();
+                path.nodes[0].1 = leaf_n;
+                return Ok(false);
+            }
+            let (ref node, slot) = path.nodes[level];
+            if slot + 1 < node.nritems() {
+                path.nodes[level].1 = slot + 1;
+                break;
+            }
+            level += 1;
         }
-        let (ref node, slot) = path.nodes[level];
-        if slot + 1 < node.nritems() {
-            path.nodes[level].1 = slot + 1;
-            break;
+        let (node, slot) = &path.nodes[level];
+        let k = key_of(node, *slot)?;
+        if let Some(f) = floor {
+            if k <= f {
+                return Err(Error::corrupt(format!(
+                    "tree block {}: slot {slot} key {k} does not follow {f} (a block reached twice?)",
+                    node.bytenr
+                )));
+            }
         }
-        level += 1;
+        // Descend along the leftmost edge.
+        while level > 0 {
+            let (node, slot) = path.nodes[level].clone();
+            let child = read_child(fs, &node, slot)?;
+            level -= 1;
+            path.nodes[level] = (child, 0);
+        }
+        if path.leaf().nritems() > 0 {
+            return Ok(true);
+        }
+        floor = Some(k);
     }
-    // Descend along the leftmost edge.
-    while level > 0 {
-        let (node, slot) = path.nodes[level].clone();
-        let child = read_child(fs, &node, slot)?;
-        level -= 1;
-        path.nodes[level] = (child, 0);
-    }
-    if path.leaf().nritems() == 0 {
-        return next_leaf(fs, path);
-    }
-    Ok(true)
+}
+
+fn key_of(b: &TreeBlock, slot: usize) -> Result<Key> {
+    b.view()
+        .key_at(slot)
+        .map_err(|e| Error::corrupt(format!("tree block {}: {e}", b.bytenr)))
 }
 
 /// Advances to the next item. False at the end of the tree.
@@ -190,35 +217,53 @@ pub fn next_item(fs: &FsInfo, path: &mut Path) -> Result<bool> {
     fixup_forward(fs, path)
 }
 
-/// Steps back to the previous item. False at the start of the tree.
+/// Steps back to the previous item. False at the start of the tree. Keys must shrink
+/// from leaf to leaf (see [`next_leaf`]).
 pub fn prev_item(fs: &FsInfo, path: &mut Path) -> Result<bool> {
     if path.nodes[0].1 > 0 {
         path.nodes[0].1 -= 1;
         return Ok(true);
     }
-    let mut level = 1;
+    let leaf = path.leaf();
+    let mut ceiling = match leaf.nritems() {
+        0 => None,
+        _ => Some(key_of(leaf, 0)?),
+    };
     loop {
-        if level >= path.nodes.len() {
-            return Ok(false);
+        let mut level = 1;
+        loop {
+            if level >= path.nodes.len() {
+                return Ok(false);
+            }
+            let slot = path.nodes[level].1;
+            if slot > 0 {
+                path.nodes[level].1 = slot - 1;
+                break;
+            }
+            level += 1;
         }
-        let slot = path.nodes[level].1;
-        if slot > 0 {
-            path.nodes[level].1 = slot - 1;
-            break;
+        let (node, slot) = &path.nodes[level];
+        let k = key_of(node, *slot)?;
+        if let Some(c) = ceiling {
+            if k >= c {
+                return Err(Error::corrupt(format!(
+                    "tree block {}: slot {slot} key {k} does not precede {c} (a block reached twice?)",
+                    node.bytenr
+                )));
+            }
         }
-        level += 1;
+        while level > 0 {
+            let (node, slot) = path.nodes[level].clone();
+            let child = read_child(fs, &node, slot)?;
+            let last = child.nritems().saturating_sub(1);
+            level -= 1;
+            path.nodes[level] = (child, last);
+        }
+        if path.leaf().nritems() > 0 {
+            return Ok(true);
+        }
+        ceiling = Some(k);
     }
-    while level > 0 {
-        let (node, slot) = path.nodes[level].clone();
-        let child = read_child(fs, &node, slot)?;
-        let last = child.nritems().saturating_sub(1);
-        level -= 1;
-        path.nodes[level] = (child, last);
-    }
-    if path.leaf().nritems() == 0 {
-        return prev_item(fs, path);
-    }
-    Ok(true)
 }
 
 /// A path at the first item >= key, or None when no such item exists.

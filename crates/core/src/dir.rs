@@ -18,6 +18,9 @@ pub struct DirEntry {
     pub ty: u8,
     /// DIR_INDEX sequence (readdir order); 0 for lookups.
     pub index: u64,
+    /// The entry's location objectid: the inode number, or the subvolume id for a
+    /// subvolume entry (what the kernel's readdir reports as d_ino).
+    pub location: u64,
 }
 
 impl Filesystem {
@@ -81,6 +84,7 @@ impl Filesystem {
                     node,
                     ty: d.ty,
                     index: 0,
+                    location: d.location.objectid,
                 }));
             }
         }
@@ -98,9 +102,16 @@ impl Filesystem {
     }
 
     /// Streams a directory's entries; `f` returns false to stop.
-    pub fn readdir_each(
+    pub fn readdir_each(&self, dir: Node, f: impl FnMut(DirEntry) -> Result<bool>) -> Result<()> {
+        self.readdir_from(dir, 0, f)
+    }
+
+    /// Like [`Filesystem::readdir_each`], starting at the first entry whose DIR_INDEX
+    /// sequence is `>= start` (a resumable readdir offset).
+    pub fn readdir_from(
         &self,
         dir: Node,
+        start: u64,
         mut f: impl FnMut(DirEntry) -> Result<bool>,
     ) -> Result<()> {
         if dir.is_placeholder() {
@@ -110,7 +121,7 @@ impl Filesystem {
         let iter = TreeIter::new(
             &self.info,
             &root,
-            Key::new(dir.ino, DIR_INDEX_KEY, 0),
+            Key::new(dir.ino, DIR_INDEX_KEY, start),
             Key::new(dir.ino, DIR_INDEX_KEY, u64::MAX),
         )?;
         for it in iter {
@@ -125,6 +136,7 @@ impl Filesystem {
                     node,
                     ty: d.ty,
                     index: k.offset,
+                    location: d.location.objectid,
                 };
                 if !f(e)? {
                     return Ok(());

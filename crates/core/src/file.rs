@@ -38,6 +38,11 @@ impl FileExtent {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// File offset just past this item (saturating: a hostile key offset near 2^64
+    /// must not wrap).
+    pub fn end(&self) -> u64 {
+        self.file_offset.saturating_add(self.len())
+    }
     /// True when the range reads as zeros without touching the disk.
     pub fn is_hole_or_prealloc(&self) -> bool {
         match &self.item.body {
@@ -92,7 +97,7 @@ impl Filesystem {
                 file_offset: k.offset,
                 item,
             };
-            if fe.file_offset + fe.len() > from && !f(&fe)? {
+            if fe.end() > from && !f(&fe)? {
                 return Ok(());
             }
             if !next_item(&self.info, &mut p)? {
@@ -131,7 +136,7 @@ impl Filesystem {
         let verify = self.info.opts.verify_data_csum && inode.flags & INODE_NODATASUM == 0;
         self.for_each_extent(node, offset, end, |fe| {
             let s = fe.file_offset.max(offset);
-            let e = (fe.file_offset + fe.len()).min(end);
+            let e = fe.end().min(end);
             if s < e {
                 let dst = &mut out[(s - offset) as usize..(e - offset) as usize];
                 self.read_extent_part(node, fe, s, dst, verify)?;
@@ -199,8 +204,15 @@ impl Filesystem {
                     let ss = self.info.sectorsize as u64;
                     let mut done = 0usize;
                     while done < dst.len() {
-                        let logical = disk_bytenr + offset + rel + done as u64;
                         let want = ((dst.len() - done) as u64).min(READ_CHUNK_BYTES_MAX);
+                        // Hostile offsets must not wrap around to other data.
+                        let logical = disk_bytenr
+                            .checked_add(*offset)
+                            .and_then(|l| l.checked_add(rel + done as u64))
+                            .filter(|l| l.checked_add(want + ss).is_some())
+                            .ok_or_else(|| {
+                                Error::corrupt(format!("{}: offset overflows", what(*disk_bytenr)))
+                            })?;
                         let a = logical / ss * ss;
                         let b = (logical + want).div_ceil(ss) * ss;
                         let buf =
@@ -220,7 +232,8 @@ impl Filesystem {
                         verify,
                         &what,
                     )?;
-                    copy_from(&plain, (offset + rel) as usize, dst);
+                    let from = usize::try_from(offset.saturating_add(rel)).unwrap_or(usize::MAX);
+                    copy_from(&plain, from, dst);
                 }
             }
         }
@@ -275,7 +288,10 @@ impl Filesystem {
                 node.root, node.ino
             )));
         }
-        self.read_inode(node, &inode, 0, inode.size as usize)
+        // The kernel reads a link target through one page; never allocate what a
+        // hostile i_size says.
+        const LINK_TARGET_MAX: u64 = 4096;
+        self.read_inode(node, &inode, 0, inode.size.min(LINK_TARGET_MAX) as usize)
     }
 
     /// Ranges [start, end) of the file that hold data (not holes or prealloc), merged;
@@ -285,7 +301,7 @@ impl Filesystem {
         self.for_each_extent(node, 0, size, |fe| {
             if !fe.is_hole_or_prealloc() {
                 let s = fe.file_offset;
-                let e = (fe.file_offset + fe.len()).min(size);
+                let e = fe.end().min(size);
                 if s < e {
                     match v.last_mut() {
                         Some(last) if last.1 >= s => last.1 = last.1.max(e),

@@ -17,7 +17,7 @@ impl FsInfo {
         };
         let ss = self.sectorsize as u64;
         let csize = self.csum_type.size();
-        let end = start + nsectors as u64 * ss;
+        let end = start.saturating_add(nsectors as u64 * ss);
         let key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, start);
         let path = match search_prev(self, &root, &key)? {
             Some(p) => Some(p),
@@ -36,7 +36,7 @@ impl FsInfo {
                 }
                 let data = p.data()?;
                 let n = data.len() / csize;
-                let item_end = k.offset + n as u64 * ss;
+                let item_end = k.offset.saturating_add(n as u64 * ss);
                 if item_end > start {
                     let from = k.offset.max(start);
                     let to = item_end.min(end);
@@ -48,7 +48,8 @@ impl FsInfo {
                             Error::corrupt(format!("csum item {k} shorter than its range"))
                         })?;
                         out[o] = Some(c.to_vec());
-                        b += ss;
+                        let Some(next) = b.checked_add(ss) else { break };
+                        b = next;
                     }
                 }
             }

@@ -16,13 +16,15 @@
 //! hang or an unbounded allocation is a bug in the engine.
 
 use crate::dev::Device;
-use crate::disk_io::{FsInfo, OpenOptions};
+use crate::disk_io::{root_ptr_of, FsInfo, OpenOptions, RootPtr};
 use crate::fs::{Filesystem, Node, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::sparse_dev::{decode, SparseDevice, SPARSE_BLOCK_SIZE};
 use std::collections::HashSet;
 use std::io::Write;
 use std::sync::Arc;
 use ubtrfs_format::consts::*;
+use ubtrfs_format::items::RootItem;
+use ubtrfs_format::key::Key;
 use ubtrfs_format::superblock::SuperBlock;
 
 /// Flags byte: recompute metadata checksums before opening.
@@ -39,6 +41,8 @@ pub struct Limits {
     pub file_bytes: usize,
     pub total_bytes: u64,
     pub dump_bytes: u64,
+    /// Items visited by the whole-tree walks (every tree, in key order).
+    pub tree_items: usize,
     /// Tree-block cache of the opened filesystem.
     pub cache_bytes: usize,
 }
@@ -50,6 +54,7 @@ impl Default for Limits {
             file_bytes: 1 << 20,
             total_bytes: 16 << 20,
             dump_bytes: 16 << 20,
+            tree_items: 200_000,
             cache_bytes: 8 << 20,
         }
     }
@@ -126,6 +131,7 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
         }
     };
     let fs = Filesystem::from_info(info);
+    walk_trees(&fs, &limits, &mut out);
     walk(&fs, &limits, &mut out);
     let mut sink = LimitedSink {
         left: limits.dump_bytes,
@@ -134,6 +140,39 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
     out.dumped = out.note("dump-tree", r).is_some();
     let _ = fs.info.take_warnings();
     out
+}
+
+/// Every item of every tree the root tree knows, in key order.
+fn walk_trees(fs: &Filesystem, limits: &Limits, out: &mut Outcome) {
+    let mut roots: Vec<RootPtr> = vec![fs.info.root_tree_ptr()];
+    let ids = (CHUNK_TREE_OBJECTID..FIRST_FREE_OBJECTID).chain([DATA_RELOC_TREE_OBJECTID]);
+    roots.extend(ids.filter_map(|id| fs.info.tree_ptr(id)));
+    // Subvolume trees come from their ROOT_ITEMs (found while walking the root tree).
+    let mut left = limits.tree_items;
+    let mut i = 0;
+    while i < roots.len() {
+        let root = roots[i];
+        i += 1;
+        let mut subvols = Vec::new();
+        let r = crate::ctree::walk_items(&fs.info, &root, Key::MIN, |k, data| {
+            if root.id == ROOT_TREE_OBJECTID
+                && k.ty == ROOT_ITEM_KEY
+                && k.objectid >= FIRST_FREE_OBJECTID
+                && subvols.len() < 1000
+            {
+                if let Ok(ri) = RootItem::parse(data) {
+                    subvols.push(root_ptr_of(k.objectid, &ri));
+                }
+            }
+            left = left.saturating_sub(1);
+            Ok(left > 0)
+        });
+        out.note("tree walk", r);
+        roots.extend(subvols);
+        if left == 0 {
+            break;
+        }
+    }
 }
 
 fn walk(fs: &Filesystem, limits: &Limits, out: &mut Outcome) {
@@ -156,7 +195,13 @@ fn walk(fs: &Filesystem, limits: &Limits, out: &mut Outcome) {
             continue;
         };
         let r = fs.xattrs(node);
-        out.note("xattrs", r);
+        if let Some(xs) = out.note("xattrs", r) {
+            // The by-name side (XATTR_ITEM lookup by hash) of the first few.
+            for (name, _) in xs.iter().take(8) {
+                let r = fs.getxattr(node, name);
+                out.note("getxattr", r);
+            }
+        }
         match st.mode & S_IFMT {
             S_IFDIR => {
                 let mut kids = Vec::new();

@@ -73,7 +73,7 @@ impl Filesystem {
             rdev: kernel_rdev_to_user(i.rdev),
             size: i.size,
             // The kernel reports the byte count rounded up to the sector, in 512s.
-            blocks: i.nbytes.div_ceil(ss) * ss / 512,
+            blocks: i.nbytes.div_ceil(ss).saturating_mul(ss) / 512,
             blksize: self.info.sectorsize,
             atime: i.atime,
             mtime: i.mtime,

@@ -3,17 +3,21 @@
 //! tree-block reads), `tree_checker`, `ctree` (search/iterate), `inode`, `dir`, `xattr`,
 //! `file` (data reads), `file_item` (data checksums), `subvol`.
 
+pub mod backref;
 pub mod ctree;
 pub mod dev;
 pub mod dir;
 pub mod disk_io;
+pub mod du;
 pub mod error;
+pub mod fiemap;
 pub mod file;
 pub mod file_item;
 pub mod fs;
 pub mod fuzz_harness;
 pub mod inode;
 pub mod print_tree;
+pub mod qgroup;
 pub mod sparse_dev;
 pub mod subvol;
 pub mod tree_checker;

@@ -1703,7 +1703,7 @@ impl Dumper<'_> {
             id: TREE_LOG_OBJECTID,
             bytenr: sb.log_root,
             level: sb.log_root_level,
-            generation: sb.generation + 1,
+            generation: sb.generation.saturating_add(1),
         })
     }
 }

@@ -60,7 +60,7 @@ pub fn check_header(ctx: &CheckCtx, bytenr: u64, buf: &[u8], expect: &Expect) ->
             ));
         }
     }
-    if h.generation > ctx.super_generation + 1 {
+    if h.generation > ctx.super_generation.saturating_add(1) {
         return Err(corrupt(
             bytenr,
             format!(
@@ -108,7 +108,7 @@ fn check_node(ctx: &CheckCtx, bytenr: u64, v: &BlockView<'_>, n: usize) -> Resul
                 format!("slot {i} points to unaligned block {}", p.blockptr),
             ));
         }
-        if p.generation > ctx.super_generation + 1 {
+        if p.generation > ctx.super_generation.saturating_add(1) {
             return Err(corrupt(
                 bytenr,
                 format!("slot {i} pointer generation {} too new", p.generation),
@@ -258,7 +258,10 @@ fn check_item(ctx: &CheckCtx, key: &Key, data: &[u8]) -> std::result::Result<(),
             } = fe.body
             {
                 let ss = ctx.sectorsize as u64;
-                if !num_bytes.is_multiple_of(ss) || !disk_num_bytes.is_multiple_of(ss) || !offset.is_multiple_of(ss) {
+                if !num_bytes.is_multiple_of(ss)
+                    || !disk_num_bytes.is_multiple_of(ss)
+                    || !offset.is_multiple_of(ss)
+                {
                     return Err("extent sizes not sector aligned".into());
                 }
                 if num_bytes == 0 {

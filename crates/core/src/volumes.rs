@@ -163,16 +163,30 @@ impl MapEntry {
                 let s = &self.stripes[mirror];
                 return Ok(Physical {
                     devid: s.devid,
-                    offset: s.physical + off,
+                    offset: self.physical(s, off)?,
                     len: self.length - off,
                 });
             }
         };
         let s = &self.stripes[idx as usize];
+        let rel = row
+            .checked_mul(sl)
+            .and_then(|r| r.checked_add(in_stripe))
+            .ok_or_else(|| Error::corrupt(format!("chunk at logical {}: overflow", self.start)))?;
         Ok(Physical {
             devid: s.devid,
-            offset: s.physical + row * sl + in_stripe,
+            offset: self.physical(s, rel)?,
             len: sl - in_stripe,
+        })
+    }
+
+    /// `rel` bytes into stripe `s`; a stripe offset near 2^64 is an error, not a wrap.
+    fn physical(&self, s: &MapStripe, rel: u64) -> Result<u64> {
+        s.physical.checked_add(rel).ok_or_else(|| {
+            Error::corrupt(format!(
+                "chunk at logical {}: stripe offset {} on devid {} overflows",
+                self.start, s.physical, s.devid
+            ))
         })
     }
 }

@@ -1,0 +1,269 @@
+//! `ubtrfs mount IMAGE[,DEV2...] MOUNTPOINT [-o OPTIONS] [-f]`: a read-only FUSE
+//! mount (crate ubtrfs-fuse). Without -f the command returns once the mount is
+//! ready, leaving a detached server process behind; errors (bad image, busy
+//! mountpoint, bad options) are reported before it returns, and nothing is mounted.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use ubtrfs_core::{Filesystem, OpenOptions};
+use ubtrfs_fuse::InoMode;
+
+pub const OPTIONS_HELP: &str = "\
+Mount options (-o, comma separated, repeatable):
+  ro                    accepted (the mount is always read-only; rw is refused)
+  subvol=PATH           show this subvolume (path from the top level) at the mountpoint
+  subvolid=N            show subvolume N (5 = top level); default: the default subvolume
+  allow_other           let other users in (permissions are still checked, like the kernel)
+  suid, dev             honour setuid bits / device nodes (default nosuid,nodev)
+  ino=kernel|unique     st_ino: btrfs inode numbers as the kernel shows them (default), or
+                        unique across subvolumes (FUSE has one st_dev for the whole mount,
+                        so find/du see nested subvolume roots, all inode 256, as loops)
+  cache_mb=N            tree-block cache size in MiB (default 256)
+  threads=N             threads serving requests (default 8)
+  attr_timeout=SECS     how long the kernel caches attributes and names (default 86400)
+  readahead_kb=N        kernel readahead for the mount (default 4096, like btrfs; 0 = FUSE's 128)
+  max_read=BYTES        largest read request (default 1048576, the kernel's limit)
+  rescue=ignoredatacsums  do not verify data checksums
+  log=FILE              append error messages (checksum failures...) to FILE; without it
+                        a detached mount discards them (-f prints them on stderr)
+  fsname=NAME           mount source shown in /proc/mounts (default: the image path)
+  default_permissions, atime, noatime, relatime: accepted (permissions are always checked
+                        by the kernel; times cannot change on a read-only mount)";
+
+#[derive(Args)]
+#[command(after_help = OPTIONS_HELP)]
+pub struct MountArgs {
+    /// Image file or block device; all devices of a multi-device filesystem: a,b,c.
+    image: String,
+    /// An existing empty directory.
+    mountpoint: PathBuf,
+    /// Mount options, comma separated.
+    #[arg(short = 'o', value_name = "OPTIONS")]
+    options: Vec<String>,
+    /// Stay in the foreground (serve until unmounted or interrupted).
+    #[arg(short = 'f', long)]
+    foreground: bool,
+    /// Internal: the detached server started by `ubtrfs mount` without -f.
+    #[arg(long, hide = true)]
+    daemon_child: bool,
+}
+
+#[derive(Debug)]
+struct Opts {
+    subvol: Option<String>,
+    subvolid: Option<u64>,
+    allow_other: bool,
+    suid: bool,
+    dev: bool,
+    ino: InoMode,
+    cache_mb: Option<usize>,
+    threads: Option<usize>,
+    ttl: Option<u64>,
+    readahead_kb: Option<u32>,
+    max_read: Option<u32>,
+    verify_csum: bool,
+    log: Option<PathBuf>,
+    fsname: Option<String>,
+}
+
+fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
+    v.parse()
+        .ok()
+        .with_context(|| format!("mount option {k}={v}: not a number"))
+}
+
+fn parse_options(list: &[String]) -> Result<Opts> {
+    let mut o = Opts {
+        subvol: None,
+        subvolid: None,
+        allow_other: false,
+        suid: false,
+        dev: false,
+        ino: InoMode::Kernel,
+        cache_mb: None,
+        threads: None,
+        ttl: None,
+        readahead_kb: None,
+        max_read: None,
+        verify_csum: true,
+        log: None,
+        fsname: None,
+    };
+    for item in list.iter().flat_map(|s| s.split(',')) {
+        let (k, v) = match item.split_once('=') {
+            Some((k, v)) => (k, Some(v)),
+            None => (item, None),
+        };
+        match (k, v) {
+            ("", None) => {}
+            (
+                "ro"
+                | "default_permissions"
+                | "atime"
+                | "noatime"
+                | "relatime"
+                | "nosuid"
+                | "nodev",
+                None,
+            ) => {}
+            ("rw", None) => bail!("ubtrfs mount is read-only: option rw is not supported"),
+            ("subvol", Some(p)) => o.subvol = Some(p.to_string()),
+            ("subvolid", Some(n)) => o.subvolid = Some(num(k, n)?),
+            ("allow_other", None) => o.allow_other = true,
+            ("suid", None) => o.suid = true,
+            ("dev", None) => o.dev = true,
+            ("ino", Some("kernel")) => o.ino = InoMode::Kernel,
+            ("ino", Some("unique")) => o.ino = InoMode::Unique,
+            ("cache_mb", Some(n)) => o.cache_mb = Some(num(k, n)?),
+            ("threads", Some(n)) => o.threads = Some(num::<usize>(k, n)?.clamp(1, 256)),
+            ("attr_timeout", Some(n)) => o.ttl = Some(num(k, n)?),
+            ("readahead_kb", Some(n)) => o.readahead_kb = Some(num(k, n)?),
+            ("max_read", Some(n)) => o.max_read = Some(num::<u32>(k, n)?.clamp(4096, 1 << 20)),
+            ("rescue", Some("ignoredatacsums")) => o.verify_csum = false,
+            ("log", Some(f)) => o.log = Some(PathBuf::from(f)),
+            ("fsname", Some(n)) => o.fsname = Some(n.to_string()),
+            _ => bail!("unknown mount option {item:?} (see ubtrfs mount --help)"),
+        }
+    }
+    Ok(o)
+}
+
+pub fn run(args: MountArgs) -> Result<()> {
+    let o = parse_options(&args.options)?;
+    if !args.foreground && !args.daemon_child {
+        return spawn_detached(&args);
+    }
+    if args.daemon_child {
+        // Leave the caller's session: its terminal's ^C is not for us.
+        let _ = nix::unistd::setsid();
+    }
+    let paths: Vec<PathBuf> = args.image.split(',').map(PathBuf::from).collect();
+    let mut opts = OpenOptions {
+        verify_data_csum: o.verify_csum,
+        ..Default::default()
+    };
+    if let Some(mb) = o.cache_mb {
+        opts.cache_bytes_max = mb.max(1) << 20;
+    }
+    let fs = Filesystem::open_paths(&paths, opts)
+        .with_context(|| format!("cannot open {}", args.image))?;
+    for w in fs.info.take_warnings() {
+        eprintln!("ubtrfs: warning: {w}");
+    }
+    let root = ubtrfs_fuse::resolve_root(&fs, o.subvol.as_deref(), o.subvolid)
+        .map_err(anyhow::Error::msg)?;
+    let mnt = ubtrfs_fuse::check_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;
+    let fsname = o.fsname.clone().unwrap_or_else(|| {
+        std::fs::canonicalize(&paths[0])
+            .unwrap_or_else(|_| paths[0].clone())
+            .display()
+            .to_string()
+    });
+    let mut cfg = ubtrfs_fuse::Config::new(&fsname, root);
+    cfg.mount.allow_other = o.allow_other;
+    cfg.mount.suid = o.suid;
+    cfg.mount.dev = o.dev;
+    cfg.ino = o.ino;
+    if let Some(s) = o.ttl {
+        cfg.ttl = std::time::Duration::from_secs(s);
+    }
+    if let Some(t) = o.threads {
+        cfg.tuning.threads = t;
+    }
+    if let Some(kb) = o.readahead_kb {
+        cfg.tuning.readahead_kb = (kb > 0).then_some(kb);
+    }
+    if let Some(m) = o.max_read {
+        cfg.tuning.max_read = m;
+    }
+    let log = match &o.log {
+        Some(p) => Some(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("log file {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let session = ubtrfs_fuse::mount(Arc::new(fs), &mnt, &cfg)
+        .with_context(|| format!("cannot mount on {}", args.mountpoint.display()))?;
+    if args.daemon_child {
+        // Tell the waiting parent, then let go of its stdout/stderr.
+        let mut out = std::io::stdout();
+        let _ = out.write_all(b"ready\n");
+        let _ = out.flush();
+        redirect_stdio(log.as_ref())?;
+    } else if let Some(f) = &log {
+        redirect_fd(f, 2)?;
+    }
+    session
+        .run()
+        .with_context(|| format!("serving {}", args.mountpoint.display()))
+}
+
+fn redirect_fd(f: &std::fs::File, to: i32) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    nix::unistd::dup2(f.as_raw_fd(), to).context("dup2")?;
+    Ok(())
+}
+
+fn redirect_stdio(log: Option<&std::fs::File>) -> Result<()> {
+    let null = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .context("/dev/null")?;
+    redirect_fd(&null, 0)?;
+    redirect_fd(&null, 1)?;
+    redirect_fd(log.unwrap_or(&null), 2)
+}
+
+/// Starts the server as a detached child (`--daemon-child`) and waits until it says
+/// the mount is ready; if it fails, its message is already on our stderr.
+fn spawn_detached(args: &MountArgs) -> Result<()> {
+    let exe = std::env::current_exe().context("finding the ubtrfs executable")?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount")
+        .arg(&args.image)
+        .arg(&args.mountpoint)
+        .arg("--daemon-child")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    for o in &args.options {
+        cmd.arg("-o").arg(o);
+    }
+    let mut child = cmd.spawn().context("starting the mount server")?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = BufReader::new(out).read_line(&mut line);
+    }
+    if line.trim_end() == "ready" {
+        return Ok(());
+    }
+    let st = child.wait().context("waiting for the mount server")?;
+    // The child printed why; exit with its status without a second message.
+    std::process::exit(st.code().filter(|&c| c != 0).unwrap_or(1));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options() {
+        let o = parse_options(&["ro,subvol=/a b,allow_other".into(), "ino=unique".into()])
+            .expect("valid");
+        assert_eq!(o.subvol.as_deref(), Some("/a b"));
+        assert!(o.allow_other);
+        assert_eq!(o.ino, InoMode::Unique);
+        assert!(parse_options(&["rw".into()]).is_err());
+        assert!(parse_options(&["bogus".into()]).is_err());
+        assert!(parse_options(&["subvolid=x".into()]).is_err());
+    }
+}

@@ -1,0 +1,292 @@
+//! Sharedness commands: `inspect fiemap` (filefrag -v layout) and `filesystem du`
+//! (btrfs filesystem du layout).
+
+use anyhow::{bail, Result};
+use clap::Args;
+use std::io::Write;
+use ubtrfs_core::backref::ShareCtx;
+use ubtrfs_core::du::pretty_size;
+use ubtrfs_core::fiemap::{flag_names, FiemapExtent, FIEMAP_EXTENT_DATA_INLINE};
+use ubtrfs_core::fs::{S_IFMT, S_IFREG};
+use ubtrfs_core::Filesystem;
+
+#[derive(Args)]
+pub struct FiemapArgs {
+    #[command(flatten)]
+    pub img: crate::Image,
+    /// Files (absolute paths inside the filesystem).
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+    /// Print every extent like `filefrag -v`.
+    #[arg(short = 'v')]
+    pub verbose: bool,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: crate::Format,
+}
+
+#[derive(Args)]
+pub struct DuArgs {
+    #[command(flatten)]
+    pub img: crate::Image,
+    #[arg(required = true)]
+    pub paths: Vec<String>,
+    /// Only a total for each argument.
+    #[arg(short = 's', long = "summarize")]
+    pub summarize: bool,
+    /// Plain byte counts.
+    #[arg(long)]
+    pub raw: bool,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: crate::Format,
+}
+
+fn int_log10(mut v: u64) -> usize {
+    let mut l = 0;
+    v /= 10;
+    while v > 0 {
+        l += 1;
+        v /= 10;
+    }
+    l
+}
+
+/// filefrag's extent count: a new extent wherever the physical block does not
+/// follow the previous one (except at logical 0).
+fn filefrag_lines(
+    exts: &[FiemapExtent],
+    size: u64,
+    blksize: u64,
+    lw: usize,
+    pw: usize,
+    out: &mut dyn Write,
+) -> Result<usize> {
+    let shift = blksize.trailing_zeros();
+    let mut expected = 0u64;
+    let mut tot = 0usize;
+    for (n, e) in exts.iter().enumerate() {
+        let s = if e.flags & FIEMAP_EXTENT_DATA_INLINE != 0 {
+            0
+        } else {
+            shift
+        };
+        let (lb, pb, len) = (e.logical >> s, e.physical >> s, e.length >> s);
+        let phys_blk = e.physical >> shift;
+        if (e.logical >> shift) != 0 && phys_blk != expected {
+            tot += 1;
+        } else {
+            expected = 0;
+            if tot == 0 {
+                tot = 1;
+            }
+        }
+        let mut flags: Vec<String> = flag_names(e.flags).iter().map(|s| s.to_string()).collect();
+        if e.logical + e.length >= size {
+            flags.push("eof".into());
+        }
+        let exp = if expected != 0 {
+            format!("{expected:>w$}", w = pw + 1)
+        } else {
+            format!("{:>w$}", "", w = pw + 1)
+        };
+        writeln!(
+            out,
+            "{n:4}: {lb:>lw$}..{:>lw$}: {pb:>pw$}..{:>pw$}: {len:6}: {exp} {}",
+            lb + len.saturating_sub(1),
+            pb + len.saturating_sub(1),
+            flags.join(",")
+        )?;
+        expected = phys_blk + (e.length >> shift);
+    }
+    Ok(tot)
+}
+
+pub fn cmd_fiemap(fs: &Filesystem, a: &FiemapArgs, out: &mut dyn Write) -> Result<()> {
+    let mut share = ShareCtx::new(&fs.info)?;
+    let mut json = Vec::new();
+    let ss = fs.info.sectorsize as u64;
+    // filefrag sizes its columns from the filesystem's block count.
+    let pw = (int_log10(fs.info.sb.total_bytes / ss) + 1).max(10);
+    for (i, path) in a.paths.iter().enumerate() {
+        let node = fs.resolve(path)?;
+        let st = fs.stat(node)?;
+        if st.mode & S_IFMT != S_IFREG {
+            bail!("{path}: not a regular file");
+        }
+        let exts = fs.fiemap(node, &mut share)?;
+        if a.format == crate::Format::Json {
+            json.push(serde_json::json!({"path": path, "size": st.size, "extents": exts}));
+            continue;
+        }
+        let blocks = st.size.div_ceil(ss);
+        let lw = (int_log10(blocks) + 1).max(8);
+        if a.verbose {
+            if i == 0 {
+                writeln!(out, "Filesystem type is: 9123683e")?;
+            }
+            writeln!(
+                out,
+                "File size of {path} is {} ({blocks} block{} of {ss} bytes)",
+                st.size,
+                if blocks == 1 { "" } else { "s" }
+            )?;
+            writeln!(
+                out,
+                " ext: {:>w1$} {:>w2$} length: {:>w3$} flags:",
+                "logical_offset:",
+                "physical_offset:",
+                "expected:",
+                w1 = lw * 2 + 3,
+                w2 = pw * 2 + 3,
+                w3 = pw + 1
+            )?;
+        }
+        let mut sink = std::io::sink();
+        let target: &mut dyn Write = if a.verbose { &mut *out } else { &mut sink };
+        let n = filefrag_lines(&exts, st.size, ss, lw, pw, target)?;
+        if n == 1 {
+            writeln!(out, "{path}: 1 extent found")?;
+        } else {
+            writeln!(out, "{path}: {n} extents found")?;
+        }
+    }
+    if a.format == crate::Format::Json {
+        serde_json::to_writer_pretty(&mut *out, &json)?;
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+pub fn cmd_du(fs: &Filesystem, a: &DuArgs, out: &mut dyn Write) -> Result<()> {
+    let mut share = ShareCtx::new(&fs.info)?;
+    let size = |v: u64| {
+        if a.raw {
+            v.to_string()
+        } else {
+            pretty_size(v)
+        }
+    };
+    let mut json = Vec::new();
+    if a.format == crate::Format::Text {
+        writeln!(
+            out,
+            "{:>10}  {:>10}  {:>10}  Filename",
+            "Total", "Exclusive", "Set shared"
+        )?;
+    }
+    for p in &a.paths {
+        for l in fs.filesystem_du(&mut share, p, a.summarize)? {
+            if a.format == crate::Format::Json {
+                json.push(l);
+                continue;
+            }
+            writeln!(
+                out,
+                "{:>10}  {:>10}  {:>10}  {}",
+                size(l.total),
+                size(l.exclusive),
+                l.set_shared.map(size).unwrap_or_else(|| "-".into()),
+                l.path
+            )?;
+        }
+    }
+    if a.format == crate::Format::Json {
+        serde_json::to_writer_pretty(&mut *out, &json)?;
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct SubvolDuArgs {
+    #[command(flatten)]
+    pub img: crate::Image,
+    /// Subvolumes (paths) to report, and whose joint deletion to price; all if none.
+    pub paths: Vec<String>,
+    /// Plain byte counts.
+    #[arg(long)]
+    pub raw: bool,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: crate::Format,
+}
+
+/// `subvolume du`: referenced/exclusive per subvolume (what `btrfs qgroup show`
+/// reports after a rescan), and what deleting the given set together would free.
+pub fn cmd_subvol_du(fs: &Filesystem, a: &SubvolDuArgs, out: &mut dyn Write) -> Result<()> {
+    let sharing = ubtrfs_core::qgroup::compute_sharing(&fs.info)?;
+    let subs = fs.subvolumes()?;
+    let path_of = |id: u64| -> String {
+        if id == ubtrfs_format::consts::FS_TREE_OBJECTID {
+            "<toplevel>".into()
+        } else {
+            subs.iter()
+                .find(|s| s.id == id)
+                .map(|s| s.path.clone())
+                .unwrap_or_else(|| "<unreachable>".into())
+        }
+    };
+    let mut chosen: Vec<u64> = Vec::new();
+    for p in &a.paths {
+        let node = fs.resolve(p)?;
+        match fs.subvol_of(node) {
+            Some(id) => chosen.push(id),
+            None => bail!("{p}: not a subvolume"),
+        }
+    }
+    let numbers: Vec<_> = sharing
+        .numbers()
+        .into_iter()
+        .filter(|q| chosen.is_empty() || chosen.contains(&q.subvol))
+        .collect();
+    let freed = (!chosen.is_empty()).then(|| sharing.freed_by(&chosen));
+    if a.format == crate::Format::Json {
+        let v: Vec<_> = numbers
+            .iter()
+            .map(|q| {
+                serde_json::json!({"subvol": q.subvol, "path": path_of(q.subvol),
+                    "referenced": q.referenced, "exclusive": q.exclusive})
+            })
+            .collect();
+        serde_json::to_writer_pretty(
+            &mut *out,
+            &serde_json::json!({"subvolumes": v, "freed_by_deleting_all_given": freed}),
+        )?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    let size = |v: u64| {
+        if a.raw {
+            v.to_string()
+        } else {
+            pretty_size(v)
+        }
+    };
+    writeln!(
+        out,
+        "{:<10} {:>13} {:>13}   Path",
+        "Qgroupid", "Referenced", "Exclusive"
+    )?;
+    writeln!(
+        out,
+        "{:<10} {:>13} {:>13}   ----",
+        "--------", "----------", "---------"
+    )?;
+    for q in &numbers {
+        writeln!(
+            out,
+            "{:<10} {:>13} {:>13}   {}",
+            format!("0/{}", q.subvol),
+            size(q.referenced),
+            size(q.exclusive),
+            path_of(q.subvol)
+        )?;
+    }
+    if let Some(f) = freed {
+        writeln!(
+            out,
+            "Deleting {} subvolume(s) together would free {}",
+            chosen.len(),
+            size(f)
+        )?;
+    }
+    Ok(())
+}

@@ -1,0 +1,258 @@
+//! The `/dev/fuse` connection: mounting (mount(2) as root, `fusermount3` otherwise),
+//! reading requests, writing replies, unmounting.
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::{self, IoSlice, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// How to mount.
+#[derive(Clone, Debug)]
+pub struct MountOptions {
+    /// Shown as the mount's source in /proc/mounts (`fsname`).
+    pub fsname: String,
+    /// Mount type becomes `fuse.<subtype>`.
+    pub subtype: String,
+    pub allow_other: bool,
+    /// Keep setuid bits and device nodes working (FUSE defaults to nosuid,nodev).
+    pub suid: bool,
+    pub dev: bool,
+}
+
+/// A mounted FUSE connection.
+#[derive(Debug)]
+pub struct Channel {
+    dev: File,
+    mountpoint: PathBuf,
+    /// Mounted by fusermount3 (unmount through it too).
+    via_fusermount: bool,
+}
+
+impl Channel {
+    /// Mounts a FUSE filesystem at `mountpoint` and returns the connection. Nothing is
+    /// served until the caller answers the kernel's INIT request.
+    pub fn mount(mountpoint: &Path, o: &MountOptions) -> io::Result<Channel> {
+        if nix::unistd::geteuid().is_root() {
+            match mount_direct(mountpoint, o) {
+                Ok(dev) => {
+                    return Ok(Channel {
+                        dev,
+                        mountpoint: mountpoint.to_path_buf(),
+                        via_fusermount: false,
+                    })
+                }
+                // In a user namespace without the capability: fall back.
+                Err(e) if e.raw_os_error() == Some(libc_eperm()) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let dev = mount_fusermount(mountpoint, o)?;
+        Ok(Channel {
+            dev,
+            mountpoint: mountpoint.to_path_buf(),
+            via_fusermount: true,
+        })
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Reads one request. Ok(None): the filesystem was unmounted (ENODEV).
+    pub fn receive(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
+        loop {
+            match (&self.dev).read(buf) {
+                Ok(n) => return Ok(Some(n)),
+                Err(e) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
+                    // ENOENT: the request was interrupted before we read it.
+                    Errno::EINTR | Errno::EAGAIN | Errno::ENOENT => continue,
+                    Errno::ENODEV => return Ok(None),
+                    _ => return Err(e),
+                },
+            }
+        }
+    }
+
+    /// Writes one reply (all parts in one writev, as the protocol requires).
+    pub fn send(&self, parts: &[IoSlice<'_>]) -> io::Result<()> {
+        let total: usize = parts.iter().map(|p| p.len()).sum();
+        match (&self.dev).write_vectored(parts) {
+            Ok(n) if n == total => Ok(()),
+            Ok(n) => Err(io::Error::other(format!(
+                "short write to /dev/fuse ({n} of {total} bytes)"
+            ))),
+            Err(e) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
+                // The request was interrupted or the fs is going away: nobody waits.
+                Errno::ENOENT | Errno::ENODEV => Ok(()),
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Unmounts (lazily if busy). The serving threads then see ENODEV and stop.
+    pub fn unmount(&self) -> io::Result<()> {
+        unmount(&self.mountpoint, self.via_fusermount)
+    }
+}
+
+fn libc_eperm() -> i32 {
+    Errno::EPERM as i32
+}
+
+/// Unmounts a FUSE mountpoint: umount(2) as root, `fusermount3 -u` otherwise; a busy
+/// mount is detached lazily (it goes away when its last user does).
+pub fn unmount(mountpoint: &Path, via_fusermount: bool) -> io::Result<()> {
+    if !via_fusermount && nix::unistd::geteuid().is_root() {
+        return match nix::mount::umount2(mountpoint, MntFlags::empty()) {
+            Ok(()) => Ok(()),
+            Err(Errno::EBUSY) => {
+                nix::mount::umount2(mountpoint, MntFlags::MNT_DETACH).map_err(io::Error::from)
+            }
+            Err(e) => Err(e.into()),
+        };
+    }
+    let ok = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-q")
+        .arg(mountpoint)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if ok {
+        return Ok(());
+    }
+    let st = Command::new("fusermount3")
+        .arg("-u")
+        .arg("-z")
+        .arg(mountpoint)
+        .status()?;
+    if st.success() {
+        Ok(())
+    } else {
+        Err(io::Error::other(format!(
+            "fusermount3 -u {} failed ({st})",
+            mountpoint.display()
+        )))
+    }
+}
+
+fn flags(o: &MountOptions) -> MsFlags {
+    let mut f = MsFlags::MS_RDONLY;
+    if !o.suid {
+        f |= MsFlags::MS_NOSUID;
+    }
+    if !o.dev {
+        f |= MsFlags::MS_NODEV;
+    }
+    f
+}
+
+fn mount_direct(mountpoint: &Path, o: &MountOptions) -> io::Result<File> {
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .map_err(|e| io::Error::new(e.kind(), format!("/dev/fuse: {e}")))?;
+    let mut data = format!(
+        "fd={},rootmode=40000,user_id={},group_id={},default_permissions",
+        dev.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid()
+    );
+    if o.allow_other {
+        data.push_str(",allow_other");
+    }
+    let fstype = format!("fuse.{}", o.subtype);
+    nix::mount::mount(
+        Some(o.fsname.as_str()),
+        mountpoint,
+        Some(fstype.as_str()),
+        flags(o),
+        Some(data.as_str()),
+    )
+    .map_err(io::Error::from)?;
+    Ok(dev)
+}
+
+/// Unprivileged mount: `fusermount3` (setuid root) mounts and passes the /dev/fuse
+/// descriptor back over a socket (SCM_RIGHTS), named by `_FUSE_COMMFD`.
+fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<File> {
+    use nix::sys::socket::{
+        recvmsg, socketpair, AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType,
+    };
+    let (ours, theirs): (OwnedFd, OwnedFd) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::empty(),
+    )?;
+    // Only `theirs` may reach fusermount3.
+    nix::fcntl::fcntl(
+        ours.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )?;
+    let mut opts = format!(
+        "ro,default_permissions,fsname={},subtype={}",
+        o.fsname.replace(',', "\\,"),
+        o.subtype
+    );
+    if !o.suid {
+        opts.push_str(",nosuid");
+    }
+    if !o.dev {
+        opts.push_str(",nodev");
+    }
+    if o.allow_other {
+        opts.push_str(",allow_other");
+    }
+    let mut mp = OsString::new();
+    mp.push(mountpoint.as_os_str());
+    let mut child = Command::new("fusermount3")
+        .arg("-o")
+        .arg(&opts)
+        .arg("--")
+        .arg(&mp)
+        .env("_FUSE_COMMFD", theirs.as_raw_fd().to_string())
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("fusermount3: {e}")))?;
+    drop(theirs);
+    let mut byte = [0u8; 1];
+    let mut iov = [io::IoSliceMut::new(&mut byte)];
+    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let fd = {
+        let msg = recvmsg::<()>(
+            ours.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::empty(),
+        );
+        let mut got = None;
+        if let Ok(msg) = msg {
+            if let Ok(cmsgs) = msg.cmsgs() {
+                for c in cmsgs {
+                    if let ControlMessageOwned::ScmRights(fds) = c {
+                        got = fds.first().copied();
+                    }
+                }
+            }
+        }
+        got
+    };
+    let status = child.wait()?;
+    match fd {
+        Some(fd) if status.success() => {
+            use std::os::fd::FromRawFd;
+            // SAFETY: `fd` was just received over SCM_RIGHTS: the kernel installed it
+            // in our table for us alone, it is open, and nothing else owns it.
+            Ok(unsafe { File::from_raw_fd(fd) })
+        }
+        _ => Err(io::Error::other(format!(
+            "fusermount3 could not mount {} ({status})",
+            Path::new(&mp).display()
+        ))),
+    }
+}

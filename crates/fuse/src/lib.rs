@@ -1,0 +1,248 @@
+//! `ubtrfs mount`: a read-only FUSE mount of a btrfs image that shows what the
+//! kernel's btrfs mount shows.
+//!
+//! The crate speaks the `/dev/fuse` protocol itself (module [`abi`]) instead of going
+//! through a FUSE library, because the kernel names inodes by a node id that is
+//! separate from st_ino, and btrfs needs that separation: every subvolume root is
+//! inode 256, so (subvolume, inode) pairs map to node ids ([`nodes`]) while st_ino
+//! stays the btrfs inode number.
+//!
+//! * [`channel`]: mounting (mount(2) as root, fusermount3 otherwise), request I/O.
+//! * [`session`]: the INIT handshake, worker threads, unmount on signals.
+//! * [`ops`]: requests answered from the engine; writes go to a [`ops::WriteOps`]
+//!   (the read-only mount answers EROFS).
+//! * [`statfs`]: the kernel's df numbers from block groups and device items.
+
+pub mod abi;
+pub mod channel;
+pub mod nodes;
+pub mod ops;
+pub mod reply;
+pub mod session;
+pub mod statfs;
+
+pub use channel::{Channel, MountOptions};
+pub use ops::{InoMode, Ops, OpsConfig, ReadOnly, WriteOps};
+pub use session::{Session, Tuning};
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use ubtrfs_core::ctree::lookup_exact;
+use ubtrfs_core::{Filesystem, Node};
+use ubtrfs_format::consts::*;
+use ubtrfs_format::csum::name_hash;
+use ubtrfs_format::items::parse_dir_items;
+use ubtrfs_format::key::Key;
+
+/// Everything `ubtrfs mount` can set.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub mount: MountOptions,
+    pub root: Node,
+    pub ttl: Duration,
+    pub ino: InoMode,
+    pub tuning: Tuning,
+}
+
+impl Config {
+    pub fn new(fsname: &str, root: Node) -> Config {
+        Config {
+            mount: MountOptions {
+                fsname: fsname.to_string(),
+                subtype: "ubtrfs".into(),
+                allow_other: false,
+                suid: false,
+                dev: false,
+            },
+            root,
+            ttl: DEFAULT_TTL,
+            ino: InoMode::Kernel,
+            tuning: Tuning {
+                max_read: 1 << 20,
+                readahead_kb: Some(4096),
+                threads: DEFAULT_THREADS,
+            },
+        }
+    }
+}
+
+/// The image never changes under the mount, so the kernel may cache for long.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+pub const DEFAULT_THREADS: usize = 8;
+
+/// Mounts `fs` at `mountpoint` (which [`check_mountpoint`] should have vetted) and
+/// completes the FUSE handshake; serve it with [`Session::run`].
+pub fn mount(fs: Arc<Filesystem>, mountpoint: &Path, cfg: &Config) -> std::io::Result<Session> {
+    // Fail before mounting if the root cannot be read.
+    fs.stat(cfg.root)
+        .map_err(|e| std::io::Error::other(format!("cannot read the root directory: {e}")))?;
+    let ops = Ops::new(
+        fs,
+        OpsConfig {
+            root: cfg.root,
+            ttl: cfg.ttl,
+            ino: cfg.ino,
+        },
+        Box::new(ReadOnly),
+    );
+    let ch = Channel::mount(mountpoint, &cfg.mount)?;
+    Session::new(ch, ops, cfg.tuning.clone())
+}
+
+/// The mountpoint must exist, be a directory, be empty, and not be a mountpoint
+/// already. Returns its canonical path, or a one-line reason.
+pub fn check_mountpoint(p: &Path) -> Result<PathBuf, String> {
+    let md = std::fs::metadata(p).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("mountpoint {} does not exist", p.display()),
+        _ => format!("mountpoint {}: {e}", p.display()),
+    })?;
+    if !md.is_dir() {
+        return Err(format!("mountpoint {} is not a directory", p.display()));
+    }
+    let canon = std::fs::canonicalize(p).map_err(|e| format!("mountpoint {}: {e}", p.display()))?;
+    if is_mountpoint(&canon) {
+        return Err(format!(
+            "mountpoint {} is busy: something is already mounted there",
+            p.display()
+        ));
+    }
+    let mut rd =
+        std::fs::read_dir(&canon).map_err(|e| format!("mountpoint {}: {e}", p.display()))?;
+    if rd.next().is_some() {
+        return Err(format!(
+            "mountpoint {} is busy: it is not empty",
+            p.display()
+        ));
+    }
+    Ok(canon)
+}
+
+/// True when `canon` (a canonical path) is a mount point in this namespace.
+pub fn is_mountpoint(canon: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = canon.as_os_str().as_bytes();
+    info.split(|&b| b == b'\n').any(|line| {
+        line.split(|&b| b == b' ')
+            .nth(4)
+            .is_some_and(|mp| unescape_mountinfo(mp) == want)
+    })
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space).
+fn unescape_mountinfo(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'\\'
+            && i + 3 < s.len()
+            && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (s[i + 1] - b'0') as u32 * 64
+                + (s[i + 2] - b'0') as u32 * 8
+                + (s[i + 3] - b'0') as u32;
+            out.push(v as u8);
+            i += 4;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// The directory a mount shows, chosen like the kernel's `subvol=` / `subvolid=`
+/// options; without either, the default subvolume (`btrfs subvolume set-default`).
+pub fn resolve_root(
+    fs: &Filesystem,
+    subvol: Option<&str>,
+    subvolid: Option<u64>,
+) -> Result<Node, String> {
+    let by_id = match subvolid {
+        None | Some(0) => None,
+        Some(id) => {
+            let ok = (id == FS_TREE_OBJECTID
+                || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id))
+                && match fs.info.read_root_item(id) {
+                    Ok(Some(r)) => id == FS_TREE_OBJECTID || r.refs > 0,
+                    _ => false,
+                };
+            if !ok {
+                return Err(format!("subvolid={id}: no such subvolume"));
+            }
+            Some(Node::new(id, FIRST_FREE_OBJECTID))
+        }
+    };
+    let by_path = match subvol {
+        None => None,
+        Some(p) => {
+            let n = fs.resolve(p).map_err(|e| format!("subvol={p}: {e}"))?;
+            if n.ino != FIRST_FREE_OBJECTID {
+                return Err(format!("subvol={p}: not a subvolume"));
+            }
+            Some(n)
+        }
+    };
+    match (by_path, by_id) {
+        (Some(a), Some(b)) if a.root != b.root => Err(format!(
+            "subvol={} is subvolume {}, not subvolid={}",
+            subvol.unwrap_or_default(),
+            a.root,
+            b.root
+        )),
+        (Some(a), _) => Ok(Node::new(a.root, FIRST_FREE_OBJECTID)),
+        (None, Some(b)) => Ok(b),
+        (None, None) => Ok(Node::new(default_subvol(fs), FIRST_FREE_OBJECTID)),
+    }
+}
+
+/// The default subvolume: the "default" entry of the root tree's directory.
+pub fn default_subvol(fs: &Filesystem) -> u64 {
+    let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, name_hash(b"default"));
+    let found = lookup_exact(&fs.info, &fs.info.root_tree_ptr(), &key)
+        .ok()
+        .flatten()
+        .and_then(|it| parse_dir_items(it.data()).ok())
+        .and_then(|v| v.into_iter().find(|d| d.name == b"default"))
+        .map(|d| d.location.objectid);
+    match found {
+        Some(id) if id == FS_TREE_OBJECTID || fs.try_root(id).ok().flatten().is_some() => id,
+        _ => FS_TREE_OBJECTID,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_unescape() {
+        assert_eq!(unescape_mountinfo(b"/a\\040b"), b"/a b");
+        assert_eq!(unescape_mountinfo(b"/plain"), b"/plain");
+        assert_eq!(unescape_mountinfo(b"/x\\"), b"/x\\");
+    }
+
+    #[test]
+    fn mountpoint_checks() {
+        let d = tempfile::tempdir().expect("tempdir");
+        assert!(check_mountpoint(&d.path().join("missing"))
+            .unwrap_err()
+            .contains("does not exist"));
+        std::fs::write(d.path().join("f"), b"x").expect("write");
+        assert!(check_mountpoint(&d.path().join("f"))
+            .unwrap_err()
+            .contains("not a directory"));
+        assert!(check_mountpoint(d.path())
+            .unwrap_err()
+            .contains("not empty"));
+        let e = d.path().join("e");
+        std::fs::create_dir(&e).expect("mkdir");
+        assert!(check_mountpoint(&e).is_ok());
+        assert!(check_mountpoint(Path::new("/proc"))
+            .unwrap_err()
+            .contains("already mounted"));
+    }
+}

@@ -1,0 +1,761 @@
+//! The filesystem side of the mount: FUSE requests answered from the ubtrfs engine.
+//!
+//! Reading requests (lookup, getattr, statx, readdir[plus], open/read, readlink,
+//! xattrs, statfs, access, lseek, the GETFLAGS ioctls) are handled here. Every
+//! request that would change the filesystem goes to a [`WriteOps`]; the read-only
+//! mount plugs in [`ReadOnly`], which answers EROFS, and a write path can replace it
+//! without touching the read side.
+
+use crate::abi::{self, op, Args, Attr, InHeader, Out};
+use crate::nodes::{NodeKey, Nodes};
+use crate::reply::Reply;
+use crate::statfs::StatFs;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use ubtrfs_core::inode::Stat;
+use ubtrfs_core::{Error, Filesystem, Node};
+use ubtrfs_format::consts::*;
+use ubtrfs_format::items::InodeItem;
+
+/// errno values (Linux).
+pub mod errno {
+    pub const EPERM: i32 = 1;
+    pub const ENOENT: i32 = 2;
+    pub const EIO: i32 = 5;
+    pub const ENXIO: i32 = 6;
+    pub const EBADF: i32 = 9;
+    pub const EACCES: i32 = 13;
+    pub const ENOTDIR: i32 = 20;
+    pub const EINVAL: i32 = 22;
+    pub const ENOTTY: i32 = 25;
+    pub const EROFS: i32 = 30;
+    pub const ERANGE: i32 = 34;
+    pub const ENOSYS: i32 = 38;
+    pub const ENODATA: i32 = 61;
+    pub const ESTALE: i32 = 116;
+}
+
+/// Requests that modify the filesystem. `opcode` is the FUSE opcode and `body` the
+/// raw request arguments; the handler must answer `reply`.
+pub trait WriteOps: Send + Sync {
+    fn handle(&self, h: &InHeader, opcode: u32, body: &[u8], reply: Reply<'_>);
+}
+
+/// The read-only mount: every change is refused with EROFS, like a kernel `ro` mount.
+pub struct ReadOnly;
+
+impl WriteOps for ReadOnly {
+    fn handle(&self, _h: &InHeader, _opcode: u32, _body: &[u8], reply: Reply<'_>) {
+        reply.error(errno::EROFS);
+    }
+}
+
+/// What st_ino shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InoMode {
+    /// The btrfs inode number, as the kernel shows it (every subvolume root is 256).
+    /// With one st_dev for the whole mount, tools that detect directory cycles by
+    /// (st_dev, st_ino) (find, du, fts users) see nested subvolume roots as loops.
+    Kernel,
+    /// Inodes of the mounted subvolume keep their numbers; those of other subvolumes
+    /// get the subvolume id folded into the high bits, so (st_dev, st_ino) is unique.
+    Unique,
+}
+
+#[derive(Clone, Debug)]
+pub struct OpsConfig {
+    /// The directory shown at the mountpoint (a subvolume root).
+    pub root: Node,
+    /// How long the kernel may cache attributes, names and negative lookups.
+    pub ttl: Duration,
+    pub ino: InoMode,
+}
+
+struct OpenFile {
+    nodeid: u64,
+    node: Node,
+    inode: InodeItem,
+}
+
+pub struct Ops {
+    fs: Arc<Filesystem>,
+    nodes: Nodes,
+    files: RwLock<HashMap<u64, Arc<OpenFile>>>,
+    next_fh: AtomicU64,
+    statfs: StatFs,
+    cfg: OpsConfig,
+    writes: Box<dyn WriteOps>,
+    /// (subvolume, inode) whose read errors were already logged.
+    logged: Mutex<HashSet<(u64, u64)>>,
+}
+
+const S_IFMT: u32 = 0o170000;
+const S_IFDIR: u32 = 0o040000;
+const DT_DIR: u32 = 4;
+
+const O_ACCMODE: u32 = 0o3;
+const O_TRUNC: u32 = 0o1000;
+
+const SEEK_DATA: u32 = 3;
+const SEEK_HOLE: u32 = 4;
+
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+
+impl Ops {
+    pub fn new(fs: Arc<Filesystem>, cfg: OpsConfig, writes: Box<dyn WriteOps>) -> Ops {
+        let statfs = crate::statfs::compute(&fs).unwrap_or_else(|e| {
+            eprintln!("ubtrfs: warning: statfs numbers unavailable: {e}");
+            StatFs {
+                bsize: fs.info.sectorsize,
+                frsize: fs.info.sectorsize,
+                namelen: 255,
+                ..Default::default()
+            }
+        });
+        Ops {
+            nodes: Nodes::new(cfg.root),
+            fs,
+            files: RwLock::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            statfs,
+            cfg,
+            writes,
+            logged: Mutex::new(HashSet::new()),
+        }
+    }
+
+    pub fn statfs_numbers(&self) -> StatFs {
+        self.statfs
+    }
+
+    /// Answers one request.
+    pub fn dispatch(&self, h: &InHeader, body: &[u8], reply: Reply<'_>) {
+        let a = Args::new(body);
+        match h.opcode {
+            op::LOOKUP => self.lookup(h, a, reply),
+            op::FORGET => {
+                let mut a = a;
+                if let Some(n) = a.u64() {
+                    self.nodes.forget(h.nodeid, n);
+                }
+                reply.none();
+            }
+            op::BATCH_FORGET => {
+                self.batch_forget(a);
+                reply.none();
+            }
+            op::GETATTR => self.getattr(h, reply),
+            op::STATX => self.statx(h, reply),
+            op::READLINK => self.readlink(h, reply),
+            op::OPEN => self.open(h, a, reply),
+            op::READ => self.read(a, reply),
+            op::RELEASE => self.release(a, reply),
+            op::OPENDIR => self.opendir(h, reply),
+            op::READDIR => self.readdir(h, a, false, reply),
+            op::READDIRPLUS => self.readdir(h, a, true, reply),
+            op::RELEASEDIR => reply.ok(&[]),
+            op::STATFS => self.statfs(reply),
+            op::GETXATTR => self.getxattr(h, a, reply),
+            op::LISTXATTR => self.listxattr(h, a, reply),
+            op::ACCESS => self.access(h, a, reply),
+            op::FLUSH | op::FSYNC | op::FSYNCDIR | op::SYNCFS => reply.ok(&[]),
+            op::IOCTL => self.ioctl(h, a, reply),
+            op::LSEEK => self.lseek(a, reply),
+            op::INTERRUPT => reply.none(),
+            op::DESTROY => reply.ok(&[]),
+            op::SETATTR
+            | op::SYMLINK
+            | op::MKNOD
+            | op::MKDIR
+            | op::UNLINK
+            | op::RMDIR
+            | op::RENAME
+            | op::RENAME2
+            | op::LINK
+            | op::WRITE
+            | op::SETXATTR
+            | op::REMOVEXATTR
+            | op::CREATE
+            | op::TMPFILE
+            | op::FALLOCATE
+            | op::COPY_FILE_RANGE => self.writes.handle(h, h.opcode, body, reply),
+            _ => reply.error(errno::ENOSYS),
+        }
+    }
+
+    fn node(&self, nodeid: u64) -> Result<NodeKey, i32> {
+        self.nodes.get(nodeid).ok_or(errno::ESTALE)
+    }
+
+    /// st_ino of a node.
+    fn st_ino(&self, node: Node) -> u64 {
+        match self.cfg.ino {
+            InoMode::Kernel => node.ino,
+            InoMode::Unique => {
+                if node.root == self.cfg.root.root {
+                    node.ino
+                } else {
+                    node.ino ^ node.root.rotate_left(48)
+                }
+            }
+        }
+    }
+
+    fn attr(&self, node: Node, st: &Stat) -> Attr {
+        let t = |t: &ubtrfs_format::items::Timespec| (t.sec, t.nsec);
+        let f = st.flags;
+        let mut attributes = 0u64;
+        for (bit, sx) in [
+            (INODE_COMPRESS, 0x4u64),
+            (INODE_IMMUTABLE, 0x10),
+            (INODE_APPEND, 0x20),
+            (INODE_NODUMP, 0x40),
+        ] {
+            if f & bit != 0 {
+                attributes |= sx;
+            }
+        }
+        Attr {
+            ino: self.st_ino(node),
+            size: st.size,
+            blocks: st.blocks,
+            atime: t(&st.atime),
+            mtime: t(&st.mtime),
+            ctime: t(&st.ctime),
+            // The kernel has no birth time for the made-up ino-2 directory.
+            btime: (!node.is_placeholder()).then(|| t(&st.crtime)),
+            mode: st.mode,
+            nlink: st.nlink,
+            uid: st.uid,
+            gid: st.gid,
+            rdev_major: nix::sys::stat::major(st.rdev) as u32,
+            rdev_minor: nix::sys::stat::minor(st.rdev) as u32,
+            blksize: st.blksize,
+            attributes,
+            attributes_mask: 0x4 | 0x10 | 0x20 | 0x40,
+        }
+    }
+
+    fn stat_attr(&self, node: Node) -> Result<(Stat, Attr), Error> {
+        let st = self.fs.stat(node)?;
+        let a = self.attr(node, &st);
+        Ok((st, a))
+    }
+
+    fn lookup(&self, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
+        let Some(name) = a.cstr() else {
+            return reply.error(errno::EINVAL);
+        };
+        let dir = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        let entry = match self.fs.lookup(dir, name) {
+            Ok(Some(e)) => e,
+            Ok(None) => {
+                let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
+                abi::encode_negative_entry(&mut o, self.cfg.ttl);
+                return reply.ok(&o.buf);
+            }
+            Err(e) => return reply.error(e.errno()),
+        };
+        let (_, attr) = match self.stat_attr(entry.node) {
+            Ok(x) => x,
+            Err(e) => return reply.error(e.errno()),
+        };
+        let id = self.nodes.intern(
+            NodeKey::new(entry.node, entry.location),
+            h.nodeid,
+            &entry.name,
+        );
+        let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
+        abi::encode_entry(&mut o, id, 0, self.cfg.ttl, &attr);
+        reply.ok(&o.buf);
+    }
+
+    fn batch_forget(&self, mut a: Args<'_>) {
+        let Some(count) = a.u32() else { return };
+        if a.u32().is_none() {
+            return;
+        }
+        for _ in 0..count {
+            let (Some(id), Some(n)) = (a.u64(), a.u64()) else {
+                return;
+            };
+            self.nodes.forget(id, n);
+        }
+    }
+
+    fn getattr(&self, h: &InHeader, reply: Reply<'_>) {
+        let node = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        match self.stat_attr(node) {
+            Ok((_, attr)) => {
+                let (s, ns) = abi::ttl_parts(self.cfg.ttl);
+                let mut o = Out::with_capacity(16 + abi::ATTR_SIZE);
+                o.u64(s).u32(ns).u32(0);
+                attr.encode(&mut o);
+                reply.ok(&o.buf);
+            }
+            Err(e) => reply.error(e.errno()),
+        }
+    }
+
+    fn statx(&self, h: &InHeader, reply: Reply<'_>) {
+        let node = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        match self.stat_attr(node) {
+            Ok((_, attr)) => {
+                let (s, ns) = abi::ttl_parts(self.cfg.ttl);
+                let mut o = Out::with_capacity(32 + 256);
+                o.u64(s).u32(ns).u32(0).u64(0).u64(0);
+                attr.encode_statx(&mut o);
+                reply.ok(&o.buf);
+            }
+            Err(e) => reply.error(e.errno()),
+        }
+    }
+
+    fn readlink(&self, h: &InHeader, reply: Reply<'_>) {
+        let node = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        match self.fs.readlink(node) {
+            Ok(t) => reply.ok(&t),
+            Err(e) => {
+                self.log_error(h.nodeid, node, "readlink", &e);
+                reply.error(e.errno())
+            }
+        }
+    }
+
+    fn open(&self, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
+        let Some(flags) = a.u32() else {
+            return reply.error(errno::EINVAL);
+        };
+        if flags & O_ACCMODE != 0 || flags & O_TRUNC != 0 {
+            return reply.error(errno::EROFS);
+        }
+        let node = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        let inode = match self.fs.inode_item(node) {
+            Ok(i) => i,
+            Err(e) => return reply.error(e.errno()),
+        };
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let f = Arc::new(OpenFile {
+            nodeid: h.nodeid,
+            node,
+            inode,
+        });
+        if let Ok(mut m) = self.files.write() {
+            m.insert(fh, f);
+        }
+        let mut o = Out::with_capacity(16);
+        o.u64(fh).u32(abi::FOPEN_KEEP_CACHE).u32(0);
+        reply.ok(&o.buf);
+    }
+
+    fn file(&self, fh: u64) -> Option<Arc<OpenFile>> {
+        self.files.read().ok()?.get(&fh).cloned()
+    }
+
+    fn read(&self, mut a: Args<'_>, reply: Reply<'_>) {
+        let (Some(fh), Some(offset), Some(size)) = (a.u64(), a.u64(), a.u32()) else {
+            return reply.error(errno::EINVAL);
+        };
+        let Some(f) = self.file(fh) else {
+            return reply.error(errno::EBADF);
+        };
+        // One engine call for the whole request: one extent walk, one checksum
+        // lookup and one device read per extent piece, however large the request.
+        match self.fs.read_inode(f.node, &f.inode, offset, size as usize) {
+            Ok(data) => reply.ok(&data),
+            Err(e) => {
+                self.log_error(f.nodeid, f.node, &format!("read at offset {offset}"), &e);
+                reply.error(e.errno())
+            }
+        }
+    }
+
+    /// Logs a failed read once per file (the error names the disk location).
+    fn log_error(&self, nodeid: u64, node: Node, what: &str, e: &Error) {
+        let first = self
+            .logged
+            .lock()
+            .map(|mut s| s.len() < 100_000 && s.insert((node.root, node.ino)))
+            .unwrap_or(true);
+        if first {
+            eprintln!(
+                "ubtrfs: {} (subvolume {} inode {}): {what}: {e}; answering {} (logged once per file)",
+                self.nodes.path(nodeid),
+                node.root,
+                node.ino,
+                if e.errno() == errno::EIO { "EIO" } else { "an error" }
+            );
+        }
+    }
+
+    fn release(&self, mut a: Args<'_>, reply: Reply<'_>) {
+        if let Some(fh) = a.u64() {
+            if let Ok(mut m) = self.files.write() {
+                m.remove(&fh);
+            }
+        }
+        reply.ok(&[]);
+    }
+
+    fn opendir(&self, h: &InHeader, reply: Reply<'_>) {
+        if let Err(e) = self.node(h.nodeid) {
+            return reply.error(e);
+        }
+        let mut o = Out::with_capacity(16);
+        // The listing never changes: let the kernel keep it in its page cache.
+        o.u64(0)
+            .u32(abi::FOPEN_KEEP_CACHE | abi::FOPEN_CACHE_DIR)
+            .u32(0);
+        reply.ok(&o.buf);
+    }
+
+    /// READDIR / READDIRPLUS. Offsets: "." is followed by 1, ".." by 2, and an entry
+    /// with DIR_INDEX sequence n by n + 1 (btrfs numbers entries from 2), so an offset
+    /// stays valid across calls, as the kernel's own readdir positions do.
+    fn readdir(&self, h: &InHeader, mut a: Args<'_>, plus: bool, reply: Reply<'_>) {
+        let (Some(_fh), Some(offset), Some(size)) = (a.u64(), a.u64(), a.u32()) else {
+            return reply.error(errno::EINVAL);
+        };
+        let key = match self.node(h.nodeid) {
+            Ok(k) => k,
+            Err(e) => return reply.error(e),
+        };
+        let dir = key.node;
+        let max = size as usize;
+        let mut o = Out::with_capacity(max.min(1 << 16));
+        let plus_extra = if plus { abi::ENTRY_OUT_SIZE } else { 0 };
+        let dots: [(&[u8], u64); 2] = [
+            (b".", self.st_ino(dir)),
+            (b"..", {
+                let p = self.nodes.parent(h.nodeid).unwrap_or(h.nodeid);
+                self.nodes
+                    .get(p)
+                    .map(|k| self.st_ino(k.node))
+                    .unwrap_or(self.st_ino(dir))
+            }),
+        ];
+        for (i, (name, ino)) in dots.iter().enumerate() {
+            let next = i as u64 + 1;
+            if offset < next {
+                if o.len() + plus_extra + abi::dirent_size(name.len()) > max {
+                    return reply.ok(&o.buf);
+                }
+                if plus {
+                    // No entry for the dots: the kernel links neither of them.
+                    o.zeros(abi::ENTRY_OUT_SIZE);
+                }
+                abi::encode_dirent(&mut o, *ino, next, DT_DIR, name);
+            }
+        }
+        let r = self.fs.readdir_from(dir, offset.max(2), |e| {
+            let need = plus_extra + abi::dirent_size(e.name.len());
+            if o.len() + need > max {
+                return Ok(false);
+            }
+            let d_ino = match self.cfg.ino {
+                InoMode::Kernel => e.location,
+                InoMode::Unique => self.st_ino(e.node),
+            };
+            if plus {
+                match self.stat_attr(e.node) {
+                    Ok((_, attr)) => {
+                        let id =
+                            self.nodes
+                                .intern(NodeKey::new(e.node, e.location), h.nodeid, &e.name);
+                        abi::encode_entry(&mut o, id, 0, self.cfg.ttl, &attr);
+                    }
+                    // Listed without attributes; a lookup will report the error.
+                    Err(_) => {
+                        o.zeros(abi::ENTRY_OUT_SIZE);
+                    }
+                }
+            }
+            abi::encode_dirent(&mut o, d_ino, e.index + 1, dtype(e.ty), &e.name);
+            Ok(true)
+        });
+        match r {
+            // Entries already encoded are returned even if a later one failed.
+            Err(e) if o.is_empty() => reply.error(e.errno()),
+            _ => reply.ok(&o.buf),
+        }
+    }
+
+    fn statfs(&self, reply: Reply<'_>) {
+        let s = self.statfs;
+        let mut o = Out::with_capacity(80);
+        o.u64(s.blocks)
+            .u64(s.bfree)
+            .u64(s.bavail)
+            .u64(s.files)
+            .u64(s.ffree)
+            .u32(s.bsize)
+            .u32(s.namelen)
+            .u32(s.frsize)
+            .u32(0)
+            .zeros(24);
+        reply.ok(&o.buf);
+    }
+
+    fn xattr_reply(value: &[u8], size: u32, reply: Reply<'_>) {
+        if size == 0 {
+            let mut o = Out::with_capacity(8);
+            o.u32(value.len() as u32).u32(0);
+            reply.ok(&o.buf)
+        } else if value.len() > size as usize {
+            reply.error(errno::ERANGE)
+        } else {
+            reply.ok(value)
+        }
+    }
+
+    fn getxattr(&self, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
+        let (Some(size), Some(_)) = (a.u32(), a.u32()) else {
+            return reply.error(errno::EINVAL);
+        };
+        let Some(name) = a.cstr() else {
+            return reply.error(errno::EINVAL);
+        };
+        let node = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        match self.fs.getxattr(node, name) {
+            Ok(Some(v)) => Self::xattr_reply(&v, size, reply),
+            Ok(None) => reply.error(errno::ENODATA),
+            Err(e) => reply.error(e.errno()),
+        }
+    }
+
+    fn listxattr(&self, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
+        let Some(size) = a.u32() else {
+            return reply.error(errno::EINVAL);
+        };
+        let node = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        match self.fs.xattrs(node) {
+            Ok(list) => {
+                let mut names = Vec::new();
+                for (n, _) in list {
+                    names.extend_from_slice(&n);
+                    names.push(0);
+                }
+                Self::xattr_reply(&names, size, reply)
+            }
+            Err(e) => reply.error(e.errno()),
+        }
+    }
+
+    /// access(2) (only asked for when the kernel does not check permissions itself:
+    /// the mount uses default_permissions, so this is a fallback). Supplementary
+    /// groups and ACLs are not considered here.
+    fn access(&self, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
+        let Some(mask) = a.u32() else {
+            return reply.error(errno::EINVAL);
+        };
+        if mask & 2 != 0 {
+            return reply.error(errno::EROFS);
+        }
+        let node = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        let st = match self.fs.stat(node) {
+            Ok(s) => s,
+            Err(e) => return reply.error(e.errno()),
+        };
+        let want = mask & 5;
+        let ok = if h.uid == 0 {
+            want & 1 == 0 || st.mode & S_IFMT == S_IFDIR || st.mode & 0o111 != 0
+        } else {
+            let bits = if h.uid == st.uid {
+                (st.mode >> 6) & 7
+            } else if h.gid == st.gid {
+                (st.mode >> 3) & 7
+            } else {
+                st.mode & 7
+            };
+            bits & want == want
+        };
+        if ok {
+            reply.ok(&[])
+        } else {
+            reply.error(errno::EACCES)
+        }
+    }
+
+    /// FS_IOC_GETFLAGS / FS_IOC_FSGETXATTR: lsattr and statx-attribute users.
+    fn ioctl(&self, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
+        let (Some(_fh), Some(_flags), Some(cmd), Some(_arg), Some(_in), Some(out_size)) =
+            (a.u64(), a.u32(), a.u32(), a.u64(), a.u32(), a.u32())
+        else {
+            return reply.error(errno::EINVAL);
+        };
+        let node = match self.node(h.nodeid) {
+            Ok(k) => k.node,
+            Err(e) => return reply.error(e),
+        };
+        let st = match self.fs.stat(node) {
+            Ok(s) => s,
+            Err(e) => return reply.error(e.errno()),
+        };
+        let fl = fs_flags(if node.is_placeholder() { 0 } else { st.flags });
+        let data: Vec<u8> = match cmd {
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => (fl as u64).to_ne_bytes().to_vec(),
+            FS_IOC_FSGETXATTR => {
+                let mut o = Out::with_capacity(28);
+                o.u32(fs_xflags(fl)).u32(0).u32(0).u32(0).u32(0).zeros(8);
+                o.buf
+            }
+            _ => return reply.error(errno::ENOTTY),
+        };
+        let n = data.len().min(out_size as usize);
+        let mut o = Out::with_capacity(16);
+        o.i32(0).u32(0).u32(0).u32(0);
+        reply.ok_parts(&[&o.buf, &data[..n]]);
+    }
+
+    /// SEEK_DATA / SEEK_HOLE: holes and prealloc extents read as zeros and count as
+    /// holes, as on the kernel.
+    fn lseek(&self, mut a: Args<'_>, reply: Reply<'_>) {
+        let (Some(fh), Some(offset), Some(whence)) = (a.u64(), a.u64(), a.u32()) else {
+            return reply.error(errno::EINVAL);
+        };
+        let Some(f) = self.file(fh) else {
+            return reply.error(errno::EBADF);
+        };
+        let size = f.inode.size;
+        if offset >= size {
+            return reply.error(errno::ENXIO);
+        }
+        let mut found: Option<u64> = None;
+        let mut pos = offset;
+        let r = self.fs.for_each_extent(f.node, offset, size, |fe| {
+            let start = fe.file_offset;
+            let end = start.saturating_add(fe.len());
+            let data = !fe.is_hole_or_prealloc();
+            match whence {
+                SEEK_DATA => {
+                    if data && end > offset {
+                        found = Some(start.max(offset));
+                        return Ok(false);
+                    }
+                }
+                _ => {
+                    if start > pos || !data {
+                        return Ok(false);
+                    }
+                    pos = pos.max(end);
+                }
+            }
+            Ok(true)
+        });
+        if let Err(e) = r {
+            return reply.error(e.errno());
+        }
+        let res = match whence {
+            SEEK_DATA => match found {
+                Some(p) if p < size => p,
+                _ => return reply.error(errno::ENXIO),
+            },
+            SEEK_HOLE => pos.min(size),
+            _ => return reply.error(errno::EINVAL),
+        };
+        let mut o = Out::with_capacity(8);
+        o.u64(res);
+        reply.ok(&o.buf);
+    }
+}
+
+/// FT_* (directory entry type) to DT_* (readdir d_type).
+fn dtype(ft: u8) -> u32 {
+    match ft {
+        FT_REG_FILE => 8,
+        FT_DIR => 4,
+        FT_CHRDEV => 2,
+        FT_BLKDEV => 6,
+        FT_FIFO => 1,
+        FT_SOCK => 12,
+        FT_SYMLINK => 10,
+        _ => 0,
+    }
+}
+
+/// btrfs inode flags to the FS_*_FL flags lsattr shows.
+pub fn fs_flags(f: u64) -> u32 {
+    let mut o = 0u32;
+    for (bit, fl) in [
+        (INODE_SYNC, 0x8u32),
+        (INODE_IMMUTABLE, 0x10),
+        (INODE_APPEND, 0x20),
+        (INODE_NODUMP, 0x40),
+        (INODE_NOATIME, 0x80),
+        (INODE_DIRSYNC, 0x1_0000),
+        (INODE_NODATACOW, 0x80_0000),
+    ] {
+        if f & bit != 0 {
+            o |= fl;
+        }
+    }
+    if f & INODE_COMPRESS != 0 {
+        o |= 0x4;
+    } else if f & INODE_NOCOMPRESS != 0 {
+        o |= 0x400;
+    }
+    // Read-only compat flags live in the upper half; bit 0 is fs-verity.
+    if (f >> 32) & 1 != 0 {
+        o |= 0x10_0000;
+    }
+    o
+}
+
+/// FS_*_FL to FS_XFLAG_* (struct fsxattr), for the flags both can express.
+fn fs_xflags(fl: u32) -> u32 {
+    let mut x = 0;
+    for (f, xf) in [
+        (0x10u32, 0x8u32),
+        (0x20, 0x10),
+        (0x8, 0x20),
+        (0x80, 0x40),
+        (0x40, 0x80),
+    ] {
+        if fl & f != 0 {
+            x |= xf;
+        }
+    }
+    x
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_conversion() {
+        assert_eq!(fs_flags(INODE_NODATACOW | INODE_NODATASUM), 0x80_0000);
+        assert_eq!(fs_flags(INODE_COMPRESS | INODE_NOCOMPRESS), 0x4);
+        assert_eq!(fs_flags(INODE_NOCOMPRESS), 0x400);
+        assert_eq!(fs_flags(INODE_IMMUTABLE | INODE_APPEND), 0x30);
+        assert_eq!(fs_xflags(0x30), 0x18);
+    }
+}

@@ -1,0 +1,71 @@
+//! Answers to one request. Every request but FORGET, BATCH_FORGET and INTERRUPT gets
+//! exactly one; a Reply dropped unanswered sends EIO so the caller never hangs.
+
+use crate::abi::OUT_HEADER_SIZE;
+use crate::channel::Channel;
+use std::io::IoSlice;
+
+pub struct Reply<'a> {
+    ch: &'a Channel,
+    unique: u64,
+    sent: bool,
+}
+
+pub const EIO: i32 = 5;
+
+impl<'a> Reply<'a> {
+    pub fn new(ch: &'a Channel, unique: u64) -> Reply<'a> {
+        Reply {
+            ch,
+            unique,
+            sent: false,
+        }
+    }
+
+    fn send(&mut self, error: i32, parts: &[&[u8]]) {
+        self.sent = true;
+        let len = OUT_HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut hdr = [0u8; OUT_HEADER_SIZE];
+        hdr[..4].copy_from_slice(&(len as u32).to_ne_bytes());
+        hdr[4..8].copy_from_slice(&(-error).to_ne_bytes());
+        hdr[8..].copy_from_slice(&self.unique.to_ne_bytes());
+        let mut iov = Vec::with_capacity(parts.len() + 1);
+        iov.push(IoSlice::new(&hdr));
+        iov.extend(
+            parts
+                .iter()
+                .filter(|p| !p.is_empty())
+                .map(|p| IoSlice::new(p)),
+        );
+        if let Err(e) = self.ch.send(&iov) {
+            eprintln!("ubtrfs: writing a reply to /dev/fuse failed: {e}");
+        }
+    }
+
+    /// Success with a body (possibly empty).
+    pub fn ok(mut self, body: &[u8]) {
+        self.send(0, &[body]);
+    }
+
+    pub fn ok_parts(mut self, parts: &[&[u8]]) {
+        self.send(0, parts);
+    }
+
+    /// Failure with a positive errno.
+    pub fn error(mut self, errno: i32) {
+        self.send(errno.max(1), &[]);
+    }
+
+    /// For requests the kernel expects no answer to.
+    pub fn none(mut self) {
+        self.sent = true;
+    }
+}
+
+impl Drop for Reply<'_> {
+    fn drop(&mut self) {
+        if !self.sent {
+            self.send(EIO, &[]);
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! A mounted session: the INIT handshake, the serving threads, and unmounting on
+//! SIGINT/SIGTERM/SIGHUP.
+
+use crate::abi::{self, init, op, Args, Out};
+use crate::channel::Channel;
+use crate::ops::Ops;
+use crate::reply::Reply;
+use nix::sys::signal::{SigSet, Signal};
+use std::io;
+use std::sync::Arc;
+use std::thread;
+
+/// Kernel-side tuning negotiated at INIT.
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    /// Largest READ request (bytes; the kernel caps it at 256 pages).
+    pub max_read: u32,
+    /// Readahead window for the mount's backing device info, in KiB; None leaves
+    /// the kernel's default (128 KiB for FUSE). Needs root (sysfs).
+    pub readahead_kb: Option<u32>,
+    /// Threads reading /dev/fuse; each answers the requests it reads.
+    pub threads: usize,
+}
+
+/// Largest write request we tell the kernel we accept (writes are refused anyway).
+const MAX_WRITE: u32 = 128 << 10;
+/// Request buffer: the largest request is a WRITE (header + write_in + data) or a
+/// SETXATTR with a 64 KiB value.
+const BUF_SIZE: usize = MAX_WRITE as usize + (64 << 10) + 4096;
+
+pub struct Session {
+    ch: Arc<Channel>,
+    ops: Arc<Ops>,
+    tuning: Tuning,
+}
+
+impl Session {
+    /// Takes a freshly mounted channel through the INIT handshake. Once this
+    /// returns, the mount is usable (requests queue until `run`).
+    pub fn new(ch: Channel, ops: Ops, tuning: Tuning) -> io::Result<Session> {
+        let s = Session {
+            ch: Arc::new(ch),
+            ops: Arc::new(ops),
+            tuning,
+        };
+        if let Err(e) = s.handshake() {
+            let _ = s.ch.unmount();
+            return Err(e);
+        }
+        s.tune_readahead();
+        Ok(s)
+    }
+
+    pub fn channel(&self) -> &Arc<Channel> {
+        &self.ch
+    }
+
+    fn handshake(&self) -> io::Result<()> {
+        let mut buf = vec![0u8; BUF_SIZE];
+        loop {
+            let Some(n) = self.ch.receive(&mut buf)? else {
+                return Err(io::Error::other("unmounted before the FUSE handshake"));
+            };
+            let Some((h, body)) = abi::parse_header(&buf[..n]) else {
+                return Err(io::Error::other("malformed request from /dev/fuse"));
+            };
+            let reply = Reply::new(&self.ch, h.unique);
+            if h.opcode != op::INIT {
+                reply.error(crate::ops::errno::EIO);
+                return Err(io::Error::other(format!(
+                    "FUSE request {} before INIT",
+                    h.opcode
+                )));
+            }
+            let mut a = Args::new(body);
+            let (Some(major), Some(minor), Some(max_readahead), Some(flags)) =
+                (a.u32(), a.u32(), a.u32(), a.u32())
+            else {
+                reply.error(crate::ops::errno::EIO);
+                return Err(io::Error::other("short FUSE INIT request"));
+            };
+            let mut o = Out::with_capacity(64);
+            if major > abi::KERNEL_VERSION {
+                // Newer major: state ours, the kernel retries INIT with it.
+                o.u32(abi::KERNEL_VERSION)
+                    .u32(abi::KERNEL_MINOR_VERSION)
+                    .zeros(56);
+                reply.ok(&o.buf);
+                continue;
+            }
+            if major < abi::KERNEL_VERSION || minor < 12 {
+                reply.error(71); // EPROTO
+                return Err(io::Error::other(format!(
+                    "kernel FUSE protocol {major}.{minor} is too old"
+                )));
+            }
+            let want = init::ASYNC_READ
+                | init::DO_READDIRPLUS
+                | init::READDIRPLUS_AUTO
+                | init::PARALLEL_DIROPS
+                | init::POSIX_ACL
+                | init::MAX_PAGES
+                | init::CACHE_SYMLINKS;
+            let page = 4096u32;
+            let max_pages = (self.tuning.max_read.div_ceil(page)).clamp(1, 256) as u16;
+            o.u32(abi::KERNEL_VERSION)
+                .u32(minor.min(abi::KERNEL_MINOR_VERSION))
+                .u32(max_readahead.max(self.tuning.max_read))
+                .u32(flags & want)
+                .u16(64) // max_background: outstanding readahead requests
+                .u16(48) // congestion_threshold
+                .u32(MAX_WRITE)
+                .u32(1) // time_gran: nanoseconds
+                .u16(max_pages)
+                .u16(0) // map_alignment
+                .u32(0) // flags2
+                .u32(0) // max_stack_depth
+                .zeros(24);
+            let body = if minor < 23 { &o.buf[..24] } else { &o.buf[..] };
+            reply.ok(body);
+            return Ok(());
+        }
+    }
+
+    /// Widens the kernel's readahead for this mount (FUSE starts at 128 KiB; the
+    /// kernel's btrfs uses 4 MiB). Best effort: needs write access to sysfs.
+    fn tune_readahead(&self) {
+        let Some(kb) = self.tuning.readahead_kb else {
+            return;
+        };
+        use std::os::unix::fs::MetadataExt;
+        let Ok(md) = std::fs::metadata(self.ch.mountpoint()) else {
+            return;
+        };
+        let dev = md.dev();
+        let p = format!(
+            "/sys/class/bdi/{}:{}/read_ahead_kb",
+            nix::sys::stat::major(dev),
+            nix::sys::stat::minor(dev)
+        );
+        if std::fs::write(&p, kb.to_string()).is_err() && nix::unistd::geteuid().is_root() {
+            eprintln!("ubtrfs: warning: could not set {p} to {kb}");
+        }
+    }
+
+    /// Serves requests until the filesystem is unmounted (by `fusermount3 -u`,
+    /// `umount`, or a SIGINT/SIGTERM/SIGHUP, which unmount it).
+    pub fn run(self) -> io::Result<()> {
+        let mut sigs = SigSet::empty();
+        for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+            sigs.add(s);
+        }
+        // Blocked here, inherited by every thread spawned below; only the signal
+        // thread receives them.
+        sigs.thread_block().map_err(io::Error::from)?;
+        let ch = self.ch.clone();
+        thread::Builder::new()
+            .name("ubtrfs-signal".into())
+            .spawn(move || {
+                if let Ok(sig) = sigs.wait() {
+                    if let Err(e) = ch.unmount() {
+                        eprintln!(
+                            "ubtrfs: {sig}: unmounting {} failed: {e}",
+                            ch.mountpoint().display()
+                        );
+                        std::process::exit(1);
+                    }
+                }
+            })?;
+        let mut workers = Vec::new();
+        for i in 0..self.tuning.threads.max(1) {
+            let ch = self.ch.clone();
+            let ops = self.ops.clone();
+            workers.push(
+                thread::Builder::new()
+                    .name(format!("ubtrfs-fuse-{i}"))
+                    .spawn(move || serve(&ch, &ops))?,
+            );
+        }
+        let mut result = Ok(());
+        for w in workers {
+            match w.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => result = Err(e),
+                Err(_) => result = Err(io::Error::other("a FUSE worker thread panicked")),
+            }
+        }
+        result
+    }
+}
+
+/// One worker: read a request, answer it, repeat until the connection goes away.
+fn serve(ch: &Channel, ops: &Ops) -> io::Result<()> {
+    let mut buf = vec![0u8; BUF_SIZE];
+    loop {
+        let Some(n) = ch.receive(&mut buf)? else {
+            return Ok(());
+        };
+        let Some((h, body)) = abi::parse_header(&buf[..n]) else {
+            continue;
+        };
+        let reply = Reply::new(ch, h.unique);
+        if h.opcode == op::INIT {
+            reply.error(crate::ops::errno::EIO);
+            continue;
+        }
+        ops.dispatch(&h, body, reply);
+        if h.opcode == op::DESTROY {
+            return Ok(());
+        }
+    }
+}
