@@ -83,17 +83,23 @@ fn filefrag_lines(
         if e.logical + e.length >= size {
             flags.push("eof".into());
         }
+        // filefrag: "%*llu:" when a discontinuity is expected, blanks otherwise.
         let exp = if expected != 0 {
-            format!("{expected:>w$}", w = pw + 1)
+            format!("{expected:>pw$}:")
         } else {
             format!("{:>w$}", "", w = pw + 1)
         };
+        // The flags column carries its own leading space, so none trails when empty.
+        let flags = if flags.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", flags.join(","))
+        };
         writeln!(
             out,
-            "{n:4}: {lb:>lw$}..{:>lw$}: {pb:>pw$}..{:>pw$}: {len:6}: {exp} {}",
+            "{n:4}: {lb:>lw$}..{:>lw$}: {pb:>pw$}..{:>pw$}: {len:6}: {exp}{flags}",
             lb + len.saturating_sub(1),
             pb + len.saturating_sub(1),
-            flags.join(",")
         )?;
         expected = phys_blk + (e.length >> shift);
     }

@@ -242,6 +242,18 @@ impl<'a> ShareCtx<'a> {
 
     /// Is the data extent at `bytenr`, referenced by (root, ino), shared?
     pub fn is_data_extent_shared(&mut self, root: u64, ino: u64, bytenr: u64) -> Result<bool> {
+        self.is_data_extent_shared_in(root, ino, bytenr, None)
+    }
+
+    /// Same, with the leaf that holds the caller's file extent item: when the only
+    /// reference is that single item, no search is needed to find its leaf.
+    pub fn is_data_extent_shared_in(
+        &mut self,
+        root: u64,
+        ino: u64,
+        bytenr: u64,
+        leaf_hint: Option<u64>,
+    ) -> Result<bool> {
         let Some(e) = self.cursor.lookup(bytenr)? else {
             return Err(Error::corrupt(format!(
                 "data extent {bytenr} referenced by subvolume {root} inode {ino} has no extent item"
@@ -260,6 +272,12 @@ impl<'a> ShareCtx<'a> {
         let leaves = match refs[0] {
             BackRef::Data { ino: i, .. } if *i != ino => return Ok(true),
             BackRef::SharedData { parent, .. } => vec![*parent],
+            BackRef::Data {
+                root: r,
+                ino: i,
+                count: 1,
+                ..
+            } if *r == root && *i == ino && leaf_hint.is_some() => leaf_hint.into_iter().collect(),
             BackRef::Data {
                 root: r,
                 ino: i,

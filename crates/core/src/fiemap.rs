@@ -104,7 +104,12 @@ impl Filesystem {
                     if fe.item.ty == FILE_EXTENT_PREALLOC {
                         flags |= FIEMAP_EXTENT_UNWRITTEN;
                     }
-                    if share.is_data_extent_shared(node.root, node.ino, *disk_bytenr)? {
+                    if share.is_data_extent_shared_in(
+                        node.root,
+                        node.ino,
+                        *disk_bytenr,
+                        Some(fe.leaf),
+                    )? {
                         flags |= FIEMAP_EXTENT_SHARED;
                     }
                     // Compressed extents report the start of the on-disk extent.

@@ -19,6 +19,8 @@ const READ_CHUNK_BYTES_MAX: u64 = 8 << 20;
 pub struct FileExtent {
     pub file_offset: u64,
     pub item: FileExtentItem,
+    /// The leaf the item was read from (a hint for back-reference walks).
+    pub leaf: u64,
 }
 
 impl FileExtent {
@@ -96,6 +98,7 @@ impl Filesystem {
             let fe = FileExtent {
                 file_offset: k.offset,
                 item,
+                leaf: p.leaf().bytenr,
             };
             if fe.end() > from && !f(&fe)? {
                 return Ok(());
