@@ -36,6 +36,10 @@ pub struct DuArgs {
     /// Plain byte counts.
     #[arg(long)]
     pub raw: bool,
+    /// Also print what the given paths occupy on disk (each extent once, at its
+    /// compressed size) per compression type, like compsize.
+    #[arg(long)]
+    pub footprint: bool,
     #[arg(long, value_enum, default_value = "text")]
     pub format: crate::Format,
 }
@@ -195,9 +199,53 @@ pub fn cmd_du(fs: &Filesystem, a: &DuArgs, out: &mut dyn Write) -> Result<()> {
             )?;
         }
     }
+    let footprint = if a.footprint {
+        let paths: Vec<&str> = a.paths.iter().map(|s| s.as_str()).collect();
+        Some(fs.footprint(&paths)?)
+    } else {
+        None
+    };
     if a.format == crate::Format::Json {
-        serde_json::to_writer_pretty(&mut *out, &json)?;
+        serde_json::to_writer_pretty(
+            &mut *out,
+            &serde_json::json!({"du": json, "footprint": footprint}),
+        )?;
         writeln!(out)?;
+        return Ok(());
+    }
+    if let Some(fp) = footprint {
+        writeln!(
+            out,
+            "Footprint: {} files, {} regular extents ({} refs), {} inline",
+            fp.files, fp.regular_extents, fp.refs, fp.inline_extents
+        )?;
+        writeln!(
+            out,
+            "{:<10} {:>5} {:>12} {:>12} {:>12}",
+            "Type", "Perc", "Disk Usage", "Uncompressed", "Referenced"
+        )?;
+        let row = |name: &str, r: &ubtrfs_core::du::FootprintRow, out: &mut dyn Write| {
+            let perc = if r.uncompressed > 0 {
+                r.disk * 100 / r.uncompressed
+            } else {
+                0
+            };
+            writeln!(
+                out,
+                "{:<10} {:>4}% {:>12} {:>12} {:>12}",
+                name,
+                perc,
+                size(r.disk),
+                size(r.uncompressed),
+                size(r.referenced)
+            )
+        };
+        row("TOTAL", &fp.total(), out)?;
+        for (i, name) in ["none", "zlib", "lzo", "zstd"].iter().enumerate() {
+            if fp.by_type[i] != Default::default() {
+                row(name, &fp.by_type[i], out)?;
+            }
+        }
     }
     Ok(())
 }

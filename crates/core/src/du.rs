@@ -194,3 +194,102 @@ mod tests {
         assert_eq!(union_bytes(&mut r), 15 + 5);
     }
 }
+
+/// Per compression type: bytes on disk, uncompressed size of those extents, and
+/// bytes the files reference (compsize's columns).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct FootprintRow {
+    pub disk: u64,
+    pub uncompressed: u64,
+    pub referenced: u64,
+}
+
+/// What a set of paths occupies on disk: every data extent counted once, at its
+/// on-disk (compressed) size; inline data at its stored size.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Footprint {
+    pub files: u64,
+    pub regular_extents: u64,
+    pub refs: u64,
+    pub inline_extents: u64,
+    /// Index = compression type (0 none, 1 zlib, 2 lzo, 3 zstd).
+    pub by_type: [FootprintRow; 4],
+}
+
+impl Footprint {
+    pub fn total(&self) -> FootprintRow {
+        let mut t = FootprintRow::default();
+        for r in &self.by_type {
+            t.disk += r.disk;
+            t.uncompressed += r.uncompressed;
+            t.referenced += r.referenced;
+        }
+        t
+    }
+}
+
+impl Filesystem {
+    /// Footprint of everything under `paths` (hard links and shared extents once).
+    pub fn footprint(&self, paths: &[&str]) -> Result<Footprint> {
+        let mut fp = Footprint::default();
+        let mut seen_inodes = HashSet::new();
+        let mut seen_extents = HashSet::new();
+        let mut stack: Vec<Node> = Vec::new();
+        for p in paths {
+            stack.push(self.resolve(p)?);
+        }
+        let mut dirs_seen = HashSet::new();
+        while let Some(node) = stack.pop() {
+            let st = self.stat(node)?;
+            match st.mode & S_IFMT {
+                S_IFDIR => {
+                    if node.is_placeholder() || !dirs_seen.insert(node) {
+                        continue;
+                    }
+                    for e in self.readdir(node)? {
+                        stack.push(e.node);
+                    }
+                }
+                S_IFREG => {
+                    if !seen_inodes.insert((node.root, node.ino)) {
+                        continue;
+                    }
+                    fp.files += 1;
+                    self.for_each_extent(node, 0, u64::MAX, |fe| {
+                        let t = (fe.item.compression as usize).min(3);
+                        match &fe.item.body {
+                            ubtrfs_format::items::FileExtentBody::Inline { data } => {
+                                fp.inline_extents += 1;
+                                let row = &mut fp.by_type[t];
+                                row.disk += data.len() as u64;
+                                row.uncompressed += fe.item.ram_bytes;
+                                row.referenced += fe.item.ram_bytes;
+                            }
+                            ubtrfs_format::items::FileExtentBody::Regular {
+                                disk_bytenr,
+                                disk_num_bytes,
+                                num_bytes,
+                                ..
+                            } => {
+                                if *disk_bytenr == 0 {
+                                    return Ok(true);
+                                }
+                                fp.refs += 1;
+                                let row = &mut fp.by_type[t];
+                                row.referenced += num_bytes;
+                                if seen_extents.insert(*disk_bytenr) {
+                                    fp.regular_extents += 1;
+                                    row.disk += disk_num_bytes;
+                                    row.uncompressed += fe.item.ram_bytes;
+                                }
+                            }
+                        }
+                        Ok(true)
+                    })?;
+                }
+                _ => {}
+            }
+        }
+        Ok(fp)
+    }
+}
