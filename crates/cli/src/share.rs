@@ -110,6 +110,23 @@ fn filefrag_lines(
     Ok(tot)
 }
 
+/// The extent count filefrag prints, without formatting every line.
+fn filefrag_count(exts: &[FiemapExtent], blksize: u64) -> usize {
+    let shift = blksize.trailing_zeros();
+    let mut expected = 0u64;
+    let mut tot = 0usize;
+    for e in exts {
+        let phys_blk = e.physical >> shift;
+        if (e.logical >> shift) != 0 && phys_blk != expected {
+            tot += 1;
+        } else if tot == 0 {
+            tot = 1;
+        }
+        expected = phys_blk + (e.length >> shift);
+    }
+    tot
+}
+
 pub fn cmd_fiemap(fs: &Filesystem, a: &FiemapArgs, out: &mut dyn Write) -> Result<()> {
     let mut share = ShareCtx::new(&fs.info)?;
     let mut json = Vec::new();
@@ -150,9 +167,11 @@ pub fn cmd_fiemap(fs: &Filesystem, a: &FiemapArgs, out: &mut dyn Write) -> Resul
                 w3 = pw + 1
             )?;
         }
-        let mut sink = std::io::sink();
-        let target: &mut dyn Write = if a.verbose { &mut *out } else { &mut sink };
-        let n = filefrag_lines(&exts, st.size, ss, lw, pw, target)?;
+        let n = if a.verbose {
+            filefrag_lines(&exts, st.size, ss, lw, pw, out)?
+        } else {
+            filefrag_count(&exts, ss)
+        };
         if n == 1 {
             writeln!(out, "{path}: 1 extent found")?;
         } else {
@@ -225,11 +244,7 @@ pub fn cmd_du(fs: &Filesystem, a: &DuArgs, out: &mut dyn Write) -> Result<()> {
             "Type", "Perc", "Disk Usage", "Uncompressed", "Referenced"
         )?;
         let row = |name: &str, r: &ubtrfs_core::du::FootprintRow, out: &mut dyn Write| {
-            let perc = if r.uncompressed > 0 {
-                r.disk * 100 / r.uncompressed
-            } else {
-                0
-            };
+            let perc = (r.disk * 100).checked_div(r.uncompressed).unwrap_or(0);
             writeln!(
                 out,
                 "{:<10} {:>4}% {:>12} {:>12} {:>12}",

@@ -209,6 +209,13 @@ fn check_item(ctx: &CheckCtx, key: &Key, data: &[u8]) -> std::result::Result<(),
         }
         _ => {}
     }
+    // The two most common items in big trees are checked without building the
+    // decoded value (no allocation per item).
+    match key.ty {
+        EXTENT_DATA_KEY => return check_file_extent(ctx, key, data),
+        EXTENT_ITEM_KEY | METADATA_ITEM_KEY => return check_extent_item(key, data),
+        _ => {}
+    }
     let item = parse_item(key, data).map_err(|e| e.to_string())?;
     use ubtrfs_format::items::Item;
     match &item {
@@ -279,6 +286,80 @@ fn check_item(ctx: &CheckCtx, key: &Key, data: &[u8]) -> std::result::Result<(),
             }
         }
         _ => {}
+    }
+    Ok(())
+}
+
+fn check_file_extent(ctx: &CheckCtx, key: &Key, data: &[u8]) -> std::result::Result<(), String> {
+    use ubtrfs_format::items::{FILE_EXTENT_INLINE_DATA_START, FILE_EXTENT_SIZE};
+    if data.len() < FILE_EXTENT_INLINE_DATA_START {
+        return Err(format!("file extent item of {} bytes", data.len()));
+    }
+    let (compression, encryption, other) =
+        (data[16], data[17], u16::from_le_bytes([data[18], data[19]]));
+    if compression > 3 {
+        return Err(format!("unknown compression {compression}"));
+    }
+    if encryption != 0 || other != 0 {
+        return Err("encrypted or encoded extent".into());
+    }
+    match data[20] {
+        FILE_EXTENT_INLINE => Ok(()),
+        FILE_EXTENT_REG | FILE_EXTENT_PREALLOC => {
+            if data.len() != FILE_EXTENT_SIZE {
+                return Err(format!("regular extent item size {} != 53", data.len()));
+            }
+            let at = |o: usize| u64::from_le_bytes(data[o..o + 8].try_into().unwrap_or([0; 8]));
+            let (disk_num_bytes, offset, num_bytes) = (at(29), at(37), at(45));
+            let ss = ctx.sectorsize as u64;
+            if !num_bytes.is_multiple_of(ss)
+                || !disk_num_bytes.is_multiple_of(ss)
+                || !offset.is_multiple_of(ss)
+            {
+                return Err("extent sizes not sector aligned".into());
+            }
+            if num_bytes == 0 {
+                return Err("zero-length extent".into());
+            }
+            if key.offset.checked_add(num_bytes).is_none() {
+                return Err("extent end overflows".into());
+            }
+            Ok(())
+        }
+        t => Err(format!("unknown extent type {t}")),
+    }
+}
+
+fn check_extent_item(key: &Key, data: &[u8]) -> std::result::Result<(), String> {
+    let mut c = ubtrfs_format::Cursor::new(data, "extent item");
+    let e = |e: ubtrfs_format::FormatError| e.to_string();
+    let refs = c.u64().map_err(e)?;
+    c.u64().map_err(e)?;
+    let flags = c.u64().map_err(e)?;
+    if key.ty == EXTENT_ITEM_KEY && flags & EXTENT_FLAG_TREE_BLOCK != 0 {
+        c.skip(18).map_err(e)?;
+    }
+    let mut sum = 0u64;
+    while !c.is_empty() {
+        match c.u8().map_err(e)? {
+            TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY => {
+                c.skip(8).map_err(e)?;
+                sum += 1;
+            }
+            EXTENT_OWNER_REF_KEY => c.skip(8).map_err(e)?,
+            EXTENT_DATA_REF_KEY => {
+                c.skip(24).map_err(e)?;
+                sum += c.u32().map_err(e)? as u64;
+            }
+            SHARED_DATA_REF_KEY => {
+                c.skip(8).map_err(e)?;
+                sum += c.u32().map_err(e)? as u64;
+            }
+            t => return Err(format!("unknown inline ref type {t}")),
+        }
+    }
+    if sum > refs {
+        return Err(format!("inline refs count {sum} exceeds refs {refs}"));
     }
     Ok(())
 }

@@ -132,6 +132,19 @@ pub fn is_mountpoint(canon: &Path) -> bool {
     })
 }
 
+/// The "major:minor" of the filesystem mounted at `canon`, from mountinfo (without
+/// touching the mount itself).
+pub fn mount_dev(canon: &Path) -> Option<String> {
+    use std::os::unix::ffi::OsStrExt;
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
+    let want = canon.as_os_str().as_bytes();
+    info.split(|&b| b == b'\n').rev().find_map(|line| {
+        let f: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+        (f.len() > 4 && unescape_mountinfo(f[4]) == want)
+            .then(|| String::from_utf8_lossy(f[2]).into_owned())
+    })
+}
+
 /// Undoes mountinfo's octal escapes (`\040` for a space).
 fn unescape_mountinfo(s: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(s.len());

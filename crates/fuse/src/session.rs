@@ -7,6 +7,7 @@ use crate::ops::Ops;
 use crate::reply::Reply;
 use nix::sys::signal::{SigSet, Signal};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -94,9 +95,12 @@ impl Session {
                     "kernel FUSE protocol {major}.{minor} is too old"
                 )));
             }
+            // Always READDIRPLUS (not READDIRPLUS_AUTO): attributes come with the
+            // names, so `ls -l`, `find -ls`, tar, cp -a and du need no LOOKUP per
+            // entry; the kernel's adaptive mode fell back to plain READDIR after
+            // the first 4 KiB of a directory and then looked every entry up.
             let want = init::ASYNC_READ
                 | init::DO_READDIRPLUS
-                | init::READDIRPLUS_AUTO
                 | init::PARALLEL_DIROPS
                 | init::POSIX_ACL
                 | init::MAX_PAGES
@@ -116,6 +120,7 @@ impl Session {
                 .u32(0) // flags2
                 .u32(0) // max_stack_depth
                 .zeros(24);
+            self.ops.set_kernel_flags(flags);
             let body = if minor < 23 { &o.buf[..24] } else { &o.buf[..] };
             reply.ok(body);
             return Ok(());
@@ -128,16 +133,11 @@ impl Session {
         let Some(kb) = self.tuning.readahead_kb else {
             return;
         };
-        use std::os::unix::fs::MetadataExt;
-        let Ok(md) = std::fs::metadata(self.ch.mountpoint()) else {
+        // Not stat(2) on the mountpoint: nobody serves it yet.
+        let Some(dev) = crate::mount_dev(self.ch.mountpoint()) else {
             return;
         };
-        let dev = md.dev();
-        let p = format!(
-            "/sys/class/bdi/{}:{}/read_ahead_kb",
-            nix::sys::stat::major(dev),
-            nix::sys::stat::minor(dev)
-        );
+        let p = format!("/sys/class/bdi/{dev}/read_ahead_kb");
         if std::fs::write(&p, kb.to_string()).is_err() && nix::unistd::geteuid().is_root() {
             eprintln!("ubtrfs: warning: could not set {p} to {kb}");
         }
@@ -178,6 +178,7 @@ impl Session {
             );
         }
         let mut result = Ok(());
+        let stats = std::env::var_os("UBTRFS_FUSE_STATS").is_some();
         for w in workers {
             match w.join() {
                 Ok(Ok(())) => {}
@@ -185,8 +186,26 @@ impl Session {
                 Err(_) => result = Err(io::Error::other("a FUSE worker thread panicked")),
             }
         }
+        if stats {
+            print_counts();
+        }
         result
     }
+}
+
+/// Requests served, by opcode (printed at exit when UBTRFS_FUSE_STATS is set).
+static COUNTS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+
+fn print_counts() {
+    let mut v: Vec<(u64, usize)> = COUNTS
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (c.load(Ordering::Relaxed), i))
+        .filter(|(n, _)| *n > 0)
+        .collect();
+    v.sort_unstable_by(|a, b| b.cmp(a));
+    let list: Vec<String> = v.iter().map(|(n, i)| format!("op{i}:{n}")).collect();
+    eprintln!("ubtrfs: FUSE requests served: {}", list.join(" "));
 }
 
 /// One worker: read a request, answer it, repeat until the connection goes away.
@@ -199,6 +218,9 @@ fn serve(ch: &Channel, ops: &Ops) -> io::Result<()> {
         let Some((h, body)) = abi::parse_header(&buf[..n]) else {
             continue;
         };
+        if let Some(c) = COUNTS.get(h.opcode as usize) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
         let reply = Reply::new(ch, h.unique);
         if h.opcode == op::INIT {
             reply.error(crate::ops::errno::EIO);

@@ -8,20 +8,25 @@
 //!   count ("factor"), in sectors.
 //! * `f_bfree`: f_blocks minus every block group's used bytes (times its own copy
 //!   count, divided by the data factor), minus the global block reserve.
-//! * `f_bavail`: free space inside data block groups plus the data that still fits
-//!   in unallocated device space (each device less its first MiB, rounded down to
-//!   64 KiB stripes, filled the way the chunk allocator would), over the factor.
+//! * `f_bavail`: free space inside writable data block groups plus the data that
+//!   still fits in unallocated device space (each device less its first MiB,
+//!   rounded down to 64 KiB stripes, filled the way the chunk allocator would),
+//!   over the factor. On read-only devices (a `mount -o loop,ro` of an image) every
+//!   block group is read-only, so only the unallocated part counts.
 //! * `f_files`/`f_ffree` are 0 (btrfs has no inode table); `f_namelen` 255;
 //!   `f_bsize` = `f_frsize` = the sector size.
 //!
 //! The global block reserve is sized from the bytes_used of the extent, checksum,
-//! free-space and block-group trees, with a floor of what one unlink needs, capped
-//! at 512 MiB.
+//! free-space and block-group trees, with a floor of nodesize * 16 per item for
+//! the root tree, those trees and an unlink (6), plus the unlink's delayed refs (6,
+//! doubled with a free space tree), capped at 512 MiB (matches `btrfs fi df`'s
+//! GlobalReserve on every golden image).
 //!
 //! Known gaps: `f_type` and `f_fsid` are filled in by the FUSE kernel module
-//! (FUSE_SUPER_MAGIC, 0), not by us. The estimate of unallocated space assumes what
-//! a read-only loop mount sees: no writable device, so new data chunks would be
-//! SINGLE (the kernel reduces the profile by the number of writable devices). The
+//! (FUSE_SUPER_MAGIC, 0), not by us. We model what a read-only loop mount sees (no
+//! writable device): a kernel mounting a writable block device with `-o ro` counts
+//! the free space inside data block groups too and may use the real data profile
+//! for unallocated space, so its f_bavail is larger. The
 //! metadata-exhausted clamp (f_bavail = 0 when metadata space is full) never applies
 //! to a read-only mount and is not modelled. Block groups the kernel holds
 //! read-only (mid-balance) are not subtracted.
@@ -89,7 +94,13 @@ struct Space {
     top_raid: Option<(usize, u64)>,
 }
 
+/// The numbers a read-only loop mount of the image shows (no device is writable).
 pub fn compute(fs: &Filesystem) -> Result<StatFs> {
+    compute_with(fs, 0)
+}
+
+/// The numbers for a mount with `writable_devices` writable devices.
+pub fn compute_with(fs: &Filesystem, writable_devices: usize) -> Result<StatFs> {
     let info = &fs.info;
     let sb = &info.sb;
     let ss = info.sectorsize as u64;
@@ -144,7 +155,12 @@ pub fn compute(fs: &Filesystem) -> Result<StatFs> {
     let mut total_used = 0u64;
     for s in &spaces {
         if s.flags & BLOCK_GROUP_DATA != 0 {
-            total_free_data += s.disk_total.saturating_sub(s.disk_used);
+            // A block group whose chunk sits on a read-only device is read-only, and
+            // the free space of read-only block groups is not available. With no
+            // writable device (a read-only loop mount), that is all of it.
+            if writable_devices > 0 {
+                total_free_data += s.disk_total.saturating_sub(s.disk_used);
+            }
             if let Some((_, f)) = s.top_raid {
                 factor = f;
             }
@@ -154,7 +170,7 @@ pub fn compute(fs: &Filesystem) -> Result<StatFs> {
     let blocks = (sb.total_bytes / factor) >> bits;
     let mut bfree = blocks.saturating_sub((total_used / factor) >> bits);
     bfree = bfree.saturating_sub(global_reserve(fs) >> bits);
-    let unallocated = avail_data_space(fs, data_profiles)?;
+    let unallocated = avail_data_space(fs, data_profiles, writable_devices)?;
     let bavail = (total_free_data / factor + unallocated / factor) >> bits;
     Ok(StatFs {
         blocks,
@@ -173,7 +189,8 @@ fn global_reserve(fs: &Filesystem) -> u64 {
     let info = &fs.info;
     let used = |id| info.tree_roots.get(&id).map(|r| r.bytes_used);
     let mut bytes = 0u64;
-    let mut items = 0u64;
+    // One for the root tree, one per global tree below.
+    let mut items = 1u64;
     for id in [
         EXTENT_TREE_OBJECTID,
         CSUM_TREE_OBJECTID,
@@ -198,11 +215,10 @@ fn global_reserve(fs: &Filesystem) -> u64 {
 }
 
 /// Data that new chunks could still hold in unallocated device space.
-fn avail_data_space(fs: &Filesystem, data_profiles: u64) -> Result<u64> {
+fn avail_data_space(fs: &Filesystem, data_profiles: u64, writable_devices: usize) -> Result<u64> {
     let info = &fs.info;
-    // A read-only mount has no writable device, and the kernel reduces the data
-    // profile to those possible with that many devices: none, so SINGLE.
-    let writable_devices = 0usize;
+    // The kernel reduces the data profile to those possible with the number of
+    // writable devices: with none, SINGLE.
     let profile = reduce_profile(data_profiles, writable_devices);
     let r = raid(profile);
     let mut devs = Vec::new();

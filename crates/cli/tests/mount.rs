@@ -1,0 +1,1067 @@
+//! `ubtrfs mount` (FUSE) against the kernel: every golden image mounted and walked
+//! with std::fs must show what the kernel showed (manifest); real programs (find,
+//! du, tar, cp -a, rsync, lsattr) must print the same on both mounts; concurrent
+//! readers get the kernel's data; bad images, busy mountpoints and bad options are
+//! refused with one line and no mount; a corrupt data sector is EIO for that file
+//! only, logged once; writes are EROFS; SIGTERM/SIGINT unmount.
+//!
+//! Needs root (/dev/fuse, loop devices, mount); without root the tests fail unless
+//! UBTRFS_NO_ROOT=1, which skips them. Every mount is undone by a Drop guard, also
+//! when a test fails.
+//!
+//! What FUSE cannot present, and is therefore not compared: st_dev (the kernel has
+//! one per subvolume; a FUSE mount has one), statx attributes (the FUSE kernel
+//! module does not pass them on), fiemap (no FUSE operation), and the made-up times
+//! of the ino-2 placeholder directories.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+fn golden_dir() -> PathBuf {
+    match std::env::var_os("UBTRFS_GOLDEN_DIR") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden"),
+    }
+}
+
+/// True when the test may run; panics when it needs root and root is missing.
+fn have_root() -> bool {
+    if nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists() {
+        return true;
+    }
+    if std::env::var("UBTRFS_NO_ROOT").as_deref() == Ok("1") {
+        eprintln!("mount tests: UBTRFS_NO_ROOT=1: skipped (need root and /dev/fuse)");
+        return false;
+    }
+    panic!("the FUSE mount tests need root and /dev/fuse (UBTRFS_NO_ROOT=1 skips them)");
+}
+
+fn manifest(name: &str) -> Value {
+    let p = golden_dir().join(format!("{name}.manifest.json"));
+    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
+        .expect("manifest json")
+}
+
+fn manifest_names() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(golden_dir())
+        .expect("golden dir")
+        .filter_map(|e| {
+            let n = e.ok()?.file_name().to_string_lossy().to_string();
+            n.strip_suffix(".manifest.json").map(str::to_string)
+        })
+        .filter(|n| match std::env::var("UBTRFS_GOLDEN_ONLY") {
+            Ok(only) => only.split(',').any(|o| o == n),
+            Err(_) => true,
+        })
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "no golden manifests");
+    v
+}
+
+/// Decompresses a .img.zst into a sparse file.
+fn unpack(src: &Path, dst: &Path) {
+    let f = File::open(src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
+    let mut dec = zstd::stream::read::Decoder::new(f).expect("zstd");
+    let mut out = File::create(dst).expect("create image");
+    let mut buf = vec![0u8; 1 << 16];
+    let mut pos = 0u64;
+    loop {
+        let mut n = 0;
+        while n < buf.len() {
+            let r = dec.read(&mut buf[n..]).expect("decompress");
+            if r == 0 {
+                break;
+            }
+            n += r;
+        }
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().any(|&b| b != 0) {
+            out.seek(SeekFrom::Start(pos)).expect("seek");
+            out.write_all(&buf[..n]).expect("write");
+        }
+        pos += n as u64;
+    }
+    out.set_len(pos).expect("set_len");
+}
+
+struct Unpacked {
+    dir: tempfile::TempDir,
+    devices: Vec<PathBuf>,
+}
+
+fn unpack_set(m: &Value) -> Unpacked {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut devices = Vec::new();
+    for d in m["devices"].as_array().expect("devices") {
+        let name = d.as_str().expect("device name");
+        let out = dir.path().join(name.trim_end_matches(".zst"));
+        unpack(&golden_dir().join(name), &out);
+        devices.push(out);
+    }
+    Unpacked { dir, devices }
+}
+
+fn image_arg(devs: &[PathBuf]) -> String {
+    devs.iter()
+        .map(|d| d.display().to_string())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn is_mounted(p: &Path) -> bool {
+    std::fs::canonicalize(p)
+        .map(|c| ubtrfs_fuse::is_mountpoint(&c))
+        .unwrap_or(false)
+}
+
+/// A `ubtrfs mount -f` server in the background; unmounted and reaped on drop.
+struct FuseMount {
+    mnt: PathBuf,
+    child: Child,
+    stderr: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl FuseMount {
+    fn start(devices: &[PathBuf], opts: &[&str]) -> FuseMount {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        let stderr = dir.path().join("stderr");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ubtrfs"));
+        cmd.arg("mount").arg(image_arg(devices)).arg(&mnt).arg("-f");
+        for o in opts {
+            cmd.arg("-o").arg(o);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("spawn ubtrfs mount -f");
+        let mut m = FuseMount {
+            mnt,
+            child,
+            stderr,
+            _dir: dir,
+        };
+        let t0 = Instant::now();
+        while !is_mounted(&m.mnt) {
+            if let Ok(Some(st)) = m.child.try_wait() {
+                panic!("ubtrfs mount -f exited early ({st}): {}", m.log());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "mount did not appear"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Unmounts like a user would and waits for the server to exit.
+    fn unmount(&mut self) -> std::process::ExitStatus {
+        if is_mounted(&self.mnt) {
+            let ok = Command::new("fusermount3")
+                .arg("-u")
+                .arg(&self.mnt)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+        }
+        self.wait(Duration::from_secs(20))
+    }
+
+    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st;
+            }
+            if t0.elapsed() > limit {
+                let _ = self.child.kill();
+                return self.child.wait().expect("wait");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        self.unmount();
+    }
+}
+
+/// One kernel mount at a time: two mounts of one fsid would clash.
+static KERNEL: Mutex<()> = Mutex::new(());
+
+/// `mount -o ro` of read-only loop devices; undone on drop.
+struct KernelMount {
+    mnt: PathBuf,
+    loops: Vec<String>,
+    _dir: tempfile::TempDir,
+    _lock: std::sync::MutexGuard<'static, ()>,
+}
+
+impl KernelMount {
+    fn new(devices: &[PathBuf]) -> KernelMount {
+        let lock = KERNEL.lock().unwrap_or_else(|p| p.into_inner());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        let mut k = KernelMount {
+            mnt,
+            loops: Vec::new(),
+            _dir: dir,
+            _lock: lock,
+        };
+        for d in devices {
+            let out = Command::new("losetup")
+                .args(["-r", "-f", "--show"])
+                .arg(d)
+                .output()
+                .expect("losetup");
+            assert!(out.status.success(), "losetup failed");
+            k.loops
+                .push(String::from_utf8_lossy(&out.stdout).trim().to_string());
+        }
+        let mut opts = String::from("ro");
+        for l in &k.loops {
+            opts.push_str(",device=");
+            opts.push_str(l);
+        }
+        let st = Command::new("mount")
+            .args(["-t", "btrfs", "-o", &opts, &k.loops[0]])
+            .arg(&k.mnt)
+            .status()
+            .expect("mount");
+        assert!(st.success(), "kernel mount failed");
+        k
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.mnt) {
+            let ok = Command::new("umount")
+                .arg(&self.mnt)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+        }
+        for l in &self.loops {
+            let _ = Command::new("losetup").args(["-d", l]).status();
+        }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn ts(sec: i64, nsec: i64) -> String {
+    format!("{sec}.{nsec:09}")
+}
+
+fn systime(t: SystemTime) -> String {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => ts(d.as_secs() as i64, d.subsec_nanos() as i64),
+        Err(e) => {
+            let d = e.duration();
+            let (s, n) = (d.as_secs() as i64, d.subsec_nanos() as i64);
+            if n == 0 {
+                ts(-s, 0)
+            } else {
+                ts(-s - 1, 1_000_000_000 - n)
+            }
+        }
+    }
+}
+
+fn type_name(ft: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_dir() {
+        "dir"
+    } else if ft.is_symlink() {
+        "symlink"
+    } else if ft.is_fifo() {
+        "fifo"
+    } else if ft.is_socket() {
+        "sock"
+    } else if ft.is_char_device() {
+        "chr"
+    } else if ft.is_block_device() {
+        "blk"
+    } else {
+        "file"
+    }
+}
+
+/// What the mount shows, in the manifest's shape (paths from the mount root).
+fn walk(root: &Path) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![("/".to_string(), root.to_path_buf())];
+    while let Some((path, host)) = stack.pop() {
+        let md = std::fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
+        let ty = type_name(md.file_type());
+        let mut v = serde_json::json!({
+            "type": ty, "ino": md.ino(), "mode": md.mode(), "nlink": md.nlink(),
+            "uid": md.uid(), "gid": md.gid(), "rdev": md.rdev(), "size": md.size(),
+            "blocks": md.blocks(),
+            "atime": ts(md.atime(), md.atime_nsec()),
+            "mtime": ts(md.mtime(), md.mtime_nsec()),
+            "ctime": ts(md.ctime(), md.ctime_nsec()),
+            "crtime": md.created().ok().map(systime),
+        });
+        let mut x = serde_json::Map::new();
+        for n in xattr::list(&host).unwrap_or_else(|e| panic!("listxattr {path}: {e}")) {
+            let val = xattr::get(&host, &n)
+                .unwrap_or_else(|e| panic!("getxattr {path} {n:?}: {e}"))
+                .unwrap_or_default();
+            x.insert(
+                String::from_utf8_lossy(n.as_bytes()).into(),
+                hex(&val).into(),
+            );
+        }
+        v["xattrs"] = Value::Object(x);
+        match ty {
+            "file" => {
+                let data = std::fs::read(&host).unwrap_or_else(|e| panic!("read {path}: {e}"));
+                v["sha256"] = hex(&Sha256::digest(&data)).into();
+            }
+            "symlink" => {
+                let t = std::fs::read_link(&host).expect("readlink");
+                v["target_hex"] = hex(t.as_os_str().as_bytes()).into();
+            }
+            "dir" => {
+                for e in std::fs::read_dir(&host).unwrap_or_else(|e| panic!("readdir {path}: {e}"))
+                {
+                    let e = e.expect("dirent");
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let p = if path == "/" {
+                        format!("/{name}")
+                    } else {
+                        format!("{path}/{name}")
+                    };
+                    stack.push((p, e.path()));
+                }
+            }
+            _ => {}
+        }
+        out.insert(path, v);
+    }
+    out
+}
+
+const FIELDS: &[&str] = &[
+    "type",
+    "ino",
+    "mode",
+    "nlink",
+    "uid",
+    "gid",
+    "rdev",
+    "size",
+    "blocks",
+    "atime",
+    "mtime",
+    "ctime",
+    "crtime",
+    "sha256",
+    "target_hex",
+    "xattrs",
+];
+
+/// The manifest's entries under `prefix` ("" for all), re-rooted there.
+fn entries_under(m: &Value, prefix: &str) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    for e in m["entries"].as_array().expect("entries") {
+        let p = e["path"].as_str().expect("path");
+        let rel = if prefix.is_empty() {
+            Some(p.to_string())
+        } else if p == prefix {
+            Some("/".to_string())
+        } else {
+            p.strip_prefix(prefix)
+                .filter(|r| r.starts_with('/'))
+                .map(str::to_string)
+        };
+        if let Some(r) = rel {
+            out.insert(r, e.clone());
+        }
+    }
+    out
+}
+
+fn compare(
+    name: &str,
+    kernel: &BTreeMap<String, Value>,
+    ours: &BTreeMap<String, Value>,
+) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for p in kernel.keys().filter(|p| !ours.contains_key(*p)) {
+        diffs.push(format!("{name}: {p}: missing on the ubtrfs mount"));
+    }
+    for p in ours.keys().filter(|p| !kernel.contains_key(*p)) {
+        diffs.push(format!(
+            "{name}: {p}: on the ubtrfs mount, not on the kernel's"
+        ));
+    }
+    for (p, k) in kernel {
+        let Some(o) = ours.get(p) else { continue };
+        for f in FIELDS {
+            // The kernel invents the ino-2 placeholder's times when it looks it up.
+            if k["ino"] == 2 && ["atime", "mtime", "ctime", "crtime"].contains(f) {
+                continue;
+            }
+            if k[*f] != o[*f] {
+                diffs.push(format!(
+                    "{name}: {p}: {f}: kernel {} ubtrfs {}",
+                    k[*f], o[*f]
+                ));
+            }
+        }
+    }
+    diffs
+}
+
+fn report(diffs: Vec<String>) {
+    if !diffs.is_empty() {
+        let n = diffs.len();
+        let shown: Vec<String> = diffs.into_iter().take(60).collect();
+        panic!("{n} differences:\n{}", shown.join("\n"));
+    }
+}
+
+#[test]
+fn mount_golden_matches_manifest() {
+    if !have_root() {
+        return;
+    }
+    let mut diffs = Vec::new();
+    for name in manifest_names() {
+        let m = manifest(&name);
+        let u = unpack_set(&m);
+        let mut fm = FuseMount::start(&u.devices, &[]);
+        let ours = walk(&fm.mnt);
+        diffs.extend(compare(&name, &entries_under(&m, ""), &ours));
+        let st = fm.unmount();
+        if !st.success() {
+            diffs.push(format!("{name}: server exited with {st}: {}", fm.log()));
+        }
+        let log = fm.log();
+        if !log.trim().is_empty() {
+            diffs.push(format!("{name}: unexpected messages: {log}"));
+        }
+    }
+    report(diffs);
+}
+
+/// subvol= / subvolid= show a subvolume at the mountpoint (root inode 256) with
+/// the same contents the kernel showed under its path; a plain directory is refused.
+#[test]
+fn mount_subvolume_options() {
+    if !have_root() {
+        return;
+    }
+    let m = manifest("subvols");
+    let u = unpack_set(&m);
+    let mut diffs = Vec::new();
+    for (opt, prefix) in [
+        ("subvol=sub1", "/sub1"),
+        ("subvol=/sub1/sub2", "/sub1/sub2"),
+        ("subvolid=258", "/dir/sub3"),
+        ("subvolid=5", ""),
+        ("subvol=snaps/top-snap", "/snaps/top-snap"),
+    ] {
+        let fm = FuseMount::start(&u.devices, &[opt]);
+        let root = std::fs::metadata(&fm.mnt).expect("stat root");
+        assert_eq!(root.ino(), 256, "{opt}: root inode");
+        diffs.extend(compare(opt, &entries_under(&m, prefix), &walk(&fm.mnt)));
+    }
+    report(diffs);
+    let mnt = u.dir.path().join("m");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    for bad in ["subvol=dir", "subvolid=999", "subvol=sub1,subvolid=258"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
+            .args(["mount", &image_arg(&u.devices)])
+            .arg(&mnt)
+            .args(["-o", bad])
+            .output()
+            .expect("run");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{bad} must fail");
+        assert_eq!(err.trim().lines().count(), 1, "{bad}: one line: {err}");
+        assert!(!is_mounted(&mnt), "{bad}: nothing mounted");
+    }
+}
+
+fn sh(dir: &Path, script: &str) -> (String, String) {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(dir)
+        .output()
+        .expect("bash");
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A scratch btrfs (64 KiB nodes: the golden xattrs fit) to copy into.
+struct Scratch {
+    dir: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let img = dir.path().join("scratch.img");
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        File::create(&img)
+            .expect("create")
+            .set_len(2 << 30)
+            .expect("size");
+        let ok = Command::new("mkfs.btrfs")
+            .args(["-q", "-f", "-n", "65536"])
+            .arg(&img)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mkfs.btrfs");
+        let ok = Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&img)
+            .arg(&mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "mount scratch");
+        Scratch { dir }
+    }
+    fn path(&self) -> PathBuf {
+        self.dir.path().join("mnt")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let ok = Command::new("umount")
+            .arg(self.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
+        }
+    }
+}
+
+const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+
+/// find, du, tar, ls, lsattr, cp -a and rsync print the same on both mounts. Images
+/// with nested subvolumes are mounted with ino=unique: with one st_dev, inode 256
+/// everywhere would look like a directory loop to find/du (and -printf %i is then
+/// not compared). The ino-2 placeholders are left out where times show (the kernel
+/// makes theirs up at lookup).
+#[test]
+fn mount_programs_match_kernel() {
+    if !have_root() {
+        return;
+    }
+    let mut diffs = Vec::new();
+    for (name, unique) in [
+        ("compress-zstd", false),
+        ("raid1", false),
+        ("manyfiles", false),
+        ("basic", true),
+        ("subvols", true),
+    ] {
+        let m = manifest(name);
+        let placeholders: Vec<String> = m["entries"]
+            .as_array()
+            .expect("entries")
+            .iter()
+            .filter(|e| e["ino"] == 2)
+            .map(|e| e["path"].as_str().expect("path").to_string())
+            .collect();
+        let prune: String = placeholders
+            .iter()
+            .map(|p| format!("-path '.{p}' -prune -o "))
+            .collect();
+        let tar_excl: String = placeholders
+            .iter()
+            .map(|p| format!(" --exclude='.{p}'"))
+            .collect();
+        let tar = |extra: &str| {
+            format!(
+                "tar c --sort=name --format=posix --pax-option=exthdr.name=%d/PaxHeaders/%f{extra} \
+                 --xattrs --xattrs-include='*' --acls --anchored{tar_excl} . 2>/dev/null | sha256sum"
+            )
+        };
+        let fmt = if unique {
+            "%y %m %n %U %G %s %b %T@ %C@ %A@ %p -> %l\\n"
+        } else {
+            "%y %i %m %n %U %G %s %b %T@ %C@ %A@ %p -> %l\\n"
+        };
+        let mut scripts = vec![
+            format!("find . {prune}-printf '{fmt}'"),
+            "du -s .; du --apparent-size -s .; du -a . | sha256sum".to_string(),
+            tar(""),
+            "lsattr -R -a . 2>&1 | sha256sum".to_string(),
+        ];
+        if placeholders.is_empty() {
+            scripts.push("ls -lAR --time-style=full-iso . | sha256sum".to_string());
+        }
+        // dev,suid like the kernel's mount (lsattr opens device nodes).
+        let opts: &[&str] = if unique {
+            &["dev,suid,ino=unique"]
+        } else {
+            &["dev,suid"]
+        };
+        let u = unpack_set(&m);
+        let scratch = Scratch::new();
+        let kdest = scratch.path().join("kernel");
+        let udest = scratch.path().join("ubtrfs");
+        let kout: Vec<(String, String)> = {
+            let k = KernelMount::new(&u.devices);
+            let r: Vec<(String, String)> = scripts.iter().map(|s| sh(&k.mnt, s)).collect();
+            for (s, (out, _)) in scripts.iter().zip(&r) {
+                // A command that printed nothing hashes to this on both sides.
+                assert!(
+                    !out.trim().is_empty() && !out.contains(EMPTY_SHA256),
+                    "{name}: `{s}` printed nothing on the kernel mount"
+                );
+            }
+            let ok = Command::new("cp")
+                .arg("-a")
+                .arg(&k.mnt)
+                .arg(&kdest)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "{name}: cp -a from the kernel mount");
+            r
+        };
+        let fm = FuseMount::start(&u.devices, opts);
+        for (s, k) in scripts.iter().zip(&kout) {
+            let o = sh(&fm.mnt, s);
+            if &o != k {
+                diffs.push(format!(
+                    "{name}: `{s}` differs:\nkernel: {}{}\nubtrfs: {}{}",
+                    k.0.chars().take(2000).collect::<String>(),
+                    k.1,
+                    o.0.chars().take(2000).collect::<String>(),
+                    o.1
+                ));
+            }
+        }
+        let ok = Command::new("cp")
+            .arg("-a")
+            .arg(&fm.mnt)
+            .arg(&udest)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            diffs.push(format!("{name}: cp -a from the ubtrfs mount failed"));
+        }
+        // The two copies hold the same (their own atime/ctime are new).
+        let copies = tar(",delete=atime,delete=ctime");
+        let (a, _) = sh(&kdest, &copies);
+        let (b, _) = sh(&udest, &copies);
+        if a != b {
+            diffs.push(format!("{name}: cp -a copies differ (tar hash {a} vs {b})"));
+        }
+        if Command::new("rsync").arg("--version").output().is_ok() {
+            let mut cmd = Command::new("rsync");
+            cmd.args(["-aHAXc", "--dry-run", "--itemize-changes", "--delete"]);
+            for p in &placeholders {
+                cmd.arg(format!("--exclude={p}"));
+            }
+            let out = cmd
+                .arg(format!("{}/", fm.mnt.display()))
+                .arg(format!("{}/", kdest.display()))
+                .output()
+                .expect("rsync");
+            let items = String::from_utf8_lossy(&out.stdout);
+            if !out.status.success() || !items.trim().is_empty() {
+                diffs.push(format!(
+                    "{name}: rsync -aHAXc --dry-run from the ubtrfs mount to the kernel's copy: {}\n{}",
+                    out.status,
+                    items.chars().take(2000).collect::<String>()
+                ));
+            }
+        } else {
+            eprintln!("rsync not installed: rsync comparison skipped");
+        }
+    }
+    report(diffs);
+}
+
+/// Deterministic data: compressible text when `text`, else noise.
+fn gen(seed: u64, len: usize, text: bool) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut v = Vec::with_capacity(len);
+    let words: [&[u8]; 8] = [
+        b"btrfs ",
+        b"extent ",
+        b"checksum ",
+        b"subvolume ",
+        b"tree ",
+        b"leaf ",
+        b"node\n",
+        b"inode ",
+    ];
+    while v.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if text {
+            v.extend_from_slice(words[(x % 8) as usize]);
+        } else {
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+    }
+    v.truncate(len);
+    v
+}
+
+/// A fresh image made by the kernel: 4 plain and 4 zstd-compressed files.
+fn big_files_image(dir: &Path, size: usize) -> (PathBuf, Vec<(String, String)>) {
+    let img = dir.join("big.img");
+    File::create(&img)
+        .expect("create")
+        .set_len(1 << 30)
+        .expect("size");
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .status()
+        .is_ok_and(|s| s.success()));
+    let mnt = dir.join("w");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let _lock = KERNEL.lock().unwrap_or_else(|p| p.into_inner());
+    assert!(Command::new("mount")
+        .args(["-o", "loop,compress-force=zstd"])
+        .arg(&img)
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success()));
+    let mut want = Vec::new();
+    for i in 0..8u64 {
+        let text = i >= 4;
+        let name = format!("f{i}");
+        let data = gen(i + 1, size + i as usize * 4097, text);
+        std::fs::write(mnt.join(&name), &data).expect("write");
+        want.push((name, hex(&Sha256::digest(&data))));
+    }
+    assert!(Command::new("umount")
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success()));
+    (img, want)
+}
+
+fn hash_file(p: &Path) -> String {
+    let mut f = File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    hex(&h.finalize())
+}
+
+/// 8 threads hashing 8 different files at once get what the kernel wrote and
+/// reads back.
+#[test]
+fn mount_concurrent_readers() {
+    if !have_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (img, want) = big_files_image(dir.path(), 48 << 20);
+    {
+        let k = KernelMount::new(std::slice::from_ref(&img));
+        for (name, h) in &want {
+            assert_eq!(&hash_file(&k.mnt.join(name)), h, "kernel read of {name}");
+        }
+    }
+    // Cold page cache for the image, so the reads really run concurrently.
+    let _ = Command::new("sh")
+        .args(["-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
+        .status();
+    let fm = FuseMount::start(std::slice::from_ref(&img), &[]);
+    let t0 = Instant::now();
+    let got: Vec<(String, String)> = std::thread::scope(|s| {
+        let hs: Vec<_> = want
+            .iter()
+            .map(|(name, _)| {
+                let p = fm.mnt.join(name);
+                let name = name.clone();
+                s.spawn(move || (name, hash_file(&p)))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("reader")).collect()
+    });
+    eprintln!("8 concurrent readers: {:?}", t0.elapsed());
+    assert_eq!(got, want);
+}
+
+fn ubtrfs_mount(args: &[&std::ffi::OsStr]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
+        .arg("mount")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ubtrfs mount");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn basic_image(dir: &Path) -> PathBuf {
+    let img = dir.join("basic.img");
+    unpack(&golden_dir().join("basic.img.zst"), &img);
+    img
+}
+
+/// Refusals are one line, with a non-zero exit and nothing left mounted.
+#[test]
+fn mount_refuses_bad_image_and_mountpoint() {
+    if !have_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = basic_image(dir.path());
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let check = |what: &str, r: (bool, String), needle: &str, mp: &Path| {
+        assert!(!r.0, "{what}: must fail");
+        assert_eq!(r.1.trim().lines().count(), 1, "{what}: one line: {}", r.1);
+        assert!(r.1.contains(needle), "{what}: {:?} lacks {needle:?}", r.1);
+        assert!(!is_mounted(mp) || what == "busy", "{what}: nothing mounted");
+    };
+    // Every superblock copy zeroed.
+    let bad = dir.path().join("zeroed.img");
+    std::fs::copy(&img, &bad).expect("copy");
+    {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&bad)
+            .expect("open");
+        for off in [64u64 << 10, 64 << 20] {
+            f.write_all_at(&[0u8; 4096], off).expect("zero");
+        }
+    }
+    check(
+        "zeroed superblock",
+        ubtrfs_mount(&[bad.as_os_str(), mnt.as_os_str()]),
+        "cannot open",
+        &mnt,
+    );
+    check(
+        "missing image",
+        ubtrfs_mount(&[dir.path().join("nope.img").as_os_str(), mnt.as_os_str()]),
+        "nope.img",
+        &mnt,
+    );
+    let missing = dir.path().join("missing");
+    check(
+        "missing mountpoint",
+        ubtrfs_mount(&[img.as_os_str(), missing.as_os_str()]),
+        "does not exist",
+        &missing,
+    );
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).expect("mkdir");
+    std::fs::write(full.join("x"), b"x").expect("write");
+    check(
+        "non-empty mountpoint",
+        ubtrfs_mount(&[img.as_os_str(), full.as_os_str()]),
+        "not empty",
+        &full,
+    );
+    check(
+        "rw",
+        ubtrfs_mount(&[
+            img.as_os_str(),
+            mnt.as_os_str(),
+            "-o".as_ref(),
+            "rw".as_ref(),
+        ]),
+        "read-only",
+        &mnt,
+    );
+    // Detached mount: returns once ready; a second mount there is refused.
+    let (ok, err) = ubtrfs_mount(&[img.as_os_str(), mnt.as_os_str()]);
+    assert!(ok, "daemon mount: {err}");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            if is_mounted(self.0) {
+                let ok = Command::new("fusermount3")
+                    .arg("-u")
+                    .arg(self.0)
+                    .status()
+                    .is_ok_and(|s| s.success());
+                if !ok {
+                    let _ = Command::new("umount").arg("-l").arg(self.0).status();
+                }
+            }
+        }
+    }
+    let guard = Unmount(&mnt);
+    assert!(is_mounted(&mnt));
+    assert_eq!(
+        std::fs::read(mnt.join("dir1/size-1")).expect("read").len(),
+        1
+    );
+    check(
+        "busy",
+        ubtrfs_mount(&[img.as_os_str(), mnt.as_os_str()]),
+        "already mounted",
+        &mnt,
+    );
+    drop(guard);
+    assert!(
+        !is_mounted(&mnt),
+        "fusermount3 -u unmounted the detached mount"
+    );
+}
+
+/// A flipped byte in one file's data: EIO for that file (every time), logged once
+/// with its path, and the rest of the mount keeps working.
+#[test]
+fn mount_checksum_error_is_eio_for_that_file_only() {
+    if !have_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = basic_image(dir.path());
+    let path = "dir1/dir2/size-1m";
+    {
+        use ubtrfs_core::{Filesystem, OpenOptions};
+        use ubtrfs_format::items::FileExtentBody;
+        let fs = Filesystem::open_paths(&[&img], OpenOptions::default()).expect("open");
+        let node = fs.resolve(&format!("/{path}")).expect("resolve");
+        let ext = fs.file_extents(node).expect("extents");
+        let FileExtentBody::Regular {
+            disk_bytenr,
+            offset,
+            ..
+        } = ext[0].item.body
+        else {
+            panic!("expected a regular extent");
+        };
+        let l = disk_bytenr + offset + 8192;
+        let phys = fs
+            .info
+            .chunk_map
+            .lookup(l)
+            .expect("chunk")
+            .map(l, 0)
+            .expect("map")
+            .offset;
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&img)
+            .expect("open image");
+        let mut b = [0u8; 1];
+        f.read_exact_at(&mut b, phys + 7).expect("read");
+        b[0] ^= 0x5a;
+        f.write_all_at(&b, phys + 7).expect("write");
+    }
+    let mut fm = FuseMount::start(std::slice::from_ref(&img), &[]);
+    for _ in 0..3 {
+        let e = std::fs::read(fm.mnt.join(path)).expect_err("corrupt file must fail");
+        assert_eq!(e.raw_os_error(), Some(5), "EIO, got {e}");
+    }
+    // Other files are fine, and the mount still answers.
+    assert_eq!(
+        std::fs::read(fm.mnt.join("dir1/size-4097"))
+            .expect("read")
+            .len(),
+        4097
+    );
+    assert!(
+        std::fs::read_dir(fm.mnt.join("names"))
+            .expect("readdir")
+            .count()
+            > 5
+    );
+    assert!(fm.unmount().success());
+    let log = fm.log();
+    let lines: Vec<&str> = log.lines().filter(|l| l.contains(path)).collect();
+    assert_eq!(lines.len(), 1, "logged once: {log}");
+    assert!(lines[0].contains("checksum mismatch"), "{}", lines[0]);
+    assert!(lines[0].contains("offset"), "{}", lines[0]);
+}
+
+/// Writes are EROFS; SIGTERM and SIGINT unmount and end the server cleanly.
+#[test]
+fn mount_is_read_only_and_unmounts_on_signals() {
+    if !have_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = basic_image(dir.path());
+    for sig in ["TERM", "INT"] {
+        let mut fm = FuseMount::start(std::slice::from_ref(&img), &[]);
+        let m = fm.mnt.clone();
+        let erofs = |what: &str, r: std::io::Result<()>| {
+            let e = r.expect_err(what);
+            assert_eq!(e.raw_os_error(), Some(30), "{what}: EROFS, got {e}");
+        };
+        erofs("create", File::create(m.join("new")).map(drop));
+        erofs("mkdir", std::fs::create_dir(m.join("newdir")));
+        erofs(
+            "open for write",
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(m.join("dir1/size-1"))
+                .map(drop),
+        );
+        erofs("unlink", std::fs::remove_file(m.join("dir1/size-1")));
+        erofs("rename", std::fs::rename(m.join("dir1"), m.join("dir9")));
+        erofs(
+            "setxattr",
+            xattr::set(m.join("dir1/size-1"), "user.x", b"1"),
+        );
+        erofs("symlink", std::os::unix::fs::symlink("x", m.join("lnk")));
+        let st = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(fm.child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(st.success());
+        let st = fm.wait(Duration::from_secs(20));
+        assert!(st.success(), "SIG{sig}: server exit {st}: {}", fm.log());
+        assert!(!is_mounted(&fm.mnt), "SIG{sig}: unmounted");
+    }
+}
