@@ -7,20 +7,15 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use ubtrfs_core::fs::*;
 use ubtrfs_core::{Filesystem, Node, OpenOptions};
 
-fn golden_dir() -> PathBuf {
-    match std::env::var_os("UBTRFS_GOLDEN_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden"),
-    }
-}
+mod common;
+use common::{golden_dir, unpack_set, Unpacked};
 
 fn manifests() -> Vec<(String, Value)> {
     let dir = golden_dir();
@@ -41,51 +36,6 @@ fn manifests() -> Vec<(String, Value)> {
     v.sort_by(|a, b| a.0.cmp(&b.0));
     assert!(!v.is_empty(), "no golden manifests in {}", dir.display());
     v
-}
-
-/// Decompresses a .img.zst into a sparse file (zero runs become holes).
-fn unpack(src: &Path, dst: &Path) {
-    let f = File::open(src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
-    let mut dec = zstd::stream::read::Decoder::new(f).unwrap();
-    let mut out = File::create(dst).unwrap();
-    let mut buf = vec![0u8; 1 << 16];
-    let mut pos = 0u64;
-    loop {
-        let mut n = 0;
-        while n < buf.len() {
-            let r = dec.read(&mut buf[n..]).unwrap();
-            if r == 0 {
-                break;
-            }
-            n += r;
-        }
-        if n == 0 {
-            break;
-        }
-        if buf[..n].iter().any(|&b| b != 0) {
-            out.seek(SeekFrom::Start(pos)).unwrap();
-            out.write_all(&buf[..n]).unwrap();
-        }
-        pos += n as u64;
-    }
-    out.set_len(pos).unwrap();
-}
-
-struct Unpacked {
-    _dir: tempfile::TempDir,
-    devices: Vec<PathBuf>,
-}
-
-fn unpack_set(m: &Value) -> Unpacked {
-    let dir = tempfile::tempdir().unwrap();
-    let mut devices = Vec::new();
-    for d in m["devices"].as_array().expect("devices") {
-        let name = d.as_str().unwrap();
-        let out = dir.path().join(name.trim_end_matches(".zst"));
-        unpack(&golden_dir().join(name), &out);
-        devices.push(out);
-    }
-    Unpacked { _dir: dir, devices }
 }
 
 fn ts(t: &ubtrfs_format::items::Timespec) -> String {

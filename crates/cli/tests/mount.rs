@@ -18,7 +18,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
@@ -26,12 +26,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-fn golden_dir() -> PathBuf {
-    match std::env::var_os("UBTRFS_GOLDEN_DIR") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/golden"),
-    }
-}
+mod common;
+use common::{golden_dir, unpack, unpack_set};
 
 /// True when the test may run; panics when it needs root and root is missing.
 fn have_root() -> bool {
@@ -66,51 +62,6 @@ fn manifest_names() -> Vec<String> {
     v.sort();
     assert!(!v.is_empty(), "no golden manifests");
     v
-}
-
-/// Decompresses a .img.zst into a sparse file.
-fn unpack(src: &Path, dst: &Path) {
-    let f = File::open(src).unwrap_or_else(|e| panic!("{}: {e}", src.display()));
-    let mut dec = zstd::stream::read::Decoder::new(f).expect("zstd");
-    let mut out = File::create(dst).expect("create image");
-    let mut buf = vec![0u8; 1 << 16];
-    let mut pos = 0u64;
-    loop {
-        let mut n = 0;
-        while n < buf.len() {
-            let r = dec.read(&mut buf[n..]).expect("decompress");
-            if r == 0 {
-                break;
-            }
-            n += r;
-        }
-        if n == 0 {
-            break;
-        }
-        if buf[..n].iter().any(|&b| b != 0) {
-            out.seek(SeekFrom::Start(pos)).expect("seek");
-            out.write_all(&buf[..n]).expect("write");
-        }
-        pos += n as u64;
-    }
-    out.set_len(pos).expect("set_len");
-}
-
-struct Unpacked {
-    dir: tempfile::TempDir,
-    devices: Vec<PathBuf>,
-}
-
-fn unpack_set(m: &Value) -> Unpacked {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut devices = Vec::new();
-    for d in m["devices"].as_array().expect("devices") {
-        let name = d.as_str().expect("device name");
-        let out = dir.path().join(name.trim_end_matches(".zst"));
-        unpack(&golden_dir().join(name), &out);
-        devices.push(out);
-    }
-    Unpacked { dir, devices }
 }
 
 fn image_arg(devs: &[PathBuf]) -> String {

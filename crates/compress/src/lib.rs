@@ -140,17 +140,7 @@ pub fn decompress(
     out_len: usize,
     sectorsize: u32,
 ) -> Result<Vec<u8>, CompressError> {
-    let ss = check_sectorsize(sectorsize)?;
-    check_out_len(out_len)?;
-    let mut out = vec![0u8; out_len];
-    let produced = match alg {
-        Compression::None => copy_plain(input, &mut out),
-        Compression::Zlib => zlib::decompress(input, &mut out)?,
-        Compression::Lzo => lzo::decompress_regular(input, &mut out, ss)?,
-        Compression::Zstd => zstd_codec::decompress(input, &mut out)?,
-    };
-    zero_tail(&mut out, produced);
-    Ok(out)
+    decode(alg, input, out_len, sectorsize, false)
 }
 
 /// Decompress an inline extent's payload into exactly `out_len` bytes.
@@ -167,13 +157,25 @@ pub fn decompress_inline(
     out_len: usize,
     sectorsize: u32,
 ) -> Result<Vec<u8>, CompressError> {
+    decode(alg, input, out_len, sectorsize, true)
+}
+
+/// Shared body of the two entry points: only LZO frames inline data differently.
+fn decode(
+    alg: Compression,
+    input: &[u8],
+    out_len: usize,
+    sectorsize: u32,
+    inline: bool,
+) -> Result<Vec<u8>, CompressError> {
     let ss = check_sectorsize(sectorsize)?;
     check_out_len(out_len)?;
     let mut out = vec![0u8; out_len];
     let produced = match alg {
         Compression::None => copy_plain(input, &mut out),
         Compression::Zlib => zlib::decompress(input, &mut out)?,
-        Compression::Lzo => lzo::decompress_inline(input, &mut out, ss)?,
+        Compression::Lzo if inline => lzo::decompress_inline(input, &mut out, ss)?,
+        Compression::Lzo => lzo::decompress_regular(input, &mut out, ss)?,
         Compression::Zstd => zstd_codec::decompress(input, &mut out)?,
     };
     zero_tail(&mut out, produced);
