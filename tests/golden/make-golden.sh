@@ -24,7 +24,7 @@ ALL_SETS=(
     csum-xxhash csum-sha256 csum-blake2
     raid1 raid10 raid0 raid5 raid6 raid1c3 raid1c4 dup-data
     bgt balance-resize
-    explicit-holes mixed-bg
+    explicit-holes mixed-bg sharing
 )
 
 usage() {
@@ -505,6 +505,49 @@ work_balance_resize() {
 }
 
 # explicit hole extents (no-holes disabled)
+# Sharedness cases for fiemap / du / qgroups: snapshots of snapshots modified at
+# different depths, dedupe, reflinks within a file and across files, reflink then
+# partial overwrite, compressed extents referenced in part, prealloc, a deleted
+# snapshot.
+cfg_sharing() { MOUNT_OPTS="compress=zstd"; SYNC_BEFORE_UMOUNT=1; }
+work_sharing() {
+    btrfs -q subvolume create "$M/base"
+    mkdir -p "$M/base/d1/d2"
+    mkf random r1 600000 "$M/base/rand"
+    mkf text t1 900000 "$M/base/text"
+    mkf blocks b1 393216 "$M/base/d1/blocks"
+    mkf random r2 200000 "$M/base/d1/d2/deep"
+    mkf text tiny 100 "$M/base/tiny"
+    fallocate -l 1M "$M/base/prealloc"
+    pwrite random pa 8192 "$M/base/prealloc" 65536
+    # reflink within one file and across files, then overwrite part of a clone
+    : > "$M/base/self-reflink"
+    mkf random s1 262144 "$M/base/self-reflink"
+    reflink_range "$M/base/self-reflink" 0 "$M/base/self-reflink" 262144 131072
+    cp --reflink=always "$M/base/text" "$M/base/text-clone"
+    pwrite random ow 12288 "$M/base/text-clone" 20480
+    # dedupe two identical files
+    mkf random dd 196608 "$M/base/dup-a"
+    mkf random dd 196608 "$M/base/dup-b"
+    sync
+    xfs_io -c "dedupe $M/base/dup-a 0 0 196608" "$M/base/dup-b" >/dev/null
+    sync
+    # snapshot chain, modified at different depths
+    btrfs -q subvolume snapshot "$M/base" "$M/s1"
+    pwrite random m1 4096 "$M/s1/rand" 4096
+    btrfs -q subvolume snapshot "$M/s1" "$M/s2"
+    pwrite random m2 4096 "$M/s2/d1/d2/deep" 8192
+    rm "$M/s2/text"
+    btrfs -q subvolume snapshot -r "$M/s2" "$M/s3-ro"
+    pwrite random m3 8192 "$M/base/d1/blocks" 0
+    gen text app 3000 >> "$M/s1/text"
+    # a snapshot made and deleted again
+    btrfs -q subvolume snapshot "$M/base" "$M/gone"
+    sync
+    btrfs -q subvolume delete "$M/gone"
+    btrfs subvolume sync "$M" >/dev/null 2>&1 || true
+}
+
 cfg_explicit_holes() { MKFS_OPTS=(-O ^no-holes); }
 work_explicit_holes() {
     local d="$M/h"
