@@ -206,38 +206,52 @@ impl<'a> ExtentCursor<'a> {
     }
 }
 
-/// Memo of tree-block sharedness plus the cursors a sharedness walk needs.
-pub struct ShareCtx<'a> {
-    fs: &'a FsInfo,
-    cursor: ExtentCursor<'a>,
-    block_shared: HashMap<u64, bool>,
-    roots: HashMap<u64, Option<RootPtr>>,
+/// Where a sharedness walk gets its facts. The filesystem implements it
+/// ([`FsRefGraph`]); tests implement it with hand-built reference graphs.
+pub trait RefGraph {
+    /// The extent item at `bytenr` and every reference to it.
+    fn extent_refs(&mut self, bytenr: u64) -> Result<Option<ExtentRefs>>;
+    /// The block of `root`'s tree pointing at `child` (None for the root node).
+    fn parent_in_root(&mut self, root: u64, child: u64) -> Result<Option<u64>>;
+    /// Leaves of `root` with file extent items of `ino` pointing at `bytenr`.
+    fn leaves_referencing(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        count: u32,
+        bytenr: u64,
+    ) -> Result<Vec<u64>>;
 }
+
+/// Sharedness checks with a memo of tree-block answers for the whole run.
+pub struct SharedCheck<G: RefGraph> {
+    pub graph: G,
+    block_shared: HashMap<u64, bool>,
+}
+
+/// The checker over a real filesystem.
+pub type ShareCtx<'a> = SharedCheck<FsRefGraph<'a>>;
 
 /// Upper bound on levels walked up from a block (a hostile image cannot loop us).
 const LEVELS_MAX: usize = MAX_LEVEL as usize + 1;
 
-impl<'a> ShareCtx<'a> {
+impl<'a> SharedCheck<FsRefGraph<'a>> {
     pub fn new(fs: &'a FsInfo) -> Result<ShareCtx<'a>> {
-        Ok(ShareCtx {
+        Ok(SharedCheck::with_graph(FsRefGraph {
             fs,
             cursor: ExtentCursor::new(fs)?,
-            block_shared: HashMap::new(),
             roots: HashMap::new(),
-        })
+        }))
     }
+}
 
-    pub fn cursor(&mut self) -> &mut ExtentCursor<'a> {
-        &mut self.cursor
-    }
-
-    fn root(&mut self, id: u64) -> Result<Option<RootPtr>> {
-        if let Some(r) = self.roots.get(&id) {
-            return Ok(*r);
+impl<G: RefGraph> SharedCheck<G> {
+    pub fn with_graph(graph: G) -> SharedCheck<G> {
+        SharedCheck {
+            graph,
+            block_shared: HashMap::new(),
         }
-        let r = self.fs.subvol_ptr(id)?;
-        self.roots.insert(id, r);
-        Ok(r)
     }
 
     /// Is the data extent at `bytenr`, referenced by (root, ino), shared?
@@ -254,7 +268,7 @@ impl<'a> ShareCtx<'a> {
         bytenr: u64,
         leaf_hint: Option<u64>,
     ) -> Result<bool> {
-        let Some(e) = self.cursor.lookup(bytenr)? else {
+        let Some(e) = self.graph.extent_refs(bytenr)? else {
             return Err(Error::corrupt(format!(
                 "data extent {bytenr} referenced by subvolume {root} inode {ino} has no extent item"
             )));
@@ -283,7 +297,9 @@ impl<'a> ShareCtx<'a> {
                 ino: i,
                 offset,
                 count,
-            } => self.leaves_referencing(*r, *i, *offset, *count, bytenr)?,
+            } => self
+                .graph
+                .leaves_referencing(*r, *i, *offset, *count, bytenr)?,
             _ => {
                 return Err(Error::corrupt(format!(
                     "data extent {bytenr} has a tree-block reference"
@@ -298,7 +314,72 @@ impl<'a> ShareCtx<'a> {
         Ok(false)
     }
 
-    /// Leaves of `root` holding file extent items of `ino` that point at `bytenr`.
+    /// Is this tree block reachable through more than one reference on its way up?
+    pub fn is_block_shared(&mut self, bytenr: u64) -> Result<bool> {
+        let mut chain = Vec::new();
+        let mut cur = bytenr;
+        let mut result = false;
+        for _ in 0..LEVELS_MAX {
+            if let Some(&s) = self.block_shared.get(&cur) {
+                result = s;
+                break;
+            }
+            chain.push(cur);
+            let Some(e) = self.graph.extent_refs(cur)? else {
+                return Err(Error::corrupt(format!(
+                    "tree block {cur} has no extent item"
+                )));
+            };
+            if e.refs_list.len() != 1 || e.refs > 1 {
+                result = e.refs_list.len() > 1 || e.refs > 1;
+                break;
+            }
+            match e.refs_list[0] {
+                BackRef::SharedBlock { parent } => cur = parent,
+                BackRef::Tree { root } => match self.graph.parent_in_root(root, cur)? {
+                    Some(p) => cur = p,
+                    None => {
+                        result = false;
+                        break;
+                    }
+                },
+                _ => {
+                    return Err(Error::corrupt(format!(
+                        "tree block {cur} has a data reference"
+                    )))
+                }
+            }
+        }
+        for b in chain {
+            self.block_shared.insert(b, result);
+        }
+        Ok(result)
+    }
+}
+
+/// References read from the image's extent tree and subvolume trees.
+pub struct FsRefGraph<'a> {
+    fs: &'a FsInfo,
+    cursor: ExtentCursor<'a>,
+    roots: HashMap<u64, Option<RootPtr>>,
+}
+
+impl FsRefGraph<'_> {
+    fn root(&mut self, id: u64) -> Result<Option<RootPtr>> {
+        if let Some(r) = self.roots.get(&id) {
+            return Ok(*r);
+        }
+        let r = self.fs.subvol_ptr(id)?;
+        self.roots.insert(id, r);
+        Ok(r)
+    }
+}
+
+impl RefGraph for FsRefGraph<'_> {
+    fn extent_refs(&mut self, bytenr: u64) -> Result<Option<ExtentRefs>> {
+        self.cursor.lookup(bytenr)
+    }
+
     fn leaves_referencing(
         &mut self,
         root: u64,
@@ -344,50 +425,6 @@ impl<'a> ShareCtx<'a> {
         Ok(out)
     }
 
-    /// Is this tree block reachable through more than one reference on its way up?
-    pub fn is_block_shared(&mut self, bytenr: u64) -> Result<bool> {
-        let mut chain = Vec::new();
-        let mut cur = bytenr;
-        let mut result = false;
-        for _ in 0..LEVELS_MAX {
-            if let Some(&s) = self.block_shared.get(&cur) {
-                result = s;
-                break;
-            }
-            chain.push(cur);
-            let Some(e) = self.cursor.lookup(cur)? else {
-                return Err(Error::corrupt(format!(
-                    "tree block {cur} has no extent item"
-                )));
-            };
-            if e.refs_list.len() != 1 || e.refs > 1 {
-                result = e.refs_list.len() > 1 || e.refs > 1;
-                break;
-            }
-            match e.refs_list[0] {
-                BackRef::SharedBlock { parent } => cur = parent,
-                BackRef::Tree { root } => match self.parent_in_root(root, cur)? {
-                    Some(p) => cur = p,
-                    None => {
-                        result = false;
-                        break;
-                    }
-                },
-                _ => {
-                    return Err(Error::corrupt(format!(
-                        "tree block {cur} has a data reference"
-                    )))
-                }
-            }
-        }
-        for b in chain {
-            self.block_shared.insert(b, result);
-        }
-        Ok(result)
-    }
-
-    /// The block of `root`'s tree that points at `child` (None when `child` is the
-    /// root node itself).
     fn parent_in_root(&mut self, root: u64, child: u64) -> Result<Option<u64>> {
         let Some(rp) = self.root(root)? else {
             return Ok(None);
@@ -449,4 +486,236 @@ fn slot_for(node: &crate::disk_io::TreeBlock, key: &Key) -> Result<usize> {
         }
     }
     Ok(lo.saturating_sub(1))
+}
+
+#[cfg(test)]
+mod tests {
+    //! Hand-built reference graphs whose answers are known.
+    use super::*;
+
+    const R: u64 = 5;
+    const S: u64 = 256;
+    const INO: u64 = 257;
+
+    #[derive(Default)]
+    struct Graph {
+        refs: HashMap<u64, ExtentRefs>,
+        parents: HashMap<(u64, u64), u64>,
+        leaves: HashMap<(u64, u64, u64), Vec<u64>>,
+    }
+
+    impl Graph {
+        fn block(&mut self, bytenr: u64, refs: Vec<BackRef>) {
+            let n = refs.len() as u64;
+            self.refs.insert(
+                bytenr,
+                ExtentRefs {
+                    bytenr,
+                    num_bytes: 16384,
+                    refs: n,
+                    generation: 1,
+                    flags: EXTENT_FLAG_TREE_BLOCK,
+                    refs_list: refs,
+                },
+            );
+        }
+        fn data(&mut self, bytenr: u64, refs: Vec<BackRef>) {
+            let n = refs
+                .iter()
+                .map(|r| match r {
+                    BackRef::Data { count, .. } | BackRef::SharedData { count, .. } => {
+                        *count as u64
+                    }
+                    _ => 1,
+                })
+                .sum();
+            self.refs.insert(
+                bytenr,
+                ExtentRefs {
+                    bytenr,
+                    num_bytes: 4096,
+                    refs: n,
+                    generation: 1,
+                    flags: EXTENT_FLAG_DATA,
+                    refs_list: refs,
+                },
+            );
+        }
+    }
+
+    impl RefGraph for Graph {
+        fn extent_refs(&mut self, bytenr: u64) -> Result<Option<ExtentRefs>> {
+            Ok(self.refs.get(&bytenr).cloned())
+        }
+        fn parent_in_root(&mut self, root: u64, child: u64) -> Result<Option<u64>> {
+            Ok(self.parents.get(&(root, child)).copied())
+        }
+        fn leaves_referencing(
+            &mut self,
+            root: u64,
+            ino: u64,
+            _offset: u64,
+            _count: u32,
+            bytenr: u64,
+        ) -> Result<Vec<u64>> {
+            Ok(self
+                .leaves
+                .get(&(root, ino, bytenr))
+                .cloned()
+                .unwrap_or_default())
+        }
+    }
+
+    fn dref(root: u64, ino: u64, offset: u64, count: u32) -> BackRef {
+        BackRef::Data {
+            root,
+            ino,
+            offset,
+            count,
+        }
+    }
+
+    /// Root R: node 1000 -> leaf 2000 -> data 9000, nothing shared.
+    fn private_tree() -> Graph {
+        let mut g = Graph::default();
+        g.block(1000, vec![BackRef::Tree { root: R }]);
+        g.block(2000, vec![BackRef::Tree { root: R }]);
+        g.parents.insert((R, 2000), 1000);
+        g.data(9000, vec![dref(R, INO, 0, 1)]);
+        g.leaves.insert((R, INO, 9000), vec![2000]);
+        g
+    }
+
+    #[test]
+    fn private_extent_is_not_shared() {
+        let mut c = SharedCheck::with_graph(private_tree());
+        assert!(!c.is_data_extent_shared(R, INO, 9000).unwrap());
+        assert!(!c
+            .is_data_extent_shared_in(R, INO, 9000, Some(2000))
+            .unwrap());
+    }
+
+    #[test]
+    fn reflink_to_another_inode_is_shared() {
+        let mut g = private_tree();
+        g.data(9000, vec![dref(R, INO, 0, 1), dref(R, INO + 1, 0, 1)]);
+        assert!(SharedCheck::with_graph(g)
+            .is_data_extent_shared(R, INO, 9000)
+            .unwrap());
+    }
+
+    #[test]
+    fn reflink_within_the_same_file_is_shared() {
+        // Two items of one inode at different ref offsets: two distinct refs.
+        let mut g = private_tree();
+        g.data(9000, vec![dref(R, INO, 0, 1), dref(R, INO, 65536, 1)]);
+        assert!(SharedCheck::with_graph(g)
+            .is_data_extent_shared(R, INO, 9000)
+            .unwrap());
+    }
+
+    #[test]
+    fn split_extent_in_one_file_is_not_shared() {
+        // A partial overwrite splits one item into two with the same ref offset:
+        // one ref with count 2, both in the private leaf.
+        let mut g = private_tree();
+        g.data(9000, vec![dref(R, INO, 0, 2)]);
+        assert!(!SharedCheck::with_graph(g)
+            .is_data_extent_shared(R, INO, 9000)
+            .unwrap());
+    }
+
+    #[test]
+    fn leaf_shared_by_a_snapshot_makes_the_extent_shared() {
+        // Snapshot S shares leaf 2000 (two tree refs) while the data extent still has
+        // a single reference from R.
+        let mut g = private_tree();
+        g.block(
+            2000,
+            vec![BackRef::Tree { root: R }, BackRef::Tree { root: S }],
+        );
+        let mut c = SharedCheck::with_graph(g);
+        assert!(c.is_data_extent_shared(R, INO, 9000).unwrap());
+        assert!(c.is_data_extent_shared(S, INO, 9000).unwrap());
+    }
+
+    #[test]
+    fn shared_node_above_a_private_leaf_makes_it_shared() {
+        // Leaf 2000 has one ref (root R), but its parent node 1000 is shared with S.
+        let mut g = private_tree();
+        g.block(
+            1000,
+            vec![BackRef::Tree { root: R }, BackRef::Tree { root: S }],
+        );
+        assert!(SharedCheck::with_graph(g)
+            .is_data_extent_shared(R, INO, 9000)
+            .unwrap());
+    }
+
+    #[test]
+    fn full_backref_parent_chain_is_followed() {
+        // Data referenced through SHARED_DATA_REF from leaf 2100, whose only ref is
+        // SHARED_BLOCK_REF from node 1100, which two roots reference.
+        let mut g = Graph::default();
+        g.data(
+            9100,
+            vec![BackRef::SharedData {
+                parent: 2100,
+                count: 1,
+            }],
+        );
+        g.block(2100, vec![BackRef::SharedBlock { parent: 1100 }]);
+        g.block(
+            1100,
+            vec![BackRef::Tree { root: R }, BackRef::Tree { root: S }],
+        );
+        assert!(SharedCheck::with_graph(g)
+            .is_data_extent_shared(R, INO, 9100)
+            .unwrap());
+        // And not shared when the chain ends at a single root's root node.
+        let mut g = Graph::default();
+        g.data(
+            9100,
+            vec![BackRef::SharedData {
+                parent: 2100,
+                count: 1,
+            }],
+        );
+        g.block(2100, vec![BackRef::SharedBlock { parent: 1100 }]);
+        g.block(1100, vec![BackRef::Tree { root: R }]);
+        assert!(!SharedCheck::with_graph(g)
+            .is_data_extent_shared(R, INO, 9100)
+            .unwrap());
+    }
+
+    #[test]
+    fn data_reloc_references_are_ignored() {
+        let mut g = private_tree();
+        g.data(
+            9000,
+            vec![
+                dref(R, INO, 0, 1),
+                dref(DATA_RELOC_TREE_OBJECTID, 257, 0, 1),
+            ],
+        );
+        assert!(!SharedCheck::with_graph(g)
+            .is_data_extent_shared(R, INO, 9000)
+            .unwrap());
+    }
+
+    #[test]
+    fn missing_extent_item_is_an_error_not_a_panic() {
+        let mut c = SharedCheck::with_graph(Graph::default());
+        assert!(c.is_data_extent_shared(R, INO, 1).is_err());
+        assert!(c.is_block_shared(1).is_err());
+    }
+
+    #[test]
+    fn parent_cycle_terminates() {
+        // Hostile: two blocks naming each other as parent.
+        let mut g = Graph::default();
+        g.block(1, vec![BackRef::SharedBlock { parent: 2 }]);
+        g.block(2, vec![BackRef::SharedBlock { parent: 1 }]);
+        assert!(!SharedCheck::with_graph(g).is_block_shared(1).unwrap());
+    }
 }
