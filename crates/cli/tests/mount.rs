@@ -1016,3 +1016,86 @@ fn mount_is_read_only_and_unmounts_on_signals() {
         assert!(!is_mounted(&fm.mnt), "SIG{sig}: unmounted");
     }
 }
+
+/// Undoes a kernel loop mount on drop (also when an assertion fails).
+struct RwKernelMount(PathBuf);
+
+impl Drop for RwKernelMount {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+}
+
+/// Real programs that trust stat data: `git status` finds a repository written by the
+/// kernel clean on the ubtrfs mount (its index records ino, times and sizes, so any
+/// difference from the kernel's view would show as modified files), and
+/// `sha256sum -c` verifies a list made on the kernel mount.
+#[test]
+fn mount_git_status_and_sha256sum_check() {
+    if !have_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("git.img");
+    File::create(&img)
+        .expect("create")
+        .set_len(1 << 30)
+        .expect("size");
+    assert!(Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .arg(&img)
+        .status()
+        .is_ok_and(|s| s.success()));
+    let w = dir.path().join("w");
+    std::fs::create_dir(&w).expect("mkdir");
+    {
+        let _lock = KERNEL.lock().unwrap_or_else(|p| p.into_inner());
+        assert!(Command::new("mount")
+            .args(["-o", "loop,compress=zstd"])
+            .arg(&img)
+            .arg(&w)
+            .status()
+            .is_ok_and(|s| s.success()));
+        let guard = RwKernelMount(w.clone());
+        let (_, err) = sh(
+            &w,
+            "set -e
+             mkdir repo && cd repo
+             git init -q . && git config user.email t@example.invalid && git config user.name t
+             for i in $(seq 1 40); do mkdir -p d$((i % 5)); seq $i 3000 > d$((i % 5))/f$i.txt; done
+             head -c 300000 /dev/urandom > blob.bin
+             ln -s d1/f1.txt link
+             git add -A && git commit -q -m initial
+             echo change >> d1/f1.txt && git commit -q -am second
+             sha256sum $(find . -path ./.git -prune -o -type f -print | sort) > ../SHA256SUMS
+             git status --porcelain > ../status-kernel.txt",
+        );
+        assert!(err.is_empty(), "setting up the repository: {err}");
+        drop(guard);
+    }
+    let m = FuseMount::start(std::slice::from_ref(&img), &[]);
+    let repo = m.mnt.join("repo");
+    let (out, err) = sh(&repo, "git status --porcelain; echo rc=$?");
+    assert_eq!(
+        out.trim(),
+        "rc=0",
+        "git status on the ubtrfs mount: {out} {err}"
+    );
+    let (out, _) = sh(
+        &repo,
+        "git log --oneline | wc -l; git fsck --no-progress 2>&1 | wc -l",
+    );
+    assert_eq!(
+        out.split_whitespace().collect::<Vec<_>>(),
+        ["2", "0"],
+        "git log/fsck: {out}"
+    );
+    let (out, err) = sh(&repo, "sha256sum --quiet -c ../SHA256SUMS; echo rc=$?");
+    assert_eq!(
+        out.trim(),
+        "rc=0",
+        "sha256sum -c on the ubtrfs mount: {out} {err}"
+    );
+}
