@@ -605,6 +605,7 @@ build_set() {
     trap 'echo "make-golden: $name: failed (exit $?) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
     local i l uuid imgs=() names=()
+    btrfs device scan --forget >/dev/null 2>&1 || true
     for i in $(seq 1 "$NDEV"); do
         truncate -s "$DEVSIZE" "$WORK/dev$i.img"
         l=$(losetup -f --show "$WORK/dev$i.img")
@@ -648,6 +649,9 @@ build_set() {
 
     # The kernel's qgroup numbers after a full rescan, taken on the working copy
     # (the committed image was compressed above and is not touched by this).
+    # Golden sets have fixed fsids: drop stale registrations of unmounted devices
+    # (e.g. a test's read-only loop of the committed image) before mounting.
+    btrfs device scan --forget >/dev/null 2>&1 || true
     for img in "${imgs[@]}"; do LOOPS+=("$(losetup -f --show "$img")"); done
     if [ "$NDEV" -gt 1 ]; then
         for l in "${LOOPS[@]}"; do btrfs device scan "$l" >/dev/null; done

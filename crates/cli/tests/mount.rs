@@ -222,6 +222,11 @@ impl Drop for KernelMount {
             }
         }
         for l in &self.loops {
+            // Golden sets share fixed fsids: leave no stale device registration.
+            let _ = Command::new("btrfs")
+                .args(["device", "scan", "--forget", l])
+                .stderr(Stdio::null())
+                .status();
             let _ = Command::new("losetup").args(["-d", l]).status();
         }
     }
