@@ -257,9 +257,13 @@ impl Filesystem {
                 return Ok(e.data.clone());
             }
         }
-        if disk_num_bytes > 16 << 20 {
+        // The kernel never writes a compressed extent larger than 128 KiB on disk or
+        // in memory; anything bigger is a hostile item, not a slow read.
+        if disk_num_bytes > ubtrfs_compress::MAX_COMPRESSED as u64
+            || ram_bytes > ubtrfs_compress::MAX_UNCOMPRESSED as u64
+        {
             return Err(Error::corrupt(format!(
-                "{}: compressed extent of {disk_num_bytes} bytes",
+                "{}: compressed extent of {disk_num_bytes} bytes ({ram_bytes} uncompressed) exceeds 128 KiB",
                 what(disk_bytenr)
             )));
         }

@@ -1376,6 +1376,10 @@ struct Dumper<'a> {
     ctx: PrintCtx,
     dfs: bool,
     out: &'a mut dyn Write,
+    /// Blocks printed in the current tree. A well-formed tree reaches each block
+    /// once; a hostile one can point many nodes at one subtree and make the dump
+    /// exponentially long, so a block is printed only the first time.
+    seen: std::collections::HashSet<u64>,
 }
 
 impl Dumper<'_> {
@@ -1450,6 +1454,13 @@ impl Dumper<'_> {
             return Ok(None);
         };
         let want = parent.level() - 1;
+        if !self.seen.insert(p.blockptr) {
+            self.write(&format!(
+                "WARNING: tree block {} (parent {} slot {i}) was already printed in this tree, not repeated\n",
+                p.blockptr, parent.bytenr
+            ))?;
+            return Ok(None);
+        }
         let expect = Expect {
             level: Some(want),
             generation: Some(p.generation),
@@ -1513,6 +1524,8 @@ impl Dumper<'_> {
 
     /// Reads a tree's root block and prints the whole tree.
     fn whole_tree(&mut self, bytenr: u64, level: Option<u8>) -> Result<()> {
+        self.seen.clear();
+        self.seen.insert(bytenr);
         let expect = Expect {
             level,
             ..Default::default()
@@ -1741,6 +1754,7 @@ pub fn dump_tree_with(fs: &FsInfo, opts: &DumpTreeOptions, out: &mut dyn Write) 
         ctx: PrintCtx::with_opts(fs, opts),
         dfs: opts.dfs,
         out,
+        seen: std::collections::HashSet::new(),
     };
     if !opts.blocks.is_empty() {
         let mut blocks = opts.blocks.clone();
