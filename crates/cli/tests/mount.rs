@@ -27,7 +27,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod common;
-use common::{golden_dir, unpack, unpack_set};
+use common::{golden_dir, unpack, unpack_set, STAT_FIELDS};
 
 /// True when the test may run; panics when it needs root and root is missing.
 fn have_root() -> bool {
@@ -330,25 +330,6 @@ fn walk(root: &Path) -> BTreeMap<String, Value> {
     out
 }
 
-const FIELDS: &[&str] = &[
-    "type",
-    "ino",
-    "mode",
-    "nlink",
-    "uid",
-    "gid",
-    "rdev",
-    "size",
-    "blocks",
-    "atime",
-    "mtime",
-    "ctime",
-    "crtime",
-    "sha256",
-    "target_hex",
-    "xattrs",
-];
-
 /// The manifest's entries under `prefix` ("" for all), re-rooted there.
 fn entries_under(m: &Value, prefix: &str) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
@@ -386,7 +367,7 @@ fn compare(
     }
     for (p, k) in kernel {
         let Some(o) = ours.get(p) else { continue };
-        for f in FIELDS {
+        for f in STAT_FIELDS {
             // The kernel invents the ino-2 placeholder's times when it looks it up.
             if k["ino"] == 2 && ["atime", "mtime", "ctime", "crtime"].contains(f) {
                 continue;

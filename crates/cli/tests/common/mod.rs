@@ -59,3 +59,24 @@ pub fn unpack_set(m: &Value) -> Unpacked {
     }
     Unpacked { dir, devices }
 }
+
+/// Manifest fields a reader must reproduce exactly (besides the subvolume, which a
+/// FUSE mount cannot show: it has one st_dev).
+pub const STAT_FIELDS: &[&str] = &[
+    "type",
+    "ino",
+    "mode",
+    "nlink",
+    "uid",
+    "gid",
+    "rdev",
+    "size",
+    "blocks",
+    "atime",
+    "mtime",
+    "ctime",
+    "crtime",
+    "sha256",
+    "target_hex",
+    "xattrs",
+];
