@@ -48,13 +48,13 @@ if [ ! -s "$IMG" ]; then
     mv "$IMG.tmp" "$IMG"
 fi
 
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# shellcheck source=bench/lib.sh
+. "$PWD/bench/lib.sh"
 now() { date +%s%N; }
 kmount() { mount -o loop,ro "$IMG" "$KM"; }
 kumount() { umount "$KM"; }
 umount_u() { fusermount3 -u "$UM"; }
 umount_k() { umount "$KM"; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
 mbps() { awk -v n="$1" -v ms="$2" 'BEGIN { printf "%.0f", (ms > 0 ? n / 1048576 / (ms / 1000) : 0) }'; }
 
 # time_cmd SIDE CMD...: mounts SIDE after dropping caches, times CMD (ms).

@@ -34,10 +34,8 @@ fi
 files=$(mount -o loop,ro "$IMG" "$MNT" && find "$MNT/usr" | wc -l; umount "$MNT")
 echo "image: $IMG ($files entries from $SRC)"
 
-ms() { local s e; s=$(date +%s%N); "$@" >/dev/null; e=$(date +%s%N); echo $(( (e - s) / 1000000 )); }
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
-report() { echo "$1: ubtrfs $2 ms, kernel $3 ms, ratio $(ratio "$2" "$3")x"; }
+# shellcheck source=bench/lib.sh
+. "$PWD/bench/lib.sh"
 
 
 clean() { rm -rf "${DEST:?}/usr"; sync; }

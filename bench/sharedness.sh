@@ -18,10 +18,8 @@ cargo build --release -q -p ubtrfs-cli
 cleanup() { mountpoint -q "$MNT" && umount "$MNT" || true; }
 trap cleanup EXIT
 
-ms() { local s e; s=$(date +%s%N); "$@" >/dev/null; e=$(date +%s%N); echo $(( (e - s) / 1000000 )); }
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
-report() { echo "$1: ubtrfs $2 ms, kernel $3 ms, ratio $(ratio "$2" "$3")x"; }
+# shellcheck source=bench/lib.sh
+. "$PWD/bench/lib.sh"
 
 for SIZE in $SIZES; do
     IMG=$WORK/fiemap-$SIZE.img

@@ -15,9 +15,8 @@ mkdir -p "$MNT"
 cargo build --release -q -p ubtrfs-cli
 cleanup() { mountpoint -q "$MNT" && umount "$MNT" || true; }
 trap cleanup EXIT
-ms() { local s e; s=$(date +%s%N); "$@" >/dev/null; e=$(date +%s%N); echo $(( (e - s) / 1000000 )); }
-drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
+# shellcheck source=bench/lib.sh
+. "$PWD/bench/lib.sh"
 
 if [ ! -s "$IMG.made" ]; then
     rm -f "$IMG"; truncate -s 16G "$IMG"

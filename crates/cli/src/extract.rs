@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use ubtrfs_core::fs::*;
 use ubtrfs_core::inode::Stat;
 use ubtrfs_core::{Filesystem, Node};
-use ubtrfs_format::items::Timespec;
+use ubtrfs_format::items::{InodeItem, Timespec};
 
 pub struct Summary {
     pub entries: u64,
@@ -52,7 +52,7 @@ impl Ctx<'_> {
 
 pub fn extract(fs: &Filesystem, src: &str, dest: &Path) -> Result<Summary> {
     let node = fs.resolve(src)?;
-    let st = fs.stat(node)?;
+    let (st, inode) = stat_and_inode(fs, node)?;
     let bar = if std::io::stderr().is_terminal() {
         let b = ProgressBar::new_spinner();
         b.set_style(
@@ -81,7 +81,7 @@ pub fn extract(fs: &Filesystem, src: &str, dest: &Path) -> Result<Summary> {
     } else {
         fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
         let name = src.rsplit('/').next().unwrap_or(src);
-        extract_one(&mut ctx, node, &st, &dest.join(name))?;
+        extract_one(&mut ctx, node, &st, inode.as_ref(), &dest.join(name))?;
     }
     ctx.bar.finish_and_clear();
     for (kind, n) in &ctx.warned {
@@ -114,14 +114,30 @@ fn extract_dir(ctx: &mut Ctx<'_>, dir: Node, path: &Path) -> Result<()> {
     let entries = ctx.fs.readdir(dir)?;
     for e in entries {
         let p = path.join(OsStr::from_bytes(&e.name));
-        let st = ctx.fs.stat(e.node)?;
-        extract_one(ctx, e.node, &st, &p)?;
+        let (st, inode) = stat_and_inode(ctx.fs, e.node)?;
+        extract_one(ctx, e.node, &st, inode.as_ref(), &p)?;
     }
     ctx.ancestors.pop();
     Ok(())
 }
 
-fn extract_one(ctx: &mut Ctx<'_>, node: Node, st: &Stat, p: &Path) -> Result<()> {
+/// The inode is read once per entry: stat is derived from it and the data copy
+/// reuses it (no second tree search per file).
+fn stat_and_inode(fs: &Filesystem, node: Node) -> Result<(Stat, Option<InodeItem>)> {
+    if node.is_placeholder() {
+        return Ok((fs.stat(node)?, None));
+    }
+    let i = fs.inode_item(node)?;
+    Ok((fs.stat_of(node, &i), Some(i)))
+}
+
+fn extract_one(
+    ctx: &mut Ctx<'_>,
+    node: Node,
+    st: &Stat,
+    inode: Option<&InodeItem>,
+    p: &Path,
+) -> Result<()> {
     ctx.summary.entries += 1;
     ctx.bar.inc(1);
     let kind = st.mode & S_IFMT;
@@ -145,7 +161,7 @@ fn extract_one(ctx: &mut Ctx<'_>, node: Node, st: &Stat, p: &Path) -> Result<()>
         }
         S_IFREG => {
             ctx.bar.set_message(p.display().to_string());
-            write_file(ctx, node, st, p)?;
+            write_file(ctx, node, st, inode, p)?;
         }
         S_IFLNK => {
             let t = ctx.fs.readlink(node)?;
@@ -169,14 +185,23 @@ fn extract_one(ctx: &mut Ctx<'_>, node: Node, st: &Stat, p: &Path) -> Result<()>
     apply_meta(ctx, node, st, p)
 }
 
-fn write_file(ctx: &mut Ctx<'_>, node: Node, st: &Stat, p: &Path) -> Result<()> {
+fn write_file(
+    ctx: &mut Ctx<'_>,
+    node: Node,
+    st: &Stat,
+    inode: Option<&InodeItem>,
+    p: &Path,
+) -> Result<()> {
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
         .truncate(true)
         .open(p)
         .with_context(|| format!("creating {}", p.display()))?;
-    let inode = ctx.fs.inode_item(node)?;
+    let inode = match inode {
+        Some(i) => i.clone(),
+        None => ctx.fs.inode_item(node)?,
+    };
     let ranges = ctx.fs.data_ranges(node, inode.size)?;
     let disp = p.display().to_string();
     for (start, end) in ranges {
