@@ -1,6 +1,7 @@
 //! `ubtrfs`: read (and later write) btrfs filesystems without a kernel mount.
 //! A thin layer over ubtrfs-core: argument parsing, output formatting, exit codes.
 
+mod edit;
 mod extract;
 mod fmt;
 mod mount;
@@ -47,6 +48,67 @@ pub enum Format {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Create a filesystem (optionally filled from a directory).
+    Mkfs(edit::MkfsArgs),
+    /// Copy files or directories into an image: put IMAGE SRC... DEST.
+    Put {
+        image: PathBuf,
+        #[arg(required = true, num_args = 2..)]
+        args: Vec<String>,
+    },
+    /// Create directories in an image.
+    Mkdir {
+        image: PathBuf,
+        #[arg(required = true)]
+        paths: Vec<String>,
+        #[arg(short = 'p')]
+        parents: bool,
+        #[arg(short = 'm', default_value = "755", value_parser = parse_octal)]
+        mode: u32,
+    },
+    /// Remove files (and with -r directories) from an image.
+    Rm {
+        image: PathBuf,
+        #[arg(required = true)]
+        paths: Vec<String>,
+        #[arg(short = 'r')]
+        recursive: bool,
+    },
+    /// Rename or move within an image.
+    Mv {
+        image: PathBuf,
+        from: String,
+        to: String,
+        /// Fail if the target exists (RENAME_NOREPLACE).
+        #[arg(short = 'n', long)]
+        no_clobber: bool,
+    },
+    /// Make a hard link (or with -s a symbolic link) in an image.
+    Ln {
+        image: PathBuf,
+        target: String,
+        link: String,
+        #[arg(short = 's')]
+        symbolic: bool,
+    },
+    /// Set (or with -x remove) an extended attribute in an image.
+    Setfattr {
+        image: PathBuf,
+        path: String,
+        #[arg(short = 'n')]
+        name: String,
+        #[arg(short = 'v')]
+        value: Option<String>,
+        #[arg(short = 'x')]
+        remove: bool,
+    },
+    /// Set a file's size in an image.
+    Truncate {
+        image: PathBuf,
+        path: String,
+        #[arg(short = 's')]
+        size: String,
+    },
     /// List a directory (paths are absolute from the top-level subvolume).
     Ls {
         #[command(flatten)]
@@ -178,6 +240,10 @@ fn flush_warnings(fs: &Filesystem) {
     }
 }
 
+fn parse_octal(s: &str) -> std::result::Result<u32, String> {
+    u32::from_str_radix(s, 8).map_err(|e| format!("bad octal mode {s:?}: {e}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -200,6 +266,18 @@ fn run(cli: Cli) -> Result<()> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
     match cli.cmd {
+        Cmd::Mkfs(a) => edit::mkfs(a)?,
+        Cmd::Put { image, args } => {
+            let (dest, srcs) = args.split_last().context("put needs SRC... DEST")?;
+            let srcs: Vec<PathBuf> = srcs.iter().map(PathBuf::from).collect();
+            edit::put(&image, &srcs, dest)?
+        }
+        Cmd::Mkdir { image, paths, parents, mode } => edit::mkdir(&image, &paths, parents, mode)?,
+        Cmd::Rm { image, paths, recursive } => edit::rm(&image, &paths, recursive)?,
+        Cmd::Mv { image, from, to, no_clobber } => edit::mv(&image, &from, &to, no_clobber)?,
+        Cmd::Ln { image, target, link, symbolic } => edit::ln(&image, &target, &link, symbolic)?,
+        Cmd::Setfattr { image, path, name, value, remove } => edit::setfattr(&image, &path, &name, value.as_deref(), remove)?,
+        Cmd::Truncate { image, path, size } => edit::truncate(&image, &path, edit::parse_size(&size)?)?,
         Cmd::Ls {
             img,
             path,

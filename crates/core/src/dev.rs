@@ -141,3 +141,62 @@ impl Device for MemDevice {
         self.name.clone()
     }
 }
+
+/// Refuses to write a device or image file the kernel has mounted (directly or
+/// through a loop device).
+pub fn refuse_if_mounted(path: &Path) -> io::Result<()> {
+    let canon = std::fs::canonicalize(path)?;
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Ok(());
+    };
+    for line in info.lines() {
+        let Some((_, rest)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut f = rest.split_whitespace();
+        let (Some(fstype), Some(source)) = (f.next(), f.next()) else {
+            continue;
+        };
+        if fstype != "btrfs" {
+            continue;
+        }
+        let src = std::fs::canonicalize(source).unwrap_or_else(|_| PathBuf::from(source));
+        let mut backing = None;
+        if let Some(name) = src.file_name().and_then(|n| n.to_str()) {
+            if name.starts_with("loop") {
+                let bf = format!("/sys/block/{name}/loop/backing_file");
+                backing = std::fs::read_to_string(bf)
+                    .ok()
+                    .map(|s| PathBuf::from(s.trim_end()));
+            }
+        }
+        if src == canon || backing.as_ref() == Some(&canon) {
+            return Err(io::Error::new(
+                io::ErrorKind::ResourceBusy,
+                format!(
+                    "{} is mounted (by the kernel, as {}); unmount it before writing",
+                    path.display(),
+                    source
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Takes an exclusive advisory lock so two ubtrfs writers (or a writer and a ubtrfs
+/// mount, which holds a shared lock) never share an image.
+pub fn lock_exclusive(path: &Path) -> io::Result<File> {
+    let f = File::open(path)?;
+    match f.try_lock() {
+        Ok(()) => Ok(f),
+        Err(std::fs::TryLockError::WouldBlock) => Err(io::Error::new(
+            io::ErrorKind::ResourceBusy,
+            format!(
+                "{} is in use by another ubtrfs process (writer or mount)",
+                path.display()
+            ),
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
+}

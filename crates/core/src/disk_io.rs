@@ -17,7 +17,7 @@ use ubtrfs_format::superblock::SuperBlock;
 use ubtrfs_format::tree::BlockView;
 
 /// A validated tree block.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct TreeBlock {
     pub bytenr: u64,
     pub data: Vec<u8>,
@@ -56,6 +56,8 @@ pub struct OpenOptions {
     pub verify_data_csum: bool,
     /// Upper bound of the tree-block cache.
     pub cache_bytes_max: usize,
+    /// Open devices read-write (the write engine; see `transaction`).
+    pub writable: bool,
 }
 
 impl Default for OpenOptions {
@@ -63,6 +65,7 @@ impl Default for OpenOptions {
         OpenOptions {
             verify_data_csum: true,
             cache_bytes_max: 256 << 20,
+            writable: false,
         }
     }
 }
@@ -87,8 +90,12 @@ pub struct FsInfo {
     pub opts: OpenOptions,
     cache: Mutex<BlockCache>,
     warnings: Mutex<Vec<String>>,
-    /// ROOT_ITEMs of the well-known trees, read once at open.
+    /// ROOT_ITEMs of the well-known trees, read once at open (kept current by the
+    /// write engine).
     pub tree_roots: BTreeMap<u64, RootItem>,
+    /// Tree blocks written by the running transaction and not yet committed. Reads see
+    /// them first, so every read path works on the uncommitted state too.
+    pub(crate) dirty: Mutex<HashMap<u64, Arc<TreeBlock>>>,
 }
 
 /// Reads and validates every superblock copy on a device; returns the newest valid one
@@ -182,7 +189,7 @@ impl FsInfo {
         for p in paths {
             let p = p.as_ref();
             let d =
-                FileDevice::open(p, false).map_err(|e| Error::io(p.display().to_string(), e))?;
+                FileDevice::open(p, opts.writable).map_err(|e| Error::io(p.display().to_string(), e))?;
             devs.push(Arc::new(d));
         }
         FsInfo::open(devs, opts)
@@ -252,10 +259,34 @@ impl FsInfo {
             cache: Mutex::new(BlockCache::default()),
             warnings: Mutex::new(warnings),
             tree_roots: BTreeMap::new(),
+            dirty: Mutex::new(HashMap::new()),
         };
         fs.bootstrap_chunks()?;
         fs.load_tree_roots()?;
         Ok(fs)
+    }
+
+    /// A filesystem being created (mkfs): nothing is read from the devices.
+    pub(crate) fn new_raw(
+        sb: SuperBlock,
+        devices: BTreeMap<u64, Arc<dyn Device>>,
+        chunk_map: ChunkMap,
+        opts: OpenOptions,
+    ) -> FsInfo {
+        let csum_type = sb.csum_type().unwrap_or(CsumType::Crc32c);
+        FsInfo {
+            nodesize: sb.nodesize,
+            sectorsize: sb.sectorsize,
+            csum_type,
+            sb,
+            devices,
+            chunk_map,
+            opts,
+            cache: Mutex::new(BlockCache::default()),
+            warnings: Mutex::new(Vec::new()),
+            tree_roots: BTreeMap::new(),
+            dirty: Mutex::new(HashMap::new()),
+        }
     }
 
     fn check_ctx(&self) -> CheckCtx {
@@ -453,6 +484,9 @@ impl FsInfo {
     /// Reads, verifies and caches a tree block. Tries every copy; a bad copy that is
     /// rescued by a good one is reported as a warning naming the copy.
     pub fn read_tree_block(&self, bytenr: u64, expect: &Expect) -> Result<Arc<TreeBlock>> {
+        if let Some(b) = self.dirty_get(bytenr) {
+            return Ok(b);
+        }
         if let Some(b) = self.cache_get(bytenr) {
             // A cached block must satisfy this parent's expectations too: a hostile
             // node could point twice at one block under different keys.
@@ -520,6 +554,32 @@ impl FsInfo {
         check_header(&ctx, bytenr, &data, expect)?;
         check_block(&ctx, bytenr, &data, expect)?;
         Ok(data)
+    }
+
+    pub(crate) fn dirty_get(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {
+        let d = self.dirty.lock().ok()?;
+        if d.is_empty() {
+            return None;
+        }
+        d.get(&bytenr).cloned()
+    }
+
+    pub(crate) fn check_ctx_pub(&self) -> CheckCtx {
+        self.check_ctx()
+    }
+
+    /// Drops a cached copy (the block's address is being reused).
+    pub(crate) fn cache_forget(&self, bytenr: u64) {
+        if let Ok(mut c) = self.cache.lock() {
+            if let Some(o) = c.map.remove(&bytenr) {
+                c.bytes -= o.data.len();
+            }
+        }
+    }
+
+    pub(crate) fn cache_insert(&self, b: Arc<TreeBlock>) {
+        self.cache_forget(b.bytenr);
+        self.cache_put(b);
     }
 
     fn cache_get(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {

@@ -26,6 +26,14 @@ pub enum Error {
     Invalid(String),
     #[error("{0}: Too many levels of symbolic links")]
     Loop(String),
+    #[error("{0}: No space left on device")]
+    NoSpace(String),
+    #[error("{0}: File exists")]
+    Exists(String),
+    #[error("{0}: Directory not empty")]
+    NotEmpty(String),
+    #[error("{0}: Device or resource busy")]
+    Busy(String),
 }
 
 impl Error {
@@ -48,6 +56,10 @@ impl Error {
             Error::IsDir(_) => libc_consts::EISDIR,
             Error::Invalid(_) => libc_consts::EINVAL,
             Error::Loop(_) => libc_consts::ELOOP,
+            Error::NoSpace(_) => libc_consts::ENOSPC,
+            Error::Exists(_) => libc_consts::EEXIST,
+            Error::NotEmpty(_) => libc_consts::ENOTEMPTY,
+            Error::Busy(_) => libc_consts::EBUSY,
         }
     }
 }
@@ -55,6 +67,10 @@ impl Error {
 /// Linux errno values (stable ABI), kept here so the engine needs no libc.
 mod libc_consts {
     pub const ENOENT: i32 = 2;
+    pub const EBUSY: i32 = 16;
+    pub const EEXIST: i32 = 17;
+    pub const ENOSPC: i32 = 28;
+    pub const ENOTEMPTY: i32 = 39;
     pub const EIO: i32 = 5;
     pub const ENOTDIR: i32 = 20;
     pub const EISDIR: i32 = 21;

@@ -127,3 +127,73 @@ impl FsInfo {
         Ok(())
     }
 }
+
+impl crate::transaction::Trans {
+    /// Sectors of checksums per csum item (the kernel's MAX_CSUM_ITEMS bound).
+    fn csums_per_item(&self) -> usize {
+        let csize = self.fs.info.csum_type.size();
+        (self.max_item_size() - ubtrfs_format::consts::ITEM_SIZE) / csize - 1
+    }
+
+    /// Checksums newly written data at logical `bytenr` into the csum tree.
+    pub(crate) fn csum_data(&mut self, bytenr: u64, data: &[u8]) -> Result<()> {
+        let ss = self.fs.info.sectorsize as usize;
+        let ct = self.fs.info.csum_type;
+        let csize = ct.size();
+        let per = self.csums_per_item();
+        let mut items = Vec::new();
+        for (ci, chunk) in data.chunks(per * ss).enumerate() {
+            let mut v = Vec::with_capacity(chunk.len() / ss * csize);
+            for sector in chunk.chunks(ss) {
+                v.extend_from_slice(&ct.compute(sector)[..csize]);
+            }
+            let start = bytenr + (ci * per * ss) as u64;
+            items.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, start), v));
+        }
+        self.insert_items(CSUM_TREE_OBJECTID, &items)
+    }
+
+    /// Removes the checksums of [bytenr, bytenr + len), splitting items that straddle it.
+    pub(crate) fn del_csums(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        let ss = self.fs.info.sectorsize as u64;
+        let csize = self.fs.info.csum_type.size() as u64;
+        let end = bytenr + len;
+        let root = self.root_ptr(CSUM_TREE_OBJECTID)?;
+        let mut found: Vec<(Key, Vec<u8>)> = Vec::new();
+        let key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, bytenr);
+        let start_key = match crate::ctree::lookup_prev(&self.fs.info, &root, key)? {
+            Some((k, _)) if k.objectid == EXTENT_CSUM_OBJECTID && k.ty == EXTENT_CSUM_KEY => k,
+            _ => key,
+        };
+        for item in crate::ctree::TreeIter::new(
+            &self.fs.info,
+            &root,
+            start_key,
+            Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, end.saturating_sub(1)),
+        )? {
+            let item = item?;
+            let k = item.key();
+            let item_end = k.offset + item.data().len() as u64 / csize * ss;
+            if item_end > bytenr && k.offset < end {
+                found.push((k, item.data().to_vec()));
+            }
+        }
+        for (k, data) in found {
+            self.delete_item(CSUM_TREE_OBJECTID, &k)?;
+            let item_end = k.offset + data.len() as u64 / csize * ss;
+            let mut keep = Vec::new();
+            if k.offset < bytenr {
+                let n = ((bytenr - k.offset) / ss * csize) as usize;
+                keep.push((k, data[..n].to_vec()));
+            }
+            if item_end > end {
+                let skip = ((end - k.offset) / ss * csize) as usize;
+                keep.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, end), data[skip..].to_vec()));
+            }
+            if !keep.is_empty() {
+                self.insert_items(CSUM_TREE_OBJECTID, &keep)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -61,6 +61,20 @@ impl Filesystem {
         }
     }
 
+    /// Forgets a cached root pointer (the write engine moved the root).
+    pub(crate) fn forget_root(&self, id: u64) {
+        if let Ok(mut m) = self.roots.lock() {
+            m.remove(&id);
+        }
+    }
+
+    /// Drops caches keyed by data addresses (space may be reused after a commit).
+    pub(crate) fn clear_data_caches(&self) {
+        if let Ok(mut d) = self.decompressed.lock() {
+            d.clear();
+        }
+    }
+
     /// The top-level subvolume's root directory.
     pub fn top(&self) -> Node {
         Node::new(FS_TREE_OBJECTID, FIRST_FREE_OBJECTID)

@@ -122,6 +122,7 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
     let opts = OpenOptions {
         verify_data_csum: verify_data,
         cache_bytes_max: limits.cache_bytes,
+        ..Default::default()
     };
     let info = match FsInfo::open(vec![dev], opts) {
         Ok(i) => i,

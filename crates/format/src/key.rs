@@ -44,10 +44,17 @@ impl Key {
     pub fn from_bytes(b: &[u8]) -> Result<Key> {
         Key::parse(&mut Cursor::new(b, "disk key"))
     }
+    /// Encodes the 17-byte disk key into `buf[..17]` (panics if `buf` is shorter).
     pub fn write(&self, buf: &mut [u8]) {
         put64(buf, 0, self.objectid);
         buf[8] = self.ty;
         put64(buf, 9, self.offset);
+    }
+    /// The 17-byte little-endian disk key.
+    pub fn to_bytes(&self) -> [u8; DISK_KEY_SIZE] {
+        let mut b = [0u8; DISK_KEY_SIZE];
+        self.write(&mut b);
+        b
     }
     /// The smallest key strictly greater than this one, if any.
     pub fn successor(&self) -> Option<Key> {
@@ -133,6 +140,20 @@ mod tests {
         assert_eq!(Key::from_bytes(&b).unwrap(), k);
         assert_eq!(k.to_string(), "(FS_TREE ROOT_ITEM 18446744073709551615)");
         assert_eq!(Key::new(257, 1, 0).to_string(), "(257 INODE_ITEM 0)");
+    }
+    #[test]
+    fn to_bytes_layout() {
+        let k = Key::new(FS_TREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX);
+        let mut b = [0u8; 17];
+        k.write(&mut b);
+        assert_eq!(k.to_bytes(), b);
+        let k = Key::new(0x0102_0304_0506_0708, 0x54, 0x1112_1314_1516_1718);
+        let b = k.to_bytes();
+        assert_eq!(
+            b,
+            [8, 7, 6, 5, 4, 3, 2, 1, 0x54, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11]
+        );
+        assert_eq!(Key::from_bytes(&b).unwrap(), k);
     }
     #[test]
     fn successor() {

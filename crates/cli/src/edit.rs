@@ -1,0 +1,462 @@
+//! Writing commands: mkfs (with --rootdir), and offline edits of an image (put, mkdir,
+//! rm, mv, ln, setfattr, truncate). Each edit command is one transaction: it commits
+//! at the end, or leaves the image untouched on error.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::collections::HashMap;
+use std::io::{IsTerminal, Read, Seek, SeekFrom};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use ubtrfs_core::format::consts::*;
+use ubtrfs_core::format::csum::CsumType;
+use ubtrfs_core::format::items::Timespec;
+use ubtrfs_core::inode_ops::{now, NewInode, MAX_EXTENT_SIZE};
+use ubtrfs_core::mkfs::{make_filesystem, MkfsOptions};
+use ubtrfs_core::Trans;
+
+/// Commit when this much metadata is dirty, so memory stays bounded on big copies.
+const DIRTY_BYTES_COMMIT: usize = 256 << 20;
+
+#[derive(Args)]
+pub struct MkfsArgs {
+    /// Image file or block device (a file is created or extended to --size).
+    pub image: PathBuf,
+    /// Size of the image file (e.g. 1G, 512M).
+    #[arg(long)]
+    pub size: Option<String>,
+    #[arg(long, short = 'n', default_value = "16384")]
+    pub nodesize: u32,
+    #[arg(long, short = 's', default_value = "4096")]
+    pub sectorsize: u32,
+    /// crc32c, xxhash, sha256 or blake2.
+    #[arg(long, default_value = "crc32c")]
+    pub csum: String,
+    #[arg(long, short = 'L', default_value = "")]
+    pub label: String,
+    #[arg(long, short = 'U')]
+    pub uuid: Option<String>,
+    /// Data profile: single or dup.
+    #[arg(long, short = 'd', default_value = "single")]
+    pub data: String,
+    /// Metadata profile: dup or single.
+    #[arg(long, short = 'm', default_value = "dup")]
+    pub metadata: String,
+    /// Features, comma separated: block-group-tree, ^no-holes.
+    #[arg(long, short = 'O')]
+    pub features: Option<String>,
+    /// Copy this directory's contents into the new filesystem.
+    #[arg(long, short = 'r')]
+    pub rootdir: Option<PathBuf>,
+    /// Overwrite an existing filesystem.
+    #[arg(long, short = 'f')]
+    pub force: bool,
+    /// Quiet: no progress bar.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+}
+
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&s[..s.len() - 1], 1u64 << 10),
+        Some('M') => (&s[..s.len() - 1], 1 << 20),
+        Some('G') => (&s[..s.len() - 1], 1 << 30),
+        Some('T') => (&s[..s.len() - 1], 1 << 40),
+        _ => (s, 1),
+    };
+    let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
+    n.checked_mul(mult).with_context(|| format!("size {s:?} too large"))
+}
+
+fn parse_profile(s: &str) -> Result<u64> {
+    Ok(match s.to_ascii_lowercase().as_str() {
+        "single" => 0,
+        "dup" => BLOCK_GROUP_DUP,
+        other => bail!("profile {other:?} is not supported on one device (single, dup)"),
+    })
+}
+
+fn parse_uuid(s: &str) -> Result<[u8; 16]> {
+    let hex: String = s.chars().filter(|c| *c != '-').collect();
+    if hex.len() != 32 {
+        bail!("bad uuid {s:?}");
+    }
+    let mut u = [0u8; 16];
+    for (i, b) in u.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).with_context(|| format!("bad uuid {s:?}"))?;
+    }
+    Ok(u)
+}
+
+pub fn mkfs(a: MkfsArgs) -> Result<()> {
+    let mut opts = MkfsOptions {
+        nodesize: a.nodesize,
+        sectorsize: a.sectorsize,
+        csum: CsumType::from_name(&a.csum).with_context(|| format!("unknown checksum {:?}", a.csum))?,
+        label: a.label.clone(),
+        fsid: a.uuid.as_deref().map(parse_uuid).transpose()?,
+        data_profile: parse_profile(&a.data)?,
+        metadata_profile: parse_profile(&a.metadata)?,
+        ..Default::default()
+    };
+    if let Some(f) = &a.features {
+        for feat in f.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match feat {
+                "block-group-tree" | "bgt" => opts.block_group_tree = true,
+                "^block-group-tree" => opts.block_group_tree = false,
+                "no-holes" | "extref" | "skinny-metadata" | "free-space-tree" => {}
+                "^no-holes" => opts.no_holes = false,
+                other => bail!("feature {other:?} is not supported"),
+            }
+        }
+    }
+    let exists = a.image.exists();
+    if exists && !a.force {
+        let mut sig = [0u8; 8];
+        if let Ok(mut f) = std::fs::File::open(&a.image) {
+            if f.seek(SeekFrom::Start(SUPER_INFO_OFFSET + 0x40)).is_ok() && f.read_exact(&mut sig).is_ok() && u64::from_le_bytes(sig) == BTRFS_MAGIC {
+                bail!("{} already holds a btrfs filesystem (use -f to overwrite)", a.image.display());
+            }
+        }
+    }
+    if exists {
+        ubtrfs_core::dev::refuse_if_mounted(&a.image).with_context(|| a.image.display().to_string())?;
+    }
+    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&a.image).with_context(|| format!("opening {}", a.image.display()))?;
+    let lock = ubtrfs_core::dev::lock_exclusive(&a.image)?;
+    if let Some(s) = &a.size {
+        let size = parse_size(s)?;
+        file.set_len(size).with_context(|| format!("sizing {}", a.image.display()))?;
+    }
+    drop(file);
+    if let Some(root) = &a.rootdir {
+        let md = std::fs::metadata(root).with_context(|| root.display().to_string())?;
+        if !md.is_dir() {
+            bail!("{}: not a directory", root.display());
+        }
+        opts.root_uid = md.uid();
+        opts.root_gid = md.gid();
+        opts.root_mode = md.mode();
+    }
+    let dev: Arc<dyn ubtrfs_core::dev::Device> = Arc::new(ubtrfs_core::dev::FileDevice::open(&a.image, true).with_context(|| a.image.display().to_string())?);
+    let mut t = make_filesystem(dev, &opts)?;
+    t.hold_locks(vec![lock]);
+    if let Some(root) = &a.rootdir {
+        let mut c = Copier::new(!a.quiet && std::io::stderr().is_terminal());
+        c.copy_dir_contents(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, root)?;
+        let md = std::fs::symlink_metadata(root)?;
+        set_times(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, &md)?;
+        c.finish();
+        t.commit()?;
+    }
+    if !a.quiet {
+        let sb = &t.fs.info.sb;
+        println!("Label:              {}", if a.label.is_empty() { "(null)" } else { &a.label });
+        println!("UUID:               {}", ubtrfs_core::format::bytes::uuid_string(&sb.fsid));
+        println!("Node size:          {}", sb.nodesize);
+        println!("Sector size:        {}", sb.sectorsize);
+        println!("Filesystem size:    {}", sb.total_bytes);
+        println!("Checksum:           {}", opts.csum.name());
+    }
+    Ok(())
+}
+
+fn ts(sec: i64, nsec: i64) -> Timespec {
+    Timespec { sec, nsec: nsec as u32 }
+}
+
+fn set_times(t: &mut Trans, root: u64, ino: u64, md: &std::fs::Metadata) -> Result<()> {
+    let mut i = t.read_inode(root, ino)?;
+    i.atime = ts(md.atime(), md.atime_nsec());
+    i.mtime = ts(md.mtime(), md.mtime_nsec());
+    i.ctime = ts(md.ctime(), md.ctime_nsec());
+    t.write_inode(root, ino, &i)?;
+    Ok(())
+}
+
+/// Device numbers as the kernel stores them in INODE_ITEM.rdev (MKDEV: major << 20).
+fn disk_rdev(rdev: u64) -> u64 {
+    let major = nix::sys::stat::major(rdev);
+    let minor = nix::sys::stat::minor(rdev);
+    (major << 20) | (minor & 0xfffff)
+}
+
+/// Copies host files into a subvolume: contents (holes kept), modes, owners, times,
+/// xattrs, hard links, symlinks and special files.
+pub struct Copier {
+    links: HashMap<(u64, u64), u64>,
+    bar: Option<ProgressBar>,
+    pub files: u64,
+    pub bytes: u64,
+}
+
+impl Copier {
+    pub fn new(progress: bool) -> Copier {
+        let bar = progress.then(|| {
+            let b = ProgressBar::new_spinner();
+            b.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+            b
+        });
+        Copier { links: HashMap::new(), bar, files: 0, bytes: 0 }
+    }
+
+    pub fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+
+    pub fn copy_dir_contents(&mut self, t: &mut Trans, root: u64, dir: u64, src: &Path) -> Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(src).with_context(|| src.display().to_string())?.collect::<std::io::Result<Vec<_>>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for e in entries {
+            self.copy_one(t, root, dir, &e.path(), e.file_name().as_encoded_bytes())?;
+        }
+        Ok(())
+    }
+
+    pub fn copy_one(&mut self, t: &mut Trans, root: u64, dir: u64, src: &Path, name: &[u8]) -> Result<u64> {
+        use std::os::unix::ffi::OsStrExt;
+        let md = std::fs::symlink_metadata(src).with_context(|| src.display().to_string())?;
+        let time = ts(md.mtime(), md.mtime_nsec());
+        let attr = NewInode { mode: md.mode(), uid: md.uid(), gid: md.gid(), rdev: disk_rdev(md.rdev()), time };
+        let ft = md.file_type();
+        self.files += 1;
+        if let Some(b) = &self.bar {
+            if self.files.is_multiple_of(256) {
+                b.set_message(format!("{} files, {} MiB", self.files, self.bytes >> 20));
+                b.tick();
+            }
+        }
+        if !ft.is_dir() && md.nlink() > 1 {
+            if let Some(&ino) = self.links.get(&(md.dev(), md.ino())) {
+                t.link(root, ino, dir, name, time)?;
+                return Ok(ino);
+            }
+        }
+        let ino = if ft.is_symlink() {
+            let target = std::fs::read_link(src)?;
+            t.symlink(root, dir, name, target.as_os_str().as_bytes(), attr)?
+        } else if ft.is_dir() {
+            let ino = t.create(root, dir, name, attr)?;
+            self.copy_dir_contents(t, root, ino, src)?;
+            ino
+        } else if ft.is_file() {
+            let ino = t.create(root, dir, name, attr)?;
+            self.copy_data(t, root, ino, src, md.len())?;
+            ino
+        } else if ft.is_char_device() || ft.is_block_device() || ft.is_fifo() || ft.is_socket() {
+            t.create(root, dir, name, attr)?
+        } else {
+            bail!("{}: unsupported file type", src.display());
+        };
+        if let Ok(names) = xattr::list(src) {
+            for n in names {
+                if let Ok(Some(v)) = xattr::get(src, &n) {
+                    t.set_xattr(root, ino, n.as_bytes(), &v, time)?;
+                }
+            }
+        }
+        set_times(t, root, ino, &md)?;
+        if !ft.is_dir() && md.nlink() > 1 {
+            self.links.insert((md.dev(), md.ino()), ino);
+        }
+        if t.dirty_bytes() > DIRTY_BYTES_COMMIT {
+            t.commit()?;
+        }
+        Ok(ino)
+    }
+
+    fn copy_data(&mut self, t: &mut Trans, root: u64, ino: u64, src: &Path, size: u64) -> Result<()> {
+        let mut f = std::fs::File::open(src).with_context(|| src.display().to_string())?;
+        let mut pos = 0u64;
+        let chunk = MAX_EXTENT_SIZE as usize;
+        let mut buf = vec![0u8; chunk.min(size as usize)];
+        while pos < size {
+            // Skip holes: they stay holes.
+            let data = nix::unistd::lseek(std::os::fd::AsRawFd::as_raw_fd(&f), pos as i64, nix::unistd::Whence::SeekData).map(|o| o as u64).unwrap_or(pos);
+            if data >= size {
+                break;
+            }
+            let hole = nix::unistd::lseek(std::os::fd::AsRawFd::as_raw_fd(&f), data as i64, nix::unistd::Whence::SeekHole).map(|o| o as u64).unwrap_or(size).min(size);
+            let ss = t.fs.info.sectorsize as u64;
+            let mut p = data - data % ss;
+            let end = hole.next_multiple_of(ss).min(size);
+            while p < end {
+                let n = ((end - p) as usize).min(chunk);
+                f.seek(SeekFrom::Start(p))?;
+                f.read_exact(&mut buf[..n]).with_context(|| src.display().to_string())?;
+                t.write(root, ino, p, &buf[..n], now())?;
+                self.bytes += n as u64;
+                p += n as u64;
+            }
+            pos = end.max(hole);
+        }
+        if t.read_inode(root, ino)?.size < size {
+            t.truncate(root, ino, size, now())?;
+        }
+        Ok(())
+    }
+}
+
+/// `IMAGE[:/path]` arguments name the top-level subvolume's paths.
+fn split_path(p: &str) -> (Vec<u8>, Vec<u8>) {
+    let p = p.trim_end_matches('/');
+    match p.rfind('/') {
+        Some(i) => (p[..i].as_bytes().to_vec(), p[i + 1..].as_bytes().to_vec()),
+        None => (Vec::new(), p.as_bytes().to_vec()),
+    }
+}
+
+#[derive(Args)]
+pub struct EditImage {
+    /// Image file or block device.
+    pub image: PathBuf,
+}
+
+pub fn open_rw(img: &Path) -> Result<Trans> {
+    Ok(Trans::open_paths(&[img])?)
+}
+
+pub fn put(image: &Path, srcs: &[PathBuf], dest: &str) -> Result<()> {
+    let mut t = open_rw(image)?;
+    let root = FS_TREE_OBJECTID;
+    let mut c = Copier::new(std::io::stderr().is_terminal());
+    let dest_ino = t.resolve_path(root, dest.as_bytes()).ok();
+    let is_dir = |t: &Trans, ino: u64| t.read_inode(root, ino).map(|i| i.mode & 0o170000 == 0o040000).unwrap_or(false);
+    match dest_ino {
+        Some(d) if is_dir(&t, d) => {
+            for s in srcs {
+                let name = s.file_name().with_context(|| format!("{}: no file name", s.display()))?;
+                c.copy_one(&mut t, root, d, s, name.as_encoded_bytes())?;
+            }
+        }
+        Some(_) => bail!("{dest}: exists and is not a directory"),
+        None => {
+            if srcs.len() != 1 {
+                bail!("{dest}: no such directory");
+            }
+            let (parent, name) = split_path(dest);
+            let p = t.resolve_path(root, &parent)?;
+            c.copy_one(&mut t, root, p, &srcs[0], &name)?;
+        }
+    }
+    c.finish();
+    t.commit()?;
+    Ok(())
+}
+
+pub fn mkdir(image: &Path, paths: &[String], parents: bool, mode: u32) -> Result<()> {
+    let mut t = open_rw(image)?;
+    let root = FS_TREE_OBJECTID;
+    let attr = NewInode { mode: 0o40000 | (mode & 0o7777), uid: 0, gid: 0, rdev: 0, time: now() };
+    for p in paths {
+        if parents {
+            let mut cur = FIRST_FREE_OBJECTID;
+            for comp in p.split('/').filter(|c| !c.is_empty()) {
+                cur = match t.lookup(root, cur, comp.as_bytes())? {
+                    Some((ino, _, _)) => ino,
+                    None => t.create(root, cur, comp.as_bytes(), attr)?,
+                };
+            }
+        } else {
+            let (parent, name) = split_path(p);
+            let d = t.resolve_path(root, &parent)?;
+            t.create(root, d, &name, attr)?;
+        }
+    }
+    t.commit()?;
+    Ok(())
+}
+
+fn remove_tree(t: &mut Trans, root: u64, dir: u64, name: &[u8]) -> Result<()> {
+    let (ino, ty, _) = t.lookup(root, dir, name)?.with_context(|| String::from_utf8_lossy(name).into_owned())?;
+    if ty == FT_DIR {
+        let children = t.list_dir(root, ino)?;
+        for (n, _) in children {
+            remove_tree(t, root, ino, &n)?;
+        }
+        t.rmdir(root, dir, name, now())?;
+    } else {
+        t.unlink(root, dir, name, now())?;
+    }
+    Ok(())
+}
+
+pub fn rm(image: &Path, paths: &[String], recursive: bool) -> Result<()> {
+    let mut t = open_rw(image)?;
+    let root = FS_TREE_OBJECTID;
+    for p in paths {
+        let (parent, name) = split_path(p);
+        let d = t.resolve_path(root, &parent)?;
+        if recursive {
+            remove_tree(&mut t, root, d, &name)?;
+        } else {
+            match t.lookup(root, d, &name)? {
+                Some((_, FT_DIR, _)) => bail!("{p}: is a directory (use -r)"),
+                Some(_) => t.unlink(root, d, &name, now())?,
+                None => bail!("{p}: No such file or directory"),
+            }
+        }
+    }
+    t.commit()?;
+    Ok(())
+}
+
+pub fn mv(image: &Path, from: &str, to: &str, noreplace: bool) -> Result<()> {
+    let mut t = open_rw(image)?;
+    let root = FS_TREE_OBJECTID;
+    let (op, on) = split_path(from);
+    let od = t.resolve_path(root, &op)?;
+    let (nd, nn) = match t.resolve_path(root, to.as_bytes()) {
+        Ok(ino) if t.read_inode(root, ino)?.mode & 0o170000 == 0o040000 => (ino, on.clone()),
+        _ => {
+            let (np, nn) = split_path(to);
+            (t.resolve_path(root, &np)?, nn)
+        }
+    };
+    t.rename(root, od, &on, nd, &nn, noreplace, now())?;
+    t.commit()?;
+    Ok(())
+}
+
+pub fn ln(image: &Path, target: &str, link: &str, symbolic: bool) -> Result<()> {
+    let mut t = open_rw(image)?;
+    let root = FS_TREE_OBJECTID;
+    let (lp, ln) = split_path(link);
+    let d = t.resolve_path(root, &lp)?;
+    if symbolic {
+        let attr = NewInode { mode: 0o120777, uid: 0, gid: 0, rdev: 0, time: now() };
+        t.symlink(root, d, &ln, target.as_bytes(), attr)?;
+    } else {
+        let ino = t.resolve_path(root, target.as_bytes())?;
+        t.link(root, ino, d, &ln, now())?;
+    }
+    t.commit()?;
+    Ok(())
+}
+
+pub fn setfattr(image: &Path, path: &str, name: &str, value: Option<&str>, remove: bool) -> Result<()> {
+    let mut t = open_rw(image)?;
+    let root = FS_TREE_OBJECTID;
+    let ino = t.resolve_path(root, path.as_bytes())?;
+    if remove {
+        t.remove_xattr(root, ino, name.as_bytes(), now())?;
+    } else {
+        t.set_xattr(root, ino, name.as_bytes(), value.unwrap_or("").as_bytes(), now())?;
+    }
+    t.commit()?;
+    Ok(())
+}
+
+pub fn truncate(image: &Path, path: &str, size: u64) -> Result<()> {
+    let mut t = open_rw(image)?;
+    let root = FS_TREE_OBJECTID;
+    let ino = t.resolve_path(root, path.as_bytes())?;
+    t.truncate(root, ino, size, now())?;
+    t.commit()?;
+    Ok(())
+}

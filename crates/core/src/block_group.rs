@@ -1,0 +1,548 @@
+//! Block groups: the in-memory state of every chunk's space (used bytes, the free-space
+//! index the allocator searches, what the free-space tree must say at commit), loading
+//! it lazily from the free-space tree, and allocating new chunks (device extents, chunk
+//! item, block group item) when a type runs out of space.
+//!
+//! Two free-space views per block group, both [`FreeSpaceIndex`]:
+//! - `free`: what may be allocated now. Space freed in this transaction is *pinned*
+//!   (kept out of `free`) until the commit is durable, because the last committed
+//!   trees may still point at it.
+//! - `fst_free`: the complement of the extent tree's items, i.e. exactly what the
+//!   free-space tree must hold after the commit. Running delayed refs updates it.
+
+use crate::error::{Error, Result};
+use crate::free_space_cache::FreeSpaceIndex;
+use crate::transaction::Trans;
+use crate::volumes::{MapEntry, MapStripe};
+use std::collections::BTreeMap;
+use ubtrfs_format::consts::*;
+use ubtrfs_format::items::{BlockGroupItem, Chunk, Stripe};
+use ubtrfs_format::key::Key;
+
+pub const FREE_SPACE_USING_BITMAPS: u32 = 1;
+pub const FREE_SPACE_BITMAP_BITS: u64 = 256 * 8;
+
+#[derive(Debug)]
+pub struct BlockGroup {
+    pub start: u64,
+    pub length: u64,
+    pub flags: u64,
+    pub used: u64,
+    pub loaded: bool,
+    pub free: FreeSpaceIndex,
+    pub fst_free: FreeSpaceIndex,
+    /// The free-space tree currently stores this group as bitmaps.
+    pub fst_bitmaps: bool,
+    /// Block group item and free-space tree need writing at commit.
+    pub dirty: bool,
+    /// Created in this transaction: its items do not exist yet.
+    pub new: bool,
+}
+
+impl BlockGroup {
+    pub fn end(&self) -> u64 {
+        self.start + self.length
+    }
+    pub fn contains(&self, bytenr: u64) -> bool {
+        bytenr >= self.start && bytenr < self.end()
+    }
+    /// Bitmap conversion thresholds, the kernel's rule: switch to bitmaps when the
+    /// extent form would need more item space than all bitmaps, back below 100 fewer.
+    pub fn bitmap_thresholds(&self, sectorsize: u32) -> (u64, u64) {
+        let range = sectorsize as u64 * FREE_SPACE_BITMAP_BITS;
+        let num_bitmaps = self.length.div_ceil(range);
+        let total = num_bitmaps * (ITEM_SIZE as u64 + 256);
+        let high = total / ITEM_SIZE as u64;
+        let low = high.saturating_sub(100);
+        (high, low)
+    }
+}
+
+/// Physical free ranges of one device, derived from its device extents.
+#[derive(Debug, Default, Clone)]
+pub struct DevSpace {
+    pub total_bytes: u64,
+    pub bytes_used: u64,
+    /// Allocated physical ranges: start -> length.
+    pub used: BTreeMap<u64, u64>,
+}
+
+impl DevSpace {
+    /// Free holes from 1 MiB (the kernel never allocates below) to the device end.
+    pub fn holes(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut pos = 1u64 << 20;
+        for (&s, &l) in &self.used {
+            if s > pos {
+                out.push((pos, s - pos));
+            }
+            pos = pos.max(s + l);
+        }
+        if self.total_bytes > pos {
+            out.push((pos, self.total_bytes - pos));
+        }
+        out
+    }
+}
+
+/// A chunk allocated in this transaction whose items are inserted at commit.
+#[derive(Debug, Clone)]
+pub struct PendingChunk {
+    pub logical: u64,
+    pub chunk: Chunk,
+}
+
+/// Logical ranges of a chunk that hold superblock copies on some stripe: never free,
+/// never extents (the kernel's and progs' exclude_super_stripes: a whole 64 KiB stripe
+/// unit around each copy).
+pub fn super_stripes(e: &MapEntry) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let rmap_len = STRIPE_LEN;
+    let profile = e.ty & BLOCK_GROUP_PROFILE_MASK;
+    let nstripes = e.stripes.len() as u64;
+    let per_stripe = if profile & BLOCK_GROUP_RAID10 != 0 {
+        e.length / (nstripes / e.sub_stripes.max(1) as u64).max(1)
+    } else if profile & BLOCK_GROUP_RAID0 != 0 {
+        e.length / nstripes.max(1)
+    } else {
+        e.length
+    };
+    for i in 0..SUPER_MIRROR_MAX {
+        let sb = super_offset(i);
+        for (si, st) in e.stripes.iter().enumerate() {
+            if st.physical > sb || st.physical + per_stripe <= sb {
+                continue;
+            }
+            let mut nr = (sb - st.physical) / e.stripe_len.max(1);
+            if profile & BLOCK_GROUP_RAID10 != 0 {
+                nr = (nr * nstripes + si as u64) / e.sub_stripes.max(1) as u64;
+            } else if profile & BLOCK_GROUP_RAID0 != 0 {
+                nr = nr * nstripes + si as u64;
+            }
+            let logical = e.start + nr * rmap_len;
+            if logical >= e.start + e.length {
+                continue;
+            }
+            let len = rmap_len.min(e.start + e.length - logical);
+            if !out.contains(&(logical, len)) {
+                out.push((logical, len));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+pub fn super_offset(i: usize) -> u64 {
+    if i == 0 {
+        SUPER_INFO_OFFSET
+    } else {
+        (16 * 1024u64) << (12 * i)
+    }
+}
+
+impl Trans {
+    /// Loads every block group's item (not its free space) at open.
+    pub(crate) fn load_block_groups(&mut self) -> Result<()> {
+        let tree = self.bg_tree_id();
+        let entries: Vec<MapEntry> = self.fs.info.chunk_map.iter().cloned().collect();
+        for e in entries {
+            let key = Key::new(e.start, BLOCK_GROUP_ITEM_KEY, e.length);
+            let ptr = self.root_ptr(tree)?;
+            let item = crate::ctree::lookup_exact(&self.fs.info, &ptr, &key)?.ok_or_else(|| {
+                Error::corrupt(format!(
+                    "chunk at logical {} has no block group item",
+                    e.start
+                ))
+            })?;
+            let bg = BlockGroupItem::parse(item.data())
+                .map_err(|err| Error::corrupt(format!("block group item {key}: {err}")))?;
+            if bg.flags != e.ty {
+                return Err(Error::corrupt(format!(
+                    "block group {} flags {:#x} differ from its chunk's {:#x}",
+                    e.start, bg.flags, e.ty
+                )));
+            }
+            self.bgs.insert(
+                e.start,
+                BlockGroup {
+                    start: e.start,
+                    length: e.length,
+                    flags: bg.flags,
+                    used: bg.used,
+                    loaded: false,
+                    free: FreeSpaceIndex::new(),
+                    fst_free: FreeSpaceIndex::new(),
+                    fst_bitmaps: false,
+                    dirty: false,
+                    new: false,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    pub(crate) fn bg_tree_id(&self) -> u64 {
+        if self.fs.info.sb.compat_ro_flags & FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0 {
+            BLOCK_GROUP_TREE_OBJECTID
+        } else {
+            EXTENT_TREE_OBJECTID
+        }
+    }
+
+    pub(crate) fn bg_of(&self, bytenr: u64) -> Result<u64> {
+        self.bgs
+            .range(..=bytenr)
+            .next_back()
+            .filter(|(_, b)| b.contains(bytenr))
+            .map(|(s, _)| *s)
+            .ok_or_else(|| Error::corrupt(format!("logical {bytenr} is in no block group")))
+    }
+
+    /// Reads a block group's free space from the free-space tree.
+    pub(crate) fn ensure_loaded(&mut self, start: u64) -> Result<()> {
+        let (length, loaded) = match self.bgs.get(&start) {
+            Some(b) => (b.length, b.loaded),
+            None => return Err(Error::corrupt(format!("no block group at {start}"))),
+        };
+        if loaded {
+            return Ok(());
+        }
+        let ranges = self.read_fst_ranges(start, length)?;
+        let bg = self.bgs.get_mut(&start).expect("checked above");
+        let mut free = FreeSpaceIndex::new();
+        let mut bitmaps = false;
+        for r in ranges.0 {
+            free.add(r.0, r.1).map_err(|e| {
+                Error::corrupt(format!("free space tree of block group {start}: {e}"))
+            })?;
+        }
+        bitmaps |= ranges.1;
+        bg.fst_free = free.clone();
+        bg.free = free;
+        bg.fst_bitmaps = bitmaps;
+        bg.loaded = true;
+        Ok(())
+    }
+
+    /// Picks the profile for new chunks of a type: that of the existing block groups.
+    fn profile_for(&self, ty: u64) -> u64 {
+        if let Some(p) = self.profiles.get(&ty) {
+            return *p;
+        }
+        self.bgs
+            .values()
+            .rev()
+            .find(|b| b.flags & BLOCK_GROUP_TYPE_MASK == ty)
+            .map(|b| b.flags & BLOCK_GROUP_PROFILE_MASK)
+            .unwrap_or(if ty == BLOCK_GROUP_DATA {
+                0
+            } else {
+                BLOCK_GROUP_DUP
+            })
+    }
+
+    /// Creates a new chunk and block group of type `ty` (DATA, METADATA or SYSTEM).
+    /// Its items are written at commit; the space is usable at once.
+    pub(crate) fn alloc_chunk(&mut self, ty: u64, min_bytes: u64) -> Result<u64> {
+        let profile = self.profile_for(ty);
+        let ncopies = match profile {
+            0 => 1,
+            BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 => 2,
+            BLOCK_GROUP_RAID1C3 => 3,
+            BLOCK_GROUP_RAID1C4 => 4,
+            _ => {
+                return Err(Error::Unsupported(format!(
+                    "allocating {} chunks",
+                    profile_name(profile)
+                )))
+            }
+        };
+        let total = self.fs.info.sb.total_bytes;
+        let max_stripe: u64 = match ty {
+            BLOCK_GROUP_DATA => 1 << 30,
+            BLOCK_GROUP_SYSTEM => 32 << 20,
+            _ => {
+                if total > 50 << 30 {
+                    1 << 30
+                } else {
+                    256 << 20
+                }
+            }
+        };
+        // At most a tenth of the filesystem, as the kernel does, but never below what
+        // the caller needs.
+        let mut want = max_stripe.min((total / 10) & !((1 << 20) - 1));
+        want = want.max(min_bytes.next_multiple_of(1 << 20)).max(1 << 20);
+        // Choose stripes: DUP takes two ranges on one device; RAID1* one per device.
+        let mut stripes: Vec<(u64, u64)> = Vec::new(); // (devid, physical)
+        let mut stripe_len = want;
+        for attempt in 0..2 {
+            stripes.clear();
+            let devids: Vec<u64> = self.dev_space.keys().copied().collect();
+            if profile == BLOCK_GROUP_DUP || profile == 0 {
+                let Some(&devid) = devids.iter().max_by_key(|d| {
+                    self.dev_space[d]
+                        .holes()
+                        .iter()
+                        .map(|h| h.1)
+                        .max()
+                        .unwrap_or(0)
+                }) else {
+                    break;
+                };
+                let mut holes = self.dev_space[&devid].holes();
+                for _ in 0..ncopies {
+                    let Some(h) = holes.iter_mut().find(|h| h.1 >= stripe_len) else {
+                        break;
+                    };
+                    stripes.push((devid, h.0));
+                    h.0 += stripe_len;
+                    h.1 -= stripe_len;
+                }
+            } else {
+                let mut cands: Vec<(u64, u64)> = devids
+                    .iter()
+                    .filter_map(|d| {
+                        self.dev_space[d]
+                            .holes()
+                            .into_iter()
+                            .find(|h| h.1 >= stripe_len)
+                            .map(|h| (*d, h.0))
+                    })
+                    .collect();
+                cands.truncate(ncopies);
+                stripes = cands;
+            }
+            if stripes.len() == ncopies {
+                break;
+            }
+            if attempt == 0 {
+                // Shrink to the largest hole that fits every copy.
+                let best = self
+                    .dev_space
+                    .values()
+                    .flat_map(|d| d.holes())
+                    .map(|h| {
+                        if profile == BLOCK_GROUP_DUP {
+                            h.1 / 2
+                        } else {
+                            h.1
+                        }
+                    })
+                    .max()
+                    .unwrap_or(0)
+                    & !((1 << 20) - 1);
+                if best < min_bytes.max(1 << 20) {
+                    break;
+                }
+                stripe_len = best;
+            }
+        }
+        if stripes.len() != ncopies {
+            return Err(Error::NoSpace(format!(
+                "no device space for a new {} chunk",
+                block_group_type_name(ty)
+            )));
+        }
+        let logical = self
+            .fs
+            .info
+            .chunk_map
+            .iter()
+            .map(|e| e.start + e.length)
+            .max()
+            .unwrap_or(1 << 20)
+            .next_multiple_of(1 << 20);
+        let flags = ty | profile;
+        let mut chunk_stripes = Vec::new();
+        for &(devid, physical) in &stripes {
+            let ds = self.dev_space.get_mut(&devid).expect("chosen above");
+            ds.used.insert(physical, stripe_len);
+            ds.bytes_used += stripe_len;
+            let uuid = self
+                .dev_uuids
+                .get(&devid)
+                .copied()
+                .ok_or_else(|| Error::corrupt(format!("devid {devid} has no device item")))?;
+            chunk_stripes.push(Stripe {
+                devid,
+                offset: physical,
+                dev_uuid: uuid,
+            });
+        }
+        let chunk = Chunk {
+            length: stripe_len,
+            owner: EXTENT_TREE_OBJECTID,
+            stripe_len: STRIPE_LEN,
+            ty: flags,
+            io_align: STRIPE_LEN as u32,
+            io_width: STRIPE_LEN as u32,
+            sector_size: self.fs.info.sectorsize,
+            num_stripes: stripes.len() as u16,
+            sub_stripes: 1,
+            stripes: chunk_stripes,
+        };
+        let entry = MapEntry {
+            start: logical,
+            length: stripe_len,
+            ty: flags,
+            stripe_len: STRIPE_LEN,
+            sub_stripes: 1,
+            stripes: stripes
+                .iter()
+                .map(|&(devid, physical)| MapStripe { devid, physical })
+                .collect(),
+        };
+        self.fs.info.chunk_map.insert(entry.clone())?;
+        self.add_new_block_group(&entry)?;
+        self.pending_chunks.push(PendingChunk { logical, chunk });
+        Ok(logical)
+    }
+
+    /// Registers a block group created in this transaction (mkfs or a new chunk).
+    pub(crate) fn add_new_block_group(&mut self, e: &MapEntry) -> Result<()> {
+        let mut free = FreeSpaceIndex::new();
+        free.add(e.start, e.length)
+            .map_err(|err| Error::corrupt(format!("new block group {}: {err}", e.start)))?;
+        for (s, l) in super_stripes(e) {
+            free.remove(s, l)
+                .map_err(|err| Error::corrupt(format!("new block group {}: {err}", e.start)))?;
+        }
+        self.bgs.insert(
+            e.start,
+            BlockGroup {
+                start: e.start,
+                length: e.length,
+                flags: e.ty,
+                used: 0,
+                loaded: true,
+                fst_free: free.clone(),
+                free,
+                fst_bitmaps: false,
+                dirty: true,
+                new: true,
+            },
+        );
+        Ok(())
+    }
+
+    /// Inserts the items of chunks allocated in this transaction.
+    pub(crate) fn create_pending_chunks(&mut self) -> Result<()> {
+        let pending = std::mem::take(&mut self.pending_chunks);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let chunk_uuid = self.chunk_tree_uuid;
+        for p in &pending {
+            let key = Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, p.logical);
+            let bytes = p.chunk.to_bytes();
+            self.insert_item(CHUNK_TREE_OBJECTID, &key, &bytes)?;
+            for st in &p.chunk.stripes {
+                let de = ubtrfs_format::items::DevExtent {
+                    chunk_tree: CHUNK_TREE_OBJECTID,
+                    chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
+                    chunk_offset: p.logical,
+                    length: p.chunk.length,
+                    chunk_tree_uuid: chunk_uuid,
+                };
+                let k = Key::new(st.devid, DEV_EXTENT_KEY, st.offset);
+                self.insert_item(DEV_TREE_OBJECTID, &k, &de.to_bytes())?;
+            }
+            if p.chunk.ty & BLOCK_GROUP_SYSTEM != 0 {
+                self.append_sys_chunk(&key, &bytes)?;
+            }
+        }
+        self.update_dev_items()?;
+        Ok(())
+    }
+
+    fn append_sys_chunk(&mut self, key: &Key, chunk: &[u8]) -> Result<()> {
+        let sb = &mut self.fs.info.sb;
+        let need = DISK_KEY_SIZE + chunk.len();
+        if sb.sys_chunk_array_size as usize + need > SYSTEM_CHUNK_ARRAY_SIZE {
+            return Err(Error::NoSpace(
+                "superblock sys_chunk_array is full (too many system chunks)".into(),
+            ));
+        }
+        let mut arr = sb.sys_chunk_array[..sb.sys_chunk_array_size as usize].to_vec();
+        arr.extend_from_slice(&key.to_bytes());
+        arr.extend_from_slice(chunk);
+        sb.sys_chunk_array_size = arr.len() as u32;
+        arr.resize(SYSTEM_CHUNK_ARRAY_SIZE, 0);
+        sb.sys_chunk_array = arr;
+        Ok(())
+    }
+
+    /// Writes bytes_used of every device into its DEV_ITEM and the superblock copy.
+    pub(crate) fn update_dev_items(&mut self) -> Result<()> {
+        let devs: Vec<(u64, u64)> = self
+            .dev_space
+            .iter()
+            .map(|(d, s)| (*d, s.bytes_used))
+            .collect();
+        for (devid, used) in devs {
+            let key = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid);
+            self.update_item(CHUNK_TREE_OBJECTID, &key, |d| {
+                // bytes_used follows devid and total_bytes.
+                if d.len() >= 24 {
+                    d[16..24].copy_from_slice(&used.to_le_bytes());
+                }
+            })?;
+            if self.fs.info.sb.dev_item.devid == devid {
+                self.fs.info.sb.dev_item.bytes_used = used;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the BLOCK_GROUP_ITEM of every dirty block group.
+    pub(crate) fn write_dirty_block_groups(&mut self) -> Result<bool> {
+        let tree = self.bg_tree_id();
+        let dirty: Vec<(u64, u64, u64, u64, bool)> = self
+            .bgs
+            .values()
+            .filter(|b| b.dirty)
+            .map(|b| (b.start, b.length, b.flags, b.used, b.new))
+            .collect();
+        let mut changed = false;
+        for (start, length, flags, used, new) in dirty {
+            let key = Key::new(start, BLOCK_GROUP_ITEM_KEY, length);
+            let item = BlockGroupItem {
+                used,
+                chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
+                flags,
+            }
+            .to_bytes();
+            if new {
+                self.insert_item(tree, &key, &item)?;
+                changed = true;
+            } else {
+                let mut same = true;
+                self.update_item(tree, &key, |d| {
+                    if d[..] != item[..] {
+                        same = false;
+                        d.copy_from_slice(&item);
+                    }
+                })?;
+                changed |= !same;
+            }
+            if let Some(b) = self.bgs.get_mut(&start) {
+                b.new = false;
+            }
+        }
+        Ok(changed)
+    }
+}
+
+pub fn block_group_type_name(ty: u64) -> &'static str {
+    if ty & BLOCK_GROUP_DATA != 0 && ty & BLOCK_GROUP_METADATA != 0 {
+        "mixed"
+    } else if ty & BLOCK_GROUP_DATA != 0 {
+        "data"
+    } else if ty & BLOCK_GROUP_SYSTEM != 0 {
+        "system"
+    } else {
+        "metadata"
+    }
+}

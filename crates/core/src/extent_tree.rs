@@ -1,0 +1,617 @@
+//! The extent tree, written: allocation of tree blocks and data extents from the block
+//! groups' free-space indexes, the kernel's backref rules on CoW of shared blocks
+//! (update_ref_for_cow with FULL_BACKREF), and running delayed refs into EXTENT_ITEM /
+//! METADATA_ITEM items with inline refs (type ascending, then by offset or hash
+//! descending, as the tree checker demands) and keyed refs when inline space runs out.
+
+use crate::delayed_ref::{Head, NewTreeBlock, RefKey};
+use crate::disk_io::TreeBlock;
+use crate::error::{Error, Result};
+use crate::extent_io as eb;
+use crate::free_space_cache::{SearchMode, SearchStats};
+use crate::transaction::Trans;
+use ubtrfs_format::bytes::{le32, le64};
+use ubtrfs_format::consts::*;
+use ubtrfs_format::csum::extent_data_ref_hash;
+use ubtrfs_format::items::{FileExtentBody, FileExtentItem};
+use ubtrfs_format::key::Key;
+
+/// The extent item and all backrefs of one extent, as stored.
+#[derive(Clone, Debug)]
+struct ExtentRec {
+    key: Key,
+    refs: u64,
+    generation: u64,
+    flags: u64,
+    tree_info: Option<Vec<u8>>,
+    inline: Vec<(RefKey, u64)>,
+    /// Keyed backref items: (item key, ref, count).
+    keyed: Vec<(Key, RefKey, u64)>,
+}
+
+fn ref_type(r: &RefKey) -> u8 {
+    match r {
+        RefKey::TreeRoot(_) => TREE_BLOCK_REF_KEY,
+        RefKey::Data { .. } => EXTENT_DATA_REF_KEY,
+        RefKey::TreeShared(_) => SHARED_BLOCK_REF_KEY,
+        RefKey::DataShared(_) => SHARED_DATA_REF_KEY,
+    }
+}
+fn ref_seq(r: &RefKey) -> u64 {
+    match *r {
+        RefKey::TreeRoot(x) | RefKey::TreeShared(x) | RefKey::DataShared(x) => x,
+        RefKey::Data { root, ino, offset } => extent_data_ref_hash(root, ino, offset),
+    }
+}
+fn inline_size(r: &RefKey) -> usize {
+    match r {
+        RefKey::TreeRoot(_) | RefKey::TreeShared(_) => 9,
+        RefKey::Data { .. } => 29,
+        RefKey::DataShared(_) => 13,
+    }
+}
+
+impl ExtentRec {
+    fn item_size(&self) -> usize {
+        24 + self.tree_info.as_ref().map_or(0, |t| t.len()) + self.inline.iter().map(|(r, _)| inline_size(r)).sum::<usize>()
+    }
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.item_size());
+        out.extend_from_slice(&self.refs.to_le_bytes());
+        out.extend_from_slice(&self.generation.to_le_bytes());
+        out.extend_from_slice(&self.flags.to_le_bytes());
+        if let Some(t) = &self.tree_info {
+            out.extend_from_slice(t);
+        }
+        let mut refs = self.inline.clone();
+        refs.sort_by(|a, b| ref_type(&a.0).cmp(&ref_type(&b.0)).then(ref_seq(&b.0).cmp(&ref_seq(&a.0))));
+        for (r, count) in refs {
+            out.push(ref_type(&r));
+            match r {
+                RefKey::TreeRoot(x) | RefKey::TreeShared(x) => out.extend_from_slice(&x.to_le_bytes()),
+                RefKey::DataShared(p) => {
+                    out.extend_from_slice(&p.to_le_bytes());
+                    out.extend_from_slice(&(count as u32).to_le_bytes());
+                }
+                RefKey::Data { root, ino, offset } => {
+                    out.extend_from_slice(&root.to_le_bytes());
+                    out.extend_from_slice(&ino.to_le_bytes());
+                    out.extend_from_slice(&offset.to_le_bytes());
+                    out.extend_from_slice(&(count as u32).to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+}
+
+fn keyed_bytes(r: &RefKey, count: u64) -> Vec<u8> {
+    match *r {
+        RefKey::TreeRoot(_) | RefKey::TreeShared(_) => Vec::new(),
+        RefKey::DataShared(_) => (count as u32).to_le_bytes().to_vec(),
+        RefKey::Data { root, ino, offset } => {
+            let mut v = Vec::with_capacity(28);
+            v.extend_from_slice(&root.to_le_bytes());
+            v.extend_from_slice(&ino.to_le_bytes());
+            v.extend_from_slice(&offset.to_le_bytes());
+            v.extend_from_slice(&(count as u32).to_le_bytes());
+            v
+        }
+    }
+}
+
+/// Allocation statistics (the allocator benchmark reads them).
+#[derive(Debug, Default, Clone)]
+pub struct AllocStats {
+    pub searches: u64,
+    pub entries_visited: u64,
+    /// Wall time spent finding free space, per search, in nanoseconds.
+    pub latencies_ns: Vec<u64>,
+    pub record_latency: bool,
+}
+
+impl Trans {
+    fn type_matches(bg_flags: u64, ty: u64) -> bool {
+        bg_flags & ty != 0
+    }
+
+    /// Finds and takes `len` bytes of type `ty` (DATA, METADATA or SYSTEM), trying the
+    /// block group of `hint` first. Allocates a new chunk when nothing fits.
+    pub(crate) fn alloc_extent(&mut self, ty: u64, len: u64, hint: u64) -> Result<u64> {
+        if let Some(b) = self.find_free(ty, len, hint)? {
+            return Ok(b);
+        }
+        self.alloc_chunk(ty, len)?;
+        self.find_free(ty, len, hint)?.ok_or_else(|| {
+            Error::NoSpace(format!("no {len} bytes free for {}", crate::block_group::block_group_type_name(ty)))
+        })
+    }
+
+    pub(crate) fn find_free(&mut self, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
+        let align = if ty & BLOCK_GROUP_DATA != 0 { self.fs.info.sectorsize as u64 } else { self.fs.info.nodesize as u64 };
+        let hint_bg = self.bg_of(hint).ok();
+        let mut order: Vec<u64> = Vec::new();
+        if let Some(h) = hint_bg {
+            order.push(h);
+        }
+        order.extend(
+            self.bgs
+                .values()
+                .filter(|b| Self::type_matches(b.flags, ty) && Some(b.start) != hint_bg)
+                .map(|b| b.start),
+        );
+        let t0 = self.alloc_stats.record_latency.then(std::time::Instant::now);
+        let mode = self.search_mode;
+        for start in order {
+            if !Self::type_matches(self.bgs[&start].flags, ty) {
+                continue;
+            }
+            // Mixed groups serve both; pure data groups never hold tree blocks.
+            if ty != BLOCK_GROUP_DATA && self.bgs[&start].flags & BLOCK_GROUP_DATA != 0 && self.bgs[&start].flags & BLOCK_GROUP_METADATA == 0 {
+                continue;
+            }
+            self.ensure_loaded(start)?;
+            let bg = self.bgs.get_mut(&start).expect("listed above");
+            if bg.free.largest() < len {
+                continue;
+            }
+            // Hint 0: no locality wanted, so the size index may take the largest entry.
+            let h = if bg.contains(hint) && hint != bg.start { hint } else { 0 };
+            let mut stats = SearchStats::default();
+            let found = bg.free.find(h, len, align, mode, &mut stats);
+            self.alloc_stats.entries_visited += stats.entries_visited;
+            if let Some(off) = found {
+                bg.free.remove(off, len).map_err(|e| Error::corrupt(format!("allocator: {e}")))?;
+                self.alloc_stats.searches += 1;
+                if let Some(t0) = t0 {
+                    self.alloc_stats.latencies_ns.push(t0.elapsed().as_nanos() as u64);
+                }
+                self.last_alloc.insert(ty, off + len);
+                return Ok(Some(off));
+            }
+        }
+        Ok(None)
+    }
+
+    pub(crate) fn alloc_tree_block(&mut self, root_id: u64, level: u8, key: Option<Key>, _hint: u64) -> Result<u64> {
+        let ty = if root_id == CHUNK_TREE_OBJECTID { BLOCK_GROUP_SYSTEM } else { BLOCK_GROUP_METADATA };
+        let hint = self.last_alloc.get(&ty).copied().unwrap_or(0);
+        let ns = self.fs.info.nodesize as u64;
+        let bytenr = self.alloc_extent(ty, ns, hint)?;
+        self.fs.info.cache_forget(bytenr);
+        self.delayed.add_new(
+            bytenr,
+            ns,
+            false,
+            Some(NewTreeBlock { level, key: key.unwrap_or(Key::MIN) }),
+            RefKey::TreeRoot(root_id),
+        );
+        *self.root_bytes_delta.entry(root_id).or_insert(0) += ns as i64;
+        Ok(bytenr)
+    }
+
+    /// Allocates a data extent of up to `len` bytes (less when space is fragmented);
+    /// returns (bytenr, length).
+    pub(crate) fn alloc_data(&mut self, len: u64) -> Result<(u64, u64)> {
+        let hint = self.last_alloc.get(&BLOCK_GROUP_DATA).copied().unwrap_or(0);
+        if let Some(b) = self.find_free(BLOCK_GROUP_DATA, len, hint)? {
+            return Ok((b, len));
+        }
+        match self.alloc_chunk(BLOCK_GROUP_DATA, len) {
+            Ok(_) => {
+                if let Some(b) = self.find_free(BLOCK_GROUP_DATA, len, hint)? {
+                    return Ok((b, len));
+                }
+            }
+            Err(Error::NoSpace(_)) => {}
+            Err(e) => return Err(e),
+        }
+        // Fragmented: take the largest piece there is.
+        let ss = self.fs.info.sectorsize as u64;
+        let starts: Vec<u64> = self.bgs.values().filter(|b| b.flags & BLOCK_GROUP_DATA != 0).map(|b| b.start).collect();
+        let mut best = 0u64;
+        for s in starts {
+            self.ensure_loaded(s)?;
+            best = best.max(self.bgs[&s].free.largest());
+        }
+        let take = (best.min(len) / ss) * ss;
+        if take == 0 {
+            return Err(Error::NoSpace("data space exhausted".into()));
+        }
+        let b = self
+            .find_free(BLOCK_GROUP_DATA, take, hint)?
+            .ok_or_else(|| Error::NoSpace("data space exhausted".into()))?;
+        Ok((b, take))
+    }
+
+    /// Returns unreferenced space allocated in this transaction (e.g. a failed write).
+    pub(crate) fn release_unused(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        let s = self.bg_of(bytenr)?;
+        let bg = self.bgs.get_mut(&s).expect("found above");
+        bg.free.add(bytenr, len).map_err(|e| Error::corrupt(format!("allocator: {e}")))
+    }
+
+    /// Drops tree `root_id`'s reference to a tree block it no longer uses.
+    pub(crate) fn free_tree_block(&mut self, root_id: u64, bytenr: u64, _level: u8) -> Result<()> {
+        let ns = self.fs.info.nodesize as u64;
+        self.delayed.add(bytenr, ns, false, RefKey::TreeRoot(root_id), -1);
+        // Allocated in this transaction: never written, so it must not be.
+        if self.delayed.get(bytenr).is_some_and(|h| h.new_extent) {
+            self.drop_dirty(bytenr);
+        }
+        *self.root_bytes_delta.entry(root_id).or_insert(0) -= ns as i64;
+        Ok(())
+    }
+
+    fn is_shareable(root_id: u64) -> bool {
+        root_id == FS_TREE_OBJECTID
+            || root_id == DATA_RELOC_TREE_OBJECTID
+            || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&root_id)
+    }
+
+    /// The kernel's update_ref_for_cow: when the block being CoWed may be shared with
+    /// a snapshot, move its children's references so both trees stay correct.
+    pub(crate) fn update_ref_for_cow(&mut self, root_id: u64, old: &TreeBlock, cow: u64, cow_data: &[u8]) -> Result<()> {
+        let hdr_flags = eb::flags(&old.data);
+        let backref_rev = hdr_flags >> BACKREF_REV_SHIFT;
+        let (root_bytenr, _) = self.root_node(root_id)?;
+        let last_snapshot = self.last_snapshot(root_id)?;
+        let can_share = Self::is_shareable(root_id)
+            && old.bytenr != root_bytenr
+            && (old.generation() <= last_snapshot || hdr_flags & HEADER_FLAG_RELOC != 0);
+        let (refs, flags) = if can_share {
+            self.lookup_extent_info(old.bytenr, old.level())?
+        } else {
+            (1, if backref_rev < MIXED_BACKREF_REV { BLOCK_FLAG_FULL_BACKREF } else { 0 })
+        };
+        if refs == 0 {
+            return Err(Error::corrupt(format!("tree block {} has no references", old.bytenr)));
+        }
+        let owner = old.owner();
+        if refs > 1 {
+            if owner == root_id && flags & BLOCK_FLAG_FULL_BACKREF == 0 {
+                self.mod_refs(old.bytenr, &old.data, true, 1)?;
+                self.delayed.set_flags(old.bytenr, self.fs.info.nodesize as u64, BLOCK_FLAG_FULL_BACKREF);
+            } else {
+                self.mod_refs(cow, cow_data, false, 1)?;
+            }
+        } else if flags & BLOCK_FLAG_FULL_BACKREF != 0 {
+            self.mod_refs(cow, cow_data, false, 1)?;
+            self.mod_refs(old.bytenr, &old.data, true, -1)?;
+        }
+        Ok(())
+    }
+
+    /// Adds (`delta` 1) or drops (-1) the references a block holds on its children or
+    /// data extents: by parent address when `full`, else by the block's owner tree.
+    pub(crate) fn mod_refs(&mut self, bytenr: u64, data: &[u8], full: bool, delta: i64) -> Result<()> {
+        let owner = le64(data, 0x58, "header").unwrap_or(0);
+        let n = eb::nritems(data);
+        let ns = self.fs.info.nodesize as u64;
+        if eb::level(data) > 0 {
+            for i in 0..n {
+                let child = eb::node_blockptr(data, i);
+                let r = if full { RefKey::TreeShared(bytenr) } else { RefKey::TreeRoot(owner) };
+                self.delayed.add(child, ns, false, r, delta);
+            }
+            return Ok(());
+        }
+        for i in 0..n {
+            let k = eb::item_key(data, i);
+            if k.ty != EXTENT_DATA_KEY {
+                continue;
+            }
+            let fe = FileExtentItem::parse(eb::item_data(data, i))
+                .map_err(|e| Error::corrupt(format!("tree block {bytenr} item {k}: {e}")))?;
+            if let FileExtentBody::Regular { disk_bytenr, disk_num_bytes, offset, .. } = fe.body {
+                if disk_bytenr == 0 {
+                    continue;
+                }
+                let r = if full {
+                    RefKey::DataShared(bytenr)
+                } else {
+                    RefKey::Data { root: owner, ino: k.objectid, offset: k.offset.wrapping_sub(offset) }
+                };
+                self.delayed.add(disk_bytenr, disk_num_bytes, true, r, delta);
+            }
+        }
+        Ok(())
+    }
+
+    fn last_snapshot(&mut self, root_id: u64) -> Result<u64> {
+        if !Self::is_shareable(root_id) {
+            return Ok(0);
+        }
+        Ok(self.root_item(root_id)?.last_snapshot)
+    }
+
+    /// References and flags of a tree block, counting pending delayed refs.
+    pub(crate) fn lookup_extent_info(&mut self, bytenr: u64, level: u8) -> Result<(u64, u64)> {
+        let rec = self.load_extent(bytenr, level)?;
+        let (mut refs, mut flags) = rec.map_or((0i64, 0u64), |r| (r.refs as i64, r.flags));
+        if let Some(h) = self.delayed.get(bytenr) {
+            refs += h.ref_mod();
+            flags |= h.set_flags;
+        }
+        Ok((refs.max(0) as u64, flags))
+    }
+
+    fn load_extent(&self, bytenr: u64, _level: u8) -> Result<Option<ExtentRec>> {
+        let ptr = self.root_ptr(EXTENT_TREE_OBJECTID)?;
+        let it = crate::ctree::TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(bytenr, EXTENT_ITEM_KEY, 0),
+            Key::new(bytenr, SHARED_DATA_REF_KEY, u64::MAX),
+        )?;
+        let mut rec: Option<ExtentRec> = None;
+        let bad = |k: &Key, m: &str| Error::corrupt(format!("extent tree item {k}: {m}"));
+        for item in it {
+            let item = item?;
+            let k = item.key();
+            let d = item.data();
+            match k.ty {
+                EXTENT_ITEM_KEY | METADATA_ITEM_KEY => {
+                    if d.len() < 24 {
+                        return Err(bad(&k, "extent item too short"));
+                    }
+                    let refs = le64(d, 0, "extent").unwrap_or(0);
+                    let generation = le64(d, 8, "extent").unwrap_or(0);
+                    let flags = le64(d, 16, "extent").unwrap_or(0);
+                    let mut pos = 24;
+                    let mut tree_info = None;
+                    if k.ty == EXTENT_ITEM_KEY && flags & EXTENT_FLAG_TREE_BLOCK != 0 {
+                        tree_info = d.get(24..42).map(|t| t.to_vec());
+                        pos = 42;
+                    }
+                    let mut inline = Vec::new();
+                    while pos < d.len() {
+                        let t = d[pos];
+                        let off = le64(d, pos + 1, "inline ref").map_err(|_| bad(&k, "inline ref truncated"))?;
+                        let (r, count, size) = match t {
+                            TREE_BLOCK_REF_KEY => (RefKey::TreeRoot(off), 1, 9),
+                            SHARED_BLOCK_REF_KEY => (RefKey::TreeShared(off), 1, 9),
+                            SHARED_DATA_REF_KEY => {
+                                let c = le32(d, pos + 9, "inline ref").map_err(|_| bad(&k, "inline ref truncated"))?;
+                                (RefKey::DataShared(off), c as u64, 13)
+                            }
+                            EXTENT_DATA_REF_KEY => {
+                                let ino = le64(d, pos + 9, "r").map_err(|_| bad(&k, "inline ref truncated"))?;
+                                let o = le64(d, pos + 17, "r").map_err(|_| bad(&k, "inline ref truncated"))?;
+                                let c = le32(d, pos + 25, "r").map_err(|_| bad(&k, "inline ref truncated"))?;
+                                (RefKey::Data { root: off, ino, offset: o }, c as u64, 29)
+                            }
+                            EXTENT_OWNER_REF_KEY => {
+                                return Err(Error::Unsupported("simple quota owner refs".into()));
+                            }
+                            _ => return Err(bad(&k, "unknown inline ref type")),
+                        };
+                        inline.push((r, count));
+                        pos += size;
+                    }
+                    rec = Some(ExtentRec { key: k, refs, generation, flags, tree_info, inline, keyed: Vec::new() });
+                }
+                TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY | EXTENT_DATA_REF_KEY | SHARED_DATA_REF_KEY => {
+                    let Some(r) = rec.as_mut() else {
+                        return Err(bad(&k, "backref without extent item"));
+                    };
+                    let (rk, count) = match k.ty {
+                        TREE_BLOCK_REF_KEY => (RefKey::TreeRoot(k.offset), 1),
+                        SHARED_BLOCK_REF_KEY => (RefKey::TreeShared(k.offset), 1),
+                        SHARED_DATA_REF_KEY => (RefKey::DataShared(k.offset), le32(d, 0, "r").map_err(|_| bad(&k, "short"))? as u64),
+                        _ => {
+                            let root = le64(d, 0, "r").map_err(|_| bad(&k, "short"))?;
+                            let ino = le64(d, 8, "r").map_err(|_| bad(&k, "short"))?;
+                            let o = le64(d, 16, "r").map_err(|_| bad(&k, "short"))?;
+                            let c = le32(d, 24, "r").map_err(|_| bad(&k, "short"))?;
+                            (RefKey::Data { root, ino, offset: o }, c as u64)
+                        }
+                    };
+                    r.keyed.push((k, rk, count));
+                }
+                _ => {}
+            }
+        }
+        Ok(rec)
+    }
+
+    fn max_extent_item_size(&self) -> usize {
+        ((self.fs.info.nodesize as usize - HEADER_SIZE) >> 4) - ITEM_SIZE
+    }
+
+    /// Applies every pending delayed ref to the extent tree (new refs may appear as the
+    /// extent tree itself is CoWed; they are run too).
+    pub(crate) fn run_delayed_refs(&mut self) -> Result<()> {
+        let mut rounds = 0u64;
+        while let Some((bytenr, head)) = self.delayed.pop_first() {
+            rounds += 1;
+            if rounds > 100_000_000 {
+                return Err(Error::corrupt("internal: delayed refs do not converge"));
+            }
+            self.run_head(bytenr, head)?;
+        }
+        Ok(())
+    }
+
+    fn run_head(&mut self, bytenr: u64, head: Head) -> Result<()> {
+        let skinny = self.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_SKINNY_METADATA != 0;
+        if head.new_extent {
+            let total = head.ref_mod();
+            if head.refs.values().any(|&d| d < 0) || total < 0 {
+                return Err(Error::corrupt(format!("internal: new extent {bytenr} dropped below zero refs")));
+            }
+            if total == 0 {
+                // Allocated and freed within this transaction.
+                if head.is_data {
+                    self.del_csums(bytenr, head.num_bytes)?;
+                }
+                return self.release_unused(bytenr, head.num_bytes);
+            }
+            let tree = head.tree;
+            let (key, tree_info) = match (head.is_data, tree) {
+                (true, _) => (Key::new(bytenr, EXTENT_ITEM_KEY, head.num_bytes), None),
+                (false, Some(t)) if skinny => (Key::new(bytenr, METADATA_ITEM_KEY, t.level as u64), None),
+                (false, t) => {
+                    let t = t.unwrap_or(NewTreeBlock { level: 0, key: Key::MIN });
+                    let mut info = t.key.to_bytes().to_vec();
+                    info.push(t.level);
+                    (Key::new(bytenr, EXTENT_ITEM_KEY, head.num_bytes), Some(info))
+                }
+            };
+            let mut rec = ExtentRec {
+                key,
+                refs: 0,
+                generation: self.transid,
+                flags: if head.is_data { EXTENT_FLAG_DATA } else { EXTENT_FLAG_TREE_BLOCK } | head.set_flags,
+                tree_info,
+                inline: Vec::new(),
+                keyed: Vec::new(),
+            };
+            let mut keyed_new = Vec::new();
+            for (r, d) in &head.refs {
+                self.add_ref_to_rec(&mut rec, r, *d as u64, &mut keyed_new);
+            }
+            self.insert_item(EXTENT_TREE_OBJECTID, &key, &rec.to_bytes())?;
+            for (k, v) in keyed_new {
+                self.insert_item(EXTENT_TREE_OBJECTID, &k, &v)?;
+            }
+            return self.account_extent(bytenr, head.num_bytes, true);
+        }
+        if head.refs.is_empty() && head.set_flags == 0 {
+            return Ok(());
+        }
+        let level = head.tree.map_or(0, |t| t.level);
+        let mut rec = self
+            .load_extent(bytenr, level)?
+            .ok_or_else(|| Error::corrupt(format!("extent {bytenr}: no extent item to update its references")))?;
+        let old_key = rec.key;
+        let mut keyed_del: Vec<Key> = Vec::new();
+        let mut keyed_upd: Vec<(Key, Vec<u8>)> = Vec::new();
+        let mut keyed_new: Vec<(Key, Vec<u8>)> = Vec::new();
+        for (r, &d) in &head.refs {
+            if d > 0 {
+                if let Some(e) = rec.inline.iter_mut().find(|x| x.0 == *r) {
+                    e.1 += d as u64;
+                } else if let Some(e) = rec.keyed.iter_mut().find(|x| x.1 == *r) {
+                    e.2 += d as u64;
+                    keyed_upd.push((e.0, keyed_bytes(r, e.2)));
+                } else {
+                    self.add_ref_to_rec(&mut rec, r, d as u64, &mut keyed_new);
+                    continue;
+                }
+                rec.refs += d as u64;
+            } else {
+                let dec = d.unsigned_abs();
+                if let Some(pos) = rec.inline.iter().position(|x| x.0 == *r) {
+                    if rec.inline[pos].1 < dec {
+                        return Err(Error::corrupt(format!("extent {bytenr}: dropping {dec} of ref {r:?} that has {}", rec.inline[pos].1)));
+                    }
+                    rec.inline[pos].1 -= dec;
+                    if rec.inline[pos].1 == 0 {
+                        rec.inline.remove(pos);
+                    }
+                } else if let Some(pos) = rec.keyed.iter().position(|x| x.1 == *r) {
+                    let e = &mut rec.keyed[pos];
+                    if e.2 < dec {
+                        return Err(Error::corrupt(format!("extent {bytenr}: dropping {dec} of ref {r:?} that has {}", e.2)));
+                    }
+                    e.2 -= dec;
+                    if e.2 == 0 {
+                        keyed_del.push(e.0);
+                        rec.keyed.remove(pos);
+                    } else {
+                        keyed_upd.push((e.0, keyed_bytes(r, e.2)));
+                    }
+                } else {
+                    return Err(Error::corrupt(format!("extent {bytenr}: dropping ref {r:?} it does not have")));
+                }
+                if rec.refs < dec {
+                    return Err(Error::corrupt(format!("extent {bytenr}: refs below zero")));
+                }
+                rec.refs -= dec;
+            }
+        }
+        rec.flags |= head.set_flags;
+        if rec.refs == 0 {
+            self.delete_item(EXTENT_TREE_OBJECTID, &old_key)?;
+            for (k, _, _) in &rec.keyed {
+                self.delete_item(EXTENT_TREE_OBJECTID, k)?;
+            }
+            for k in keyed_del {
+                // Already removed from rec.keyed; its item still exists.
+                self.delete_item(EXTENT_TREE_OBJECTID, &k)?;
+            }
+            let len = if old_key.ty == METADATA_ITEM_KEY { self.fs.info.nodesize as u64 } else { old_key.offset };
+            if head.is_data || rec.flags & EXTENT_FLAG_DATA != 0 {
+                self.del_csums(bytenr, len)?;
+            }
+            self.pinned.push((bytenr, len));
+            return self.account_extent(bytenr, len, false);
+        }
+        self.replace_item(EXTENT_TREE_OBJECTID, &old_key, &rec.to_bytes())?;
+        for k in keyed_del {
+            self.delete_item(EXTENT_TREE_OBJECTID, &k)?;
+        }
+        for (k, v) in keyed_upd {
+            self.replace_item(EXTENT_TREE_OBJECTID, &k, &v)?;
+        }
+        for (k, v) in keyed_new {
+            self.insert_item(EXTENT_TREE_OBJECTID, &k, &v)?;
+        }
+        Ok(())
+    }
+
+    /// Adds a new backref: inline when the item has no keyed refs and stays below the
+    /// kernel's size limit, else as its own item.
+    fn add_ref_to_rec(&self, rec: &mut ExtentRec, r: &RefKey, count: u64, keyed_new: &mut Vec<(Key, Vec<u8>)>) {
+        rec.refs += count;
+        let max = self.max_extent_item_size();
+        if rec.keyed.is_empty() && keyed_new.is_empty() && rec.item_size() + inline_size(r) < max {
+            rec.inline.push((*r, count));
+            return;
+        }
+        let bytenr = rec.key.objectid;
+        let mut key = Key::new(bytenr, ref_type(r), ref_seq(r));
+        if let RefKey::Data { .. } = r {
+            // Hash collisions take the next offset.
+            while rec.keyed.iter().any(|x| x.0 == key) || keyed_new.iter().any(|x| x.0 == key) {
+                key.offset = key.offset.wrapping_add(1);
+            }
+        }
+        let v = keyed_bytes(r, count);
+        rec.keyed.push((key, *r, count));
+        keyed_new.push((key, v));
+    }
+
+    /// Extent-tree view of space changes: block group `used`, superblock bytes_used,
+    /// and what the free-space tree must say.
+    fn account_extent(&mut self, bytenr: u64, len: u64, alloc: bool) -> Result<()> {
+        let s = self.bg_of(bytenr)?;
+        self.ensure_loaded(s)?;
+        let bg = self.bgs.get_mut(&s).expect("found above");
+        if alloc {
+            bg.used += len;
+            self.fs.info.sb.bytes_used += len;
+            bg.fst_free.remove(bytenr, len).map_err(|e| Error::corrupt(format!("extent {bytenr}: {e}")))?;
+        } else {
+            bg.used = bg.used.saturating_sub(len);
+            self.fs.info.sb.bytes_used = self.fs.info.sb.bytes_used.saturating_sub(len);
+            bg.fst_free.add(bytenr, len).map_err(|e| Error::corrupt(format!("extent {bytenr}: {e}")))?;
+        }
+        bg.dirty = true;
+        Ok(())
+    }
+
+    /// Adds a reference to a data extent (a new file extent item pointing at it).
+    pub(crate) fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64, delta: i64) {
+        self.delayed.add(bytenr, num_bytes, true, RefKey::Data { root, ino, offset }, delta);
+    }
+
+    pub(crate) fn add_new_data_extent(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64) {
+        self.delayed.add_new(bytenr, num_bytes, true, None, RefKey::Data { root, ino, offset });
+    }
+
+    pub fn set_search_mode(&mut self, m: SearchMode) {
+        self.search_mode = m;
+    }
+}

@@ -1,0 +1,527 @@
+//! Transactions: the write handle and the commit protocol.
+//!
+//! A [`Trans`] owns the filesystem while it is modified. Changed tree blocks are CoWed
+//! into `FsInfo::dirty`; reference changes are delayed refs; freed space is pinned.
+//! `commit()`:
+//! 1. loop until nothing changes: insert items of new chunks, run delayed refs, write
+//!    block group items, rewrite the free-space tree of dirty block groups, write the
+//!    ROOT_ITEMs of trees whose root moved (each step may CoW more blocks);
+//! 2. write every dirty block (checksummed, tree-checked first) to every copy;
+//! 3. flush all devices;
+//! 4. write the superblock (generation, roots, bytes_used, rotated backup roots) to every
+//!    copy that fits on each device; flush again.
+//! Until step 4 completes the previous superblock describes an intact filesystem: no
+//! block it references was overwritten, because freed space stays pinned until then.
+
+use crate::block_group::{super_offset, BlockGroup, DevSpace, PendingChunk};
+use crate::ctree::TreeIter;
+use crate::delayed_ref::DelayedRefs;
+use crate::disk_io::{FsInfo, OpenOptions, RootPtr};
+use crate::error::{Error, Result};
+use crate::extent_tree::AllocStats;
+use crate::free_space_cache::SearchMode;
+use crate::tree_checker::{check_block, check_header, Expect};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use ubtrfs_format::consts::*;
+use ubtrfs_format::items::{DevExtent, DevItem, RootItem};
+use ubtrfs_format::key::Key;
+use ubtrfs_format::superblock::RootBackup;
+
+pub struct Trans {
+    /// The filesystem being written; its read API sees the uncommitted state.
+    pub fs: crate::fs::Filesystem,
+    /// Generation being written.
+    pub transid: u64,
+    pub(crate) delayed: DelayedRefs,
+    pub(crate) bgs: BTreeMap<u64, BlockGroup>,
+    /// Profiles for new chunks by type (set by mkfs; else taken from existing groups).
+    pub(crate) profiles: HashMap<u64, u64>,
+    pub(crate) dev_space: BTreeMap<u64, DevSpace>,
+    pub(crate) dev_uuids: HashMap<u64, [u8; 16]>,
+    pub(crate) pending_chunks: Vec<PendingChunk>,
+    pub(crate) pinned: Vec<(u64, u64)>,
+    pub(crate) chunk_tree_uuid: [u8; 16],
+    /// ROOT_ITEM keys and current items of trees touched (subvolumes included).
+    pub(crate) root_keys: HashMap<u64, Key>,
+    pub(crate) dirty_roots: BTreeSet<u64>,
+    pub(crate) root_bytes_delta: HashMap<u64, i64>,
+    pub(crate) last_alloc: HashMap<u64, u64>,
+    pub(crate) search_mode: SearchMode,
+    pub alloc_stats: AllocStats,
+    /// Inode numbers handed out per tree in this transaction.
+    pub(crate) next_ino: HashMap<u64, u64>,
+    _lock: Vec<std::fs::File>,
+    pub commits: u64,
+}
+
+impl std::fmt::Debug for Trans {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Trans(transid {})", self.transid)
+    }
+}
+
+impl Trans {
+    /// Opens image files or block devices for writing: refuses mounted devices, takes
+    /// an exclusive lock, validates what a write depends on.
+    pub fn open_paths(paths: &[impl AsRef<Path>]) -> Result<Trans> {
+        let mut locks = Vec::new();
+        for p in paths {
+            let p = p.as_ref();
+            let busy = |e: std::io::Error| match e.kind() {
+                std::io::ErrorKind::ResourceBusy => Error::Busy(e.to_string()),
+                _ => Error::io(p.display().to_string(), e),
+            };
+            crate::dev::refuse_if_mounted(p).map_err(busy)?;
+            locks.push(crate::dev::lock_exclusive(p).map_err(busy)?);
+        }
+        let opts = OpenOptions { writable: true, ..Default::default() };
+        let fs = FsInfo::open_paths(paths, opts)?;
+        let mut t = Trans::from_fs(fs)?;
+        t._lock = locks;
+        Ok(t)
+    }
+
+    /// Starts writing an opened filesystem (devices must be writable).
+    pub fn from_fs(fs: FsInfo) -> Result<Trans> {
+        let fs = crate::fs::Filesystem::from_info(fs);
+        let sb = &fs.info.sb;
+        if sb.log_root != 0 {
+            return Err(Error::Unsupported(
+                "the filesystem has an unreplayed tree log; mount it with the kernel once first".into(),
+            ));
+        }
+        if sb.flags & (SUPER_FLAG_SEEDING | SUPER_FLAG_METADUMP | SUPER_FLAG_METADUMP_V2) != 0 {
+            return Err(Error::Unsupported("writing a seed device or metadump image".into()));
+        }
+        if sb.flags & (SUPER_FLAG_CHANGING_FSID | SUPER_FLAG_CHANGING_FSID_V2) != 0 {
+            return Err(Error::Unsupported("an interrupted fsid change".into()));
+        }
+        let need_ro = FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
+        if sb.compat_ro_flags & need_ro != need_ro {
+            return Err(Error::Unsupported(
+                "writing needs a valid free-space tree (space_cache=v2, the mkfs default since btrfs-progs 5.15)".into(),
+            ));
+        }
+        let bad_incompat = FEATURE_INCOMPAT_ZONED
+            | FEATURE_INCOMPAT_EXTENT_TREE_V2
+            | FEATURE_INCOMPAT_RAID_STRIPE_TREE
+            | FEATURE_INCOMPAT_SIMPLE_QUOTA
+            | FEATURE_INCOMPAT_REMAP_TREE;
+        if sb.incompat_flags & bad_incompat != 0 {
+            return Err(Error::Unsupported(format!(
+                "writing with features {}",
+                incompat_names(sb.incompat_flags & bad_incompat).join(", ")
+            )));
+        }
+        if sb.compat_ro_flags & FEATURE_COMPAT_RO_VERITY != 0 {
+            return Err(Error::Unsupported("writing a filesystem with verity files".into()));
+        }
+        let unknown_ro = sb.compat_ro_flags & !FEATURE_COMPAT_RO_SUPP;
+        if unknown_ro != 0 {
+            return Err(Error::Unsupported(format!("compat_ro features {unknown_ro:#x}")));
+        }
+        if fs.info.devices.len() as u64 != sb.num_devices {
+            return Err(Error::Invalid(format!(
+                "the filesystem has {} devices, {} given: writing needs all of them",
+                sb.num_devices,
+                fs.info.devices.len()
+            )));
+        }
+        let transid = sb.generation + 1;
+        let chunk_root = fs.info.read_tree_block(sb.chunk_root, &Expect::default())?;
+        let mut chunk_tree_uuid = [0u8; 16];
+        chunk_tree_uuid.copy_from_slice(&chunk_root.data[0x40..0x50]);
+        let mut t = Trans {
+            fs,
+            transid,
+            delayed: DelayedRefs::default(),
+            bgs: BTreeMap::new(),
+            profiles: HashMap::new(),
+            dev_space: BTreeMap::new(),
+            dev_uuids: HashMap::new(),
+            pending_chunks: Vec::new(),
+            pinned: Vec::new(),
+            chunk_tree_uuid,
+            root_keys: HashMap::new(),
+            dirty_roots: BTreeSet::new(),
+            root_bytes_delta: HashMap::new(),
+            last_alloc: HashMap::new(),
+            search_mode: SearchMode::SizeIndex,
+            alloc_stats: AllocStats::default(),
+            next_ino: HashMap::new(),
+            _lock: Vec::new(),
+            commits: 0,
+        };
+        t.refuse_unfinished_work()?;
+        t.load_devices()?;
+        t.load_block_groups()?;
+        Ok(t)
+    }
+
+    /// A write handle over a filesystem being created (mkfs fills in the rest).
+    pub(crate) fn bare(info: FsInfo, chunk_tree_uuid: [u8; 16]) -> Trans {
+        let transid = info.sb.generation + 1;
+        Trans {
+            fs: crate::fs::Filesystem::from_info(info),
+            transid,
+            delayed: DelayedRefs::default(),
+            bgs: BTreeMap::new(),
+            profiles: HashMap::new(),
+            dev_space: BTreeMap::new(),
+            dev_uuids: HashMap::new(),
+            pending_chunks: Vec::new(),
+            pinned: Vec::new(),
+            chunk_tree_uuid,
+            root_keys: HashMap::new(),
+            dirty_roots: BTreeSet::new(),
+            root_bytes_delta: HashMap::new(),
+            last_alloc: HashMap::new(),
+            search_mode: SearchMode::SizeIndex,
+            alloc_stats: AllocStats::default(),
+            next_ino: HashMap::new(),
+            _lock: Vec::new(),
+            commits: 0,
+        }
+    }
+
+    /// Bytes of tree blocks waiting for the commit.
+    pub fn dirty_bytes(&self) -> usize {
+        self.fs.info.dirty.lock().map(|d| d.len()).unwrap_or(0) * self.fs.info.nodesize as usize
+    }
+
+    /// Keeps the lock files (held for the handle's life).
+    pub fn hold_locks(&mut self, locks: Vec<std::fs::File>) {
+        self._lock.extend(locks);
+    }
+
+    /// Balance or relocation left half done needs the kernel to finish it.
+    fn refuse_unfinished_work(&self) -> Result<()> {
+        let root = self.fs.info.root_tree_ptr();
+        let bal = crate::ctree::lookup_prev(&self.fs.info, &root, Key::new(BALANCE_OBJECTID, TEMPORARY_ITEM_KEY, u64::MAX))?;
+        if bal.is_some_and(|(k, _)| k.objectid == BALANCE_OBJECTID) {
+            return Err(Error::Unsupported("a balance is paused or interrupted; finish it with the kernel first".into()));
+        }
+        let reloc = crate::ctree::lookup_prev(&self.fs.info, &root, Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX))?;
+        if reloc.is_some_and(|(k, _)| k.objectid == TREE_RELOC_OBJECTID) {
+            return Err(Error::Unsupported("relocation trees exist (interrupted balance)".into()));
+        }
+        Ok(())
+    }
+
+    fn load_devices(&mut self) -> Result<()> {
+        let chunk = self.root_ptr(CHUNK_TREE_OBJECTID)?;
+        let mut devs = Vec::new();
+        for item in TreeIter::new(
+            &self.fs.info,
+            &chunk,
+            Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 0),
+            Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, u64::MAX),
+        )? {
+            let item = item?;
+            let d = DevItem::parse(item.data()).map_err(|e| Error::corrupt(format!("device item {}: {e}", item.key())))?;
+            devs.push(d);
+        }
+        let dev_root = self.root_ptr(DEV_TREE_OBJECTID)?;
+        for d in devs {
+            let mut ds = DevSpace { total_bytes: d.total_bytes, bytes_used: d.bytes_used, used: BTreeMap::new() };
+            for item in TreeIter::new(
+                &self.fs.info,
+                &dev_root,
+                Key::new(d.devid, DEV_EXTENT_KEY, 0),
+                Key::new(d.devid, DEV_EXTENT_KEY, u64::MAX),
+            )? {
+                let item = item?;
+                let de = DevExtent::parse(item.data()).map_err(|e| Error::corrupt(format!("device extent {}: {e}", item.key())))?;
+                ds.used.insert(item.key().offset, de.length);
+            }
+            self.dev_uuids.insert(d.devid, d.uuid);
+            self.dev_space.insert(d.devid, ds);
+        }
+        Ok(())
+    }
+
+    /// Current root pointer of any tree (reads see uncommitted changes).
+    pub fn root_ptr(&self, id: u64) -> Result<RootPtr> {
+        if let Some(p) = self.fs.info.tree_ptr(id) {
+            return Ok(p);
+        }
+        self.fs.info.subvol_ptr(id)?.ok_or_else(|| Error::NotFound(format!("tree {id}")))
+    }
+
+    pub(crate) fn root_node(&self, id: u64) -> Result<(u64, u8)> {
+        let p = self.root_ptr(id)?;
+        Ok((p.bytenr, p.level))
+    }
+
+    /// The ROOT_ITEM of a tree (cached in `fs.tree_roots` once touched).
+    pub(crate) fn root_item(&mut self, id: u64) -> Result<RootItem> {
+        if let Some(r) = self.fs.info.tree_roots.get(&id) {
+            if self.root_keys.contains_key(&id) || id < FIRST_FREE_OBJECTID || id == DATA_RELOC_TREE_OBJECTID {
+                return Ok(r.clone());
+            }
+        }
+        let root = self.fs.info.root_tree_ptr();
+        match crate::ctree::lookup_prev(&self.fs.info, &root, Key::new(id, ROOT_ITEM_KEY, u64::MAX))? {
+            Some((k, data)) if k.objectid == id && k.ty == ROOT_ITEM_KEY => {
+                let r = RootItem::parse(&data).map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
+                self.root_keys.insert(id, k);
+                self.fs.info.tree_roots.insert(id, r.clone());
+                Ok(r)
+            }
+            _ => Err(Error::NotFound(format!("tree {id}"))),
+        }
+    }
+
+    /// Records a tree's new root block. The ROOT_ITEM is written at commit; reads see
+    /// the new root at once through `fs.tree_roots`.
+    pub(crate) fn set_root(&mut self, id: u64, bytenr: u64, level: u8) -> Result<()> {
+        match id {
+            ROOT_TREE_OBJECTID => {
+                self.fs.forget_root(id);
+                self.fs.info.sb.root = bytenr;
+                self.fs.info.sb.root_level = level;
+            }
+            CHUNK_TREE_OBJECTID => {
+                self.fs.info.sb.chunk_root = bytenr;
+                self.fs.info.sb.chunk_root_level = level;
+                self.fs.info.sb.chunk_root_generation = self.transid;
+            }
+            _ => {
+                self.fs.forget_root(id);
+                let mut r = self.root_item(id)?;
+                r.bytenr = bytenr;
+                r.level = level;
+                r.generation = self.transid;
+                r.generation_v2 = self.transid;
+                self.fs.info.tree_roots.insert(id, r);
+                self.dirty_roots.insert(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Mutates a tree's ROOT_ITEM (written at commit).
+    pub(crate) fn modify_root_item(&mut self, id: u64, f: impl FnOnce(&mut RootItem)) -> Result<()> {
+        let mut r = self.root_item(id)?;
+        f(&mut r);
+        self.fs.info.tree_roots.insert(id, r);
+        self.dirty_roots.insert(id);
+        Ok(())
+    }
+
+    /// Registers a tree created in this transaction (its ROOT_ITEM is inserted now).
+    pub(crate) fn create_root_item(&mut self, id: u64, key: Key, item: RootItem) -> Result<()> {
+        self.insert_item(ROOT_TREE_OBJECTID, &key, &item.to_bytes())?;
+        self.root_keys.insert(id, key);
+        self.fs.info.tree_roots.insert(id, item);
+        Ok(())
+    }
+
+    fn update_root_items(&mut self) -> Result<()> {
+        let deltas: Vec<(u64, i64)> = self.root_bytes_delta.drain().collect();
+        for (id, d) in deltas {
+            if id == ROOT_TREE_OBJECTID || id == CHUNK_TREE_OBJECTID || d == 0 {
+                continue;
+            }
+            if self.root_item(id).is_err() {
+                continue; // a tree deleted in this transaction
+            }
+            self.modify_root_item(id, |r| r.bytes_used = (r.bytes_used as i64 + d).max(0) as u64)?;
+        }
+        while let Some(id) = self.dirty_roots.pop_first() {
+            let r = self.root_item(id)?;
+            let key = match self.root_keys.get(&id) {
+                Some(k) => *k,
+                None => {
+                    self.root_item(id)?;
+                    *self.root_keys.get(&id).ok_or_else(|| Error::corrupt(format!("root item of tree {id} not found")))?
+                }
+            };
+            self.replace_item(ROOT_TREE_OBJECTID, &key, &r.to_bytes())?;
+        }
+        Ok(())
+    }
+
+    fn has_pending_work(&self) -> bool {
+        !self.delayed.is_empty()
+            || !self.pending_chunks.is_empty()
+            || !self.dirty_roots.is_empty()
+            || self.root_bytes_delta.values().any(|&d| d != 0)
+            || self.bgs.values().any(|b| b.dirty)
+    }
+
+    /// Writes the transaction durably (see the module comment) and starts the next.
+    pub fn commit(&mut self) -> Result<()> {
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            if rounds > 1000 {
+                return Err(Error::corrupt("internal: commit does not converge"));
+            }
+            self.create_pending_chunks()?;
+            self.run_delayed_refs()?;
+            self.update_root_items()?;
+            self.run_delayed_refs()?;
+            self.write_dirty_block_groups()?;
+            self.write_free_space_tree()?;
+            if !self.has_pending_work() {
+                break;
+            }
+        }
+        self.write_dirty_blocks()?;
+        self.flush_devices()?;
+        self.write_supers()?;
+        self.flush_devices()?;
+        // Durable: the pinned space is no longer referenced by any committed tree.
+        for (b, l) in std::mem::take(&mut self.pinned) {
+            let s = self.bg_of(b)?;
+            self.bgs
+                .get_mut(&s)
+                .expect("found above")
+                .free
+                .add(b, l)
+                .map_err(|e| Error::corrupt(format!("unpinning {b}: {e}")))?;
+        }
+        self.fs.info.sb.generation = self.transid;
+        self.fs.clear_data_caches();
+        self.transid += 1;
+        self.commits += 1;
+        Ok(())
+    }
+
+    fn write_dirty_blocks(&mut self) -> Result<()> {
+        let blocks: Vec<Arc<crate::disk_io::TreeBlock>> = {
+            let mut d = self.fs.info.dirty.lock().map_err(|_| Error::corrupt("internal: dirty map poisoned"))?;
+            let mut v: Vec<_> = d.drain().map(|(_, b)| b).collect();
+            v.sort_by_key(|b| b.bytenr);
+            v
+        };
+        let mut ctx = self.fs.info.check_ctx_pub();
+        ctx.super_generation = self.transid;
+        for b in blocks {
+            let mut data = b.data.clone();
+            let flags = crate::extent_io::flags(&data) | HEADER_FLAG_WRITTEN;
+            crate::extent_io::set_flags(&mut data, flags);
+            ubtrfs_format::tree::finish_block(&mut data, self.fs.info.csum_type);
+            // Never write a block the tree checker would reject on read.
+            check_header(&ctx, b.bytenr, &data, &Expect::default())
+                .and_then(|_| check_block(&ctx, b.bytenr, &data, &Expect::default()))
+                .map_err(|e| Error::corrupt(format!("refusing to write an invalid block (a bug): {e}")))?;
+            self.write_logical(b.bytenr, &data)?;
+            self.fs.info.cache_insert(Arc::new(crate::disk_io::TreeBlock { bytenr: b.bytenr, data }));
+        }
+        Ok(())
+    }
+
+    /// Writes bytes at a logical address to every copy.
+    pub(crate) fn write_logical(&self, logical: u64, data: &[u8]) -> Result<()> {
+        let mut done = 0usize;
+        while done < data.len() {
+            let l = logical + done as u64;
+            let e = self.fs.info.chunk_map.lookup(l)?;
+            let mut n = data.len() - done;
+            for m in 0..e.num_mirrors() {
+                let p = e.map(l, m)?;
+                n = n.min(p.len as usize);
+                let dev = self.fs.info.devices.get(&p.devid).ok_or_else(|| Error::Invalid(format!("devid {} missing", p.devid)))?;
+                dev.write_at(p.offset, &data[done..done + n])
+                    .map_err(|err| Error::io(format!("writing {n} bytes at logical {l} (devid {} physical {})", p.devid, p.offset), err))?;
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn flush_devices(&self) -> Result<()> {
+        for d in self.fs.info.devices.values() {
+            d.flush().map_err(|e| Error::io(format!("flushing {}", d.name()), e))?;
+        }
+        Ok(())
+    }
+
+    fn write_supers(&mut self) -> Result<()> {
+        let transid = self.transid;
+        let backup = self.make_backup()?;
+        let sb = &mut self.fs.info.sb;
+        sb.generation = transid;
+        sb.log_root = 0;
+        sb.log_root_level = 0;
+        if sb.uuid_tree_generation != 0 {
+            sb.uuid_tree_generation = transid;
+        }
+        // Rotate: the slot after the newest backup.
+        let newest = sb
+            .backup_roots
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, b)| b.tree_root_gen)
+            .map(|(i, _)| i);
+        let slot = newest.map_or(0, |i| (i + 1) % 4);
+        if sb.backup_roots.len() < 4 {
+            sb.backup_roots.resize(4, RootBackup::default());
+        }
+        sb.backup_roots[slot] = backup;
+        let devs: Vec<(u64, Arc<dyn crate::dev::Device>)> = self.fs.info.devices.iter().map(|(k, v)| (*k, v.clone())).collect();
+        for (devid, dev) in devs {
+            let mut sb = self.fs.info.sb.clone();
+            if let Some(ds) = self.dev_space.get(&devid) {
+                sb.dev_item.bytes_used = ds.bytes_used;
+                sb.dev_item.devid = devid;
+                sb.dev_item.total_bytes = ds.total_bytes;
+                if let Some(u) = self.dev_uuids.get(&devid) {
+                    sb.dev_item.uuid = *u;
+                }
+            }
+            for i in 0..SUPER_MIRROR_MAX {
+                let off = super_offset(i);
+                if off + SUPER_INFO_SIZE as u64 > dev.size() {
+                    break;
+                }
+                sb.bytenr = off;
+                let bytes = sb.to_bytes();
+                dev.write_at(off, &bytes).map_err(|e| Error::io(format!("writing superblock at {off} on {}", dev.name()), e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn make_backup(&mut self) -> Result<RootBackup> {
+        let sb = &self.fs.info.sb;
+        let mut b = RootBackup {
+            tree_root: sb.root,
+            tree_root_gen: self.transid,
+            chunk_root: sb.chunk_root,
+            chunk_root_gen: sb.chunk_root_generation,
+            total_bytes: sb.total_bytes,
+            bytes_used: sb.bytes_used,
+            num_devices: sb.num_devices,
+            tree_root_level: sb.root_level,
+            chunk_root_level: sb.chunk_root_level,
+            ..Default::default()
+        };
+        for (id, slot) in [
+            (EXTENT_TREE_OBJECTID, 0),
+            (FS_TREE_OBJECTID, 1),
+            (DEV_TREE_OBJECTID, 2),
+            (CSUM_TREE_OBJECTID, 3),
+        ] {
+            if let Some(r) = self.fs.info.tree_roots.get(&id) {
+                let (bytenr, gen, level) = (r.bytenr, r.generation, r.level);
+                match slot {
+                    0 => (b.extent_root, b.extent_root_gen, b.extent_root_level) = (bytenr, gen, level),
+                    1 => (b.fs_root, b.fs_root_gen, b.fs_root_level) = (bytenr, gen, level),
+                    2 => (b.dev_root, b.dev_root_gen, b.dev_root_level) = (bytenr, gen, level),
+                    _ => (b.csum_root, b.csum_root_gen, b.csum_root_level) = (bytenr, gen, level),
+                }
+            }
+        }
+        Ok(b)
+    }
+
+    /// Tree ids of the subvolume-like roots touched (for callers updating times).
+    pub fn allocation_mode(&self) -> SearchMode {
+        self.search_mode
+    }
+}
