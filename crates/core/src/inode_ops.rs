@@ -628,6 +628,75 @@ impl Trans {
         self.write_inode(root, ino, &inode)
     }
 
+    /// Preallocates [offset, offset + len) (sector aligned outward) as PREALLOC extents
+    /// where the file has no data; `keep_size` leaves i_size alone (FALLOC_FL_KEEP_SIZE).
+    /// Returns the extents allocated, as (disk bytenr, length).
+    pub fn fallocate(&mut self, root: u64, ino: u64, offset: u64, len: u64, keep_size: bool, t: Timespec) -> Result<Vec<(u64, u64)>> {
+        let mut inode = self.read_inode(root, ino)?;
+        if inode.mode & 0o170000 != 0o100000 {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        let ss = self.fs.info.sectorsize as u64;
+        let start = offset - offset % ss;
+        let end = (offset + len).next_multiple_of(ss);
+        if self.has_inline(root, ino)? {
+            return Err(Error::Unsupported("fallocate on a file with inline data".into()));
+        }
+        // Only the holes get extents: collect the covered ranges first.
+        let ptr = self.root_ptr(root)?;
+        let mut covered = Vec::new();
+        let first = match lookup_prev(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, start))? {
+            Some((k, _)) if k.objectid == ino && k.ty == EXTENT_DATA_KEY => k.offset,
+            _ => start,
+        };
+        for item in TreeIter::new(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, first), Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)))? {
+            let item = item?;
+            let fe = FileExtentItem::parse(item.data()).map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
+            if let FileExtentBody::Regular { disk_bytenr, num_bytes, .. } = fe.body {
+                if disk_bytenr != 0 {
+                    covered.push((item.key().offset, item.key().offset + num_bytes));
+                }
+            }
+        }
+        let mut holes = Vec::new();
+        let mut pos = start;
+        for (s, e) in covered {
+            if s > pos {
+                holes.push((pos, s.min(end)));
+            }
+            pos = pos.max(e);
+        }
+        if pos < end {
+            holes.push((pos, end));
+        }
+        let mut out = Vec::new();
+        for (hs, he) in holes {
+            if he <= hs {
+                continue;
+            }
+            // Explicit hole items (no NO_HOLES) in the range are replaced.
+            self.drop_extents(root, ino, hs, he)?;
+            let mut p = hs;
+            while p < he {
+                let want = (he - p).min(MAX_EXTENT_SIZE);
+                let (bytenr, got) = self.alloc_data(want)?;
+                let body = FileExtentBody::Regular { disk_bytenr: bytenr, disk_num_bytes: got, offset: 0, num_bytes: got };
+                let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_PREALLOC, &body);
+                self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, p), &v)?;
+                self.add_new_data_extent(bytenr, got, root, ino, p);
+                inode.nbytes += got;
+                out.push((bytenr, got));
+                p += got;
+            }
+        }
+        if !keep_size && offset + len > inode.size {
+            inode.size = offset + len;
+        }
+        self.touch(&mut inode, t, false);
+        self.write_inode(root, ino, &inode)?;
+        Ok(out)
+    }
+
     fn has_inline(&self, root: u64, ino: u64) -> Result<bool> {
         let ptr = self.root_ptr(root)?;
         Ok(match lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))? {
