@@ -68,7 +68,8 @@ pub fn parse_size(s: &str) -> Result<u64> {
         _ => (s, 1),
     };
     let n: u64 = num.parse().with_context(|| format!("bad size {s:?}"))?;
-    n.checked_mul(mult).with_context(|| format!("size {s:?} too large"))
+    n.checked_mul(mult)
+        .with_context(|| format!("size {s:?} too large"))
 }
 
 fn parse_profile(s: &str) -> Result<u64> {
@@ -86,7 +87,8 @@ fn parse_uuid(s: &str) -> Result<[u8; 16]> {
     }
     let mut u = [0u8; 16];
     for (i, b) in u.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).with_context(|| format!("bad uuid {s:?}"))?;
+        *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16)
+            .with_context(|| format!("bad uuid {s:?}"))?;
     }
     Ok(u)
 }
@@ -95,7 +97,8 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
     let mut opts = MkfsOptions {
         nodesize: a.nodesize,
         sectorsize: a.sectorsize,
-        csum: CsumType::from_name(&a.csum).with_context(|| format!("unknown checksum {:?}", a.csum))?,
+        csum: CsumType::from_name(&a.csum)
+            .with_context(|| format!("unknown checksum {:?}", a.csum))?,
         label: a.label.clone(),
         fsid: a.uuid.as_deref().map(parse_uuid).transpose()?,
         data_profile: parse_profile(&a.data)?,
@@ -117,19 +120,33 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
     if exists && !a.force {
         let mut sig = [0u8; 8];
         if let Ok(mut f) = std::fs::File::open(&a.image) {
-            if f.seek(SeekFrom::Start(SUPER_INFO_OFFSET + 0x40)).is_ok() && f.read_exact(&mut sig).is_ok() && u64::from_le_bytes(sig) == BTRFS_MAGIC {
-                bail!("{} already holds a btrfs filesystem (use -f to overwrite)", a.image.display());
+            if f.seek(SeekFrom::Start(SUPER_INFO_OFFSET + 0x40)).is_ok()
+                && f.read_exact(&mut sig).is_ok()
+                && u64::from_le_bytes(sig) == BTRFS_MAGIC
+            {
+                bail!(
+                    "{} already holds a btrfs filesystem (use -f to overwrite)",
+                    a.image.display()
+                );
             }
         }
     }
     if exists {
-        ubtrfs_core::dev::refuse_if_mounted(&a.image).with_context(|| a.image.display().to_string())?;
+        ubtrfs_core::dev::refuse_if_mounted(&a.image)
+            .with_context(|| a.image.display().to_string())?;
     }
-    let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&a.image).with_context(|| format!("opening {}", a.image.display()))?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&a.image)
+        .with_context(|| format!("opening {}", a.image.display()))?;
     let lock = ubtrfs_core::dev::lock_exclusive(&a.image)?;
     if let Some(s) = &a.size {
         let size = parse_size(s)?;
-        file.set_len(size).with_context(|| format!("sizing {}", a.image.display()))?;
+        file.set_len(size)
+            .with_context(|| format!("sizing {}", a.image.display()))?;
     }
     drop(file);
     if let Some(root) = &a.rootdir {
@@ -141,7 +158,10 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         opts.root_gid = md.gid();
         opts.root_mode = md.mode();
     }
-    let dev: Arc<dyn ubtrfs_core::dev::Device> = Arc::new(ubtrfs_core::dev::FileDevice::open(&a.image, true).with_context(|| a.image.display().to_string())?);
+    let dev: Arc<dyn ubtrfs_core::dev::Device> = Arc::new(
+        ubtrfs_core::dev::FileDevice::open(&a.image, true)
+            .with_context(|| a.image.display().to_string())?,
+    );
     let mut t = make_filesystem(dev, &opts)?;
     t.hold_locks(vec![lock]);
     if let Some(root) = &a.rootdir {
@@ -154,8 +174,18 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
     }
     if !a.quiet {
         let sb = &t.fs.info.sb;
-        println!("Label:              {}", if a.label.is_empty() { "(null)" } else { &a.label });
-        println!("UUID:               {}", ubtrfs_core::format::bytes::uuid_string(&sb.fsid));
+        println!(
+            "Label:              {}",
+            if a.label.is_empty() {
+                "(null)"
+            } else {
+                &a.label
+            }
+        );
+        println!(
+            "UUID:               {}",
+            ubtrfs_core::format::bytes::uuid_string(&sb.fsid)
+        );
         println!("Node size:          {}", sb.nodesize);
         println!("Sector size:        {}", sb.sectorsize);
         println!("Filesystem size:    {}", sb.total_bytes);
@@ -165,7 +195,10 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
 }
 
 fn ts(sec: i64, nsec: i64) -> Timespec {
-    Timespec { sec, nsec: nsec as u32 }
+    Timespec {
+        sec,
+        nsec: nsec as u32,
+    }
 }
 
 fn set_times(t: &mut Trans, root: u64, ino: u64, md: &std::fs::Metadata) -> Result<()> {
@@ -197,10 +230,18 @@ impl Copier {
     pub fn new(progress: bool) -> Copier {
         let bar = progress.then(|| {
             let b = ProgressBar::new_spinner();
-            b.set_style(ProgressStyle::with_template("{spinner} {msg} [{elapsed}]").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+            b.set_style(
+                ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
             b
         });
-        Copier { links: HashMap::new(), bar, files: 0, bytes: 0 }
+        Copier {
+            links: HashMap::new(),
+            bar,
+            files: 0,
+            bytes: 0,
+        }
     }
 
     pub fn finish(&self) {
@@ -209,8 +250,16 @@ impl Copier {
         }
     }
 
-    pub fn copy_dir_contents(&mut self, t: &mut Trans, root: u64, dir: u64, src: &Path) -> Result<()> {
-        let mut entries: Vec<_> = std::fs::read_dir(src).with_context(|| src.display().to_string())?.collect::<std::io::Result<Vec<_>>>()?;
+    pub fn copy_dir_contents(
+        &mut self,
+        t: &mut Trans,
+        root: u64,
+        dir: u64,
+        src: &Path,
+    ) -> Result<()> {
+        let mut entries: Vec<_> = std::fs::read_dir(src)
+            .with_context(|| src.display().to_string())?
+            .collect::<std::io::Result<Vec<_>>>()?;
         entries.sort_by_key(|e| e.file_name());
         for e in entries {
             self.copy_one(t, root, dir, &e.path(), e.file_name().as_encoded_bytes())?;
@@ -218,11 +267,24 @@ impl Copier {
         Ok(())
     }
 
-    pub fn copy_one(&mut self, t: &mut Trans, root: u64, dir: u64, src: &Path, name: &[u8]) -> Result<u64> {
+    pub fn copy_one(
+        &mut self,
+        t: &mut Trans,
+        root: u64,
+        dir: u64,
+        src: &Path,
+        name: &[u8],
+    ) -> Result<u64> {
         use std::os::unix::ffi::OsStrExt;
         let md = std::fs::symlink_metadata(src).with_context(|| src.display().to_string())?;
         let time = ts(md.mtime(), md.mtime_nsec());
-        let attr = NewInode { mode: md.mode(), uid: md.uid(), gid: md.gid(), rdev: disk_rdev(md.rdev()), time };
+        let attr = NewInode {
+            mode: md.mode(),
+            uid: md.uid(),
+            gid: md.gid(),
+            rdev: disk_rdev(md.rdev()),
+            time,
+        };
         let ft = md.file_type();
         self.files += 1;
         if let Some(b) = &self.bar {
@@ -270,25 +332,46 @@ impl Copier {
         Ok(ino)
     }
 
-    fn copy_data(&mut self, t: &mut Trans, root: u64, ino: u64, src: &Path, size: u64) -> Result<()> {
+    fn copy_data(
+        &mut self,
+        t: &mut Trans,
+        root: u64,
+        ino: u64,
+        src: &Path,
+        size: u64,
+    ) -> Result<()> {
         let mut f = std::fs::File::open(src).with_context(|| src.display().to_string())?;
         let mut pos = 0u64;
         let chunk = MAX_EXTENT_SIZE as usize;
         let mut buf = vec![0u8; chunk.min(size as usize)];
         while pos < size {
             // Skip holes: they stay holes.
-            let data = nix::unistd::lseek(std::os::fd::AsRawFd::as_raw_fd(&f), pos as i64, nix::unistd::Whence::SeekData).map(|o| o as u64).unwrap_or(pos);
+            let data = nix::unistd::lseek(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                pos as i64,
+                nix::unistd::Whence::SeekData,
+            )
+            .map(|o| o as u64)
+            .unwrap_or(pos);
             if data >= size {
                 break;
             }
-            let hole = nix::unistd::lseek(std::os::fd::AsRawFd::as_raw_fd(&f), data as i64, nix::unistd::Whence::SeekHole).map(|o| o as u64).unwrap_or(size).min(size);
+            let hole = nix::unistd::lseek(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                data as i64,
+                nix::unistd::Whence::SeekHole,
+            )
+            .map(|o| o as u64)
+            .unwrap_or(size)
+            .min(size);
             let ss = t.fs.info.sectorsize as u64;
             let mut p = data - data % ss;
             let end = hole.next_multiple_of(ss).min(size);
             while p < end {
                 let n = ((end - p) as usize).min(chunk);
                 f.seek(SeekFrom::Start(p))?;
-                f.read_exact(&mut buf[..n]).with_context(|| src.display().to_string())?;
+                f.read_exact(&mut buf[..n])
+                    .with_context(|| src.display().to_string())?;
                 t.write(root, ino, p, &buf[..n], now())?;
                 self.bytes += n as u64;
                 p += n as u64;
@@ -306,7 +389,7 @@ impl Copier {
 fn split_path(p: &str) -> (Vec<u8>, Vec<u8>) {
     let p = p.trim_end_matches('/');
     match p.rfind('/') {
-        Some(i) => (p[..i].as_bytes().to_vec(), p[i + 1..].as_bytes().to_vec()),
+        Some(i) => (p.as_bytes()[..i].to_vec(), p.as_bytes()[i + 1..].to_vec()),
         None => (Vec::new(), p.as_bytes().to_vec()),
     }
 }
@@ -326,11 +409,17 @@ pub fn put(image: &Path, srcs: &[PathBuf], dest: &str) -> Result<()> {
     let root = FS_TREE_OBJECTID;
     let mut c = Copier::new(std::io::stderr().is_terminal());
     let dest_ino = t.resolve_path(root, dest.as_bytes()).ok();
-    let is_dir = |t: &Trans, ino: u64| t.read_inode(root, ino).map(|i| i.mode & 0o170000 == 0o040000).unwrap_or(false);
+    let is_dir = |t: &Trans, ino: u64| {
+        t.read_inode(root, ino)
+            .map(|i| i.mode & 0o170000 == 0o040000)
+            .unwrap_or(false)
+    };
     match dest_ino {
         Some(d) if is_dir(&t, d) => {
             for s in srcs {
-                let name = s.file_name().with_context(|| format!("{}: no file name", s.display()))?;
+                let name = s
+                    .file_name()
+                    .with_context(|| format!("{}: no file name", s.display()))?;
                 c.copy_one(&mut t, root, d, s, name.as_encoded_bytes())?;
             }
         }
@@ -352,7 +441,13 @@ pub fn put(image: &Path, srcs: &[PathBuf], dest: &str) -> Result<()> {
 pub fn mkdir(image: &Path, paths: &[String], parents: bool, mode: u32) -> Result<()> {
     let mut t = open_rw(image)?;
     let root = FS_TREE_OBJECTID;
-    let attr = NewInode { mode: 0o40000 | (mode & 0o7777), uid: 0, gid: 0, rdev: 0, time: now() };
+    let attr = NewInode {
+        mode: 0o40000 | (mode & 0o7777),
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        time: now(),
+    };
     for p in paths {
         if parents {
             let mut cur = FIRST_FREE_OBJECTID;
@@ -373,7 +468,9 @@ pub fn mkdir(image: &Path, paths: &[String], parents: bool, mode: u32) -> Result
 }
 
 fn remove_tree(t: &mut Trans, root: u64, dir: u64, name: &[u8]) -> Result<()> {
-    let (ino, ty, _) = t.lookup(root, dir, name)?.with_context(|| String::from_utf8_lossy(name).into_owned())?;
+    let (ino, ty, _) = t
+        .lookup(root, dir, name)?
+        .with_context(|| String::from_utf8_lossy(name).into_owned())?;
     if ty == FT_DIR {
         let children = t.list_dir(root, ino)?;
         for (n, _) in children {
@@ -429,7 +526,13 @@ pub fn ln(image: &Path, target: &str, link: &str, symbolic: bool) -> Result<()> 
     let (lp, ln) = split_path(link);
     let d = t.resolve_path(root, &lp)?;
     if symbolic {
-        let attr = NewInode { mode: 0o120777, uid: 0, gid: 0, rdev: 0, time: now() };
+        let attr = NewInode {
+            mode: 0o120777,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            time: now(),
+        };
         t.symlink(root, d, &ln, target.as_bytes(), attr)?;
     } else {
         let ino = t.resolve_path(root, target.as_bytes())?;
@@ -439,14 +542,26 @@ pub fn ln(image: &Path, target: &str, link: &str, symbolic: bool) -> Result<()> 
     Ok(())
 }
 
-pub fn setfattr(image: &Path, path: &str, name: &str, value: Option<&str>, remove: bool) -> Result<()> {
+pub fn setfattr(
+    image: &Path,
+    path: &str,
+    name: &str,
+    value: Option<&str>,
+    remove: bool,
+) -> Result<()> {
     let mut t = open_rw(image)?;
     let root = FS_TREE_OBJECTID;
     let ino = t.resolve_path(root, path.as_bytes())?;
     if remove {
         t.remove_xattr(root, ino, name.as_bytes(), now())?;
     } else {
-        t.set_xattr(root, ino, name.as_bytes(), value.unwrap_or("").as_bytes(), now())?;
+        t.set_xattr(
+            root,
+            ino,
+            name.as_bytes(),
+            value.unwrap_or("").as_bytes(),
+            now(),
+        )?;
     }
     t.commit()?;
     Ok(())

@@ -272,12 +272,39 @@ fn run(cli: Cli) -> Result<()> {
             let srcs: Vec<PathBuf> = srcs.iter().map(PathBuf::from).collect();
             edit::put(&image, &srcs, dest)?
         }
-        Cmd::Mkdir { image, paths, parents, mode } => edit::mkdir(&image, &paths, parents, mode)?,
-        Cmd::Rm { image, paths, recursive } => edit::rm(&image, &paths, recursive)?,
-        Cmd::Mv { image, from, to, no_clobber } => edit::mv(&image, &from, &to, no_clobber)?,
-        Cmd::Ln { image, target, link, symbolic } => edit::ln(&image, &target, &link, symbolic)?,
-        Cmd::Setfattr { image, path, name, value, remove } => edit::setfattr(&image, &path, &name, value.as_deref(), remove)?,
-        Cmd::Truncate { image, path, size } => edit::truncate(&image, &path, edit::parse_size(&size)?)?,
+        Cmd::Mkdir {
+            image,
+            paths,
+            parents,
+            mode,
+        } => edit::mkdir(&image, &paths, parents, mode)?,
+        Cmd::Rm {
+            image,
+            paths,
+            recursive,
+        } => edit::rm(&image, &paths, recursive)?,
+        Cmd::Mv {
+            image,
+            from,
+            to,
+            no_clobber,
+        } => edit::mv(&image, &from, &to, no_clobber)?,
+        Cmd::Ln {
+            image,
+            target,
+            link,
+            symbolic,
+        } => edit::ln(&image, &target, &link, symbolic)?,
+        Cmd::Setfattr {
+            image,
+            path,
+            name,
+            value,
+            remove,
+        } => edit::setfattr(&image, &path, &name, value.as_deref(), remove)?,
+        Cmd::Truncate { image, path, size } => {
+            edit::truncate(&image, &path, edit::parse_size(&size)?)?
+        }
         Cmd::Ls {
             img,
             path,

@@ -74,7 +74,13 @@ impl Trans {
     }
 
     /// A fresh, empty block owned by `root_id` at `level`.
-    pub(crate) fn new_block(&mut self, root_id: u64, level: u8, key: Option<Key>, hint: u64) -> Result<(u64, Vec<u8>)> {
+    pub(crate) fn new_block(
+        &mut self,
+        root_id: u64,
+        level: u8,
+        key: Option<Key>,
+        hint: u64,
+    ) -> Result<(u64, Vec<u8>)> {
         let bytenr = self.alloc_tree_block(root_id, level, key, hint)?;
         let mut data = vec![0u8; self.fs.info.nodesize as usize];
         eb::set_header(
@@ -92,7 +98,13 @@ impl Trans {
     /// Copy-on-write of one block; returns the address of the writable copy (the block
     /// itself if it was already CoWed in this transaction). `parent` is the (dirty)
     /// node pointing at it, None for the root.
-    pub(crate) fn cow_block(&mut self, root_id: u64, bytenr: u64, parent: Option<(u64, usize)>, expect: Expect) -> Result<u64> {
+    pub(crate) fn cow_block(
+        &mut self,
+        root_id: u64,
+        bytenr: u64,
+        parent: Option<(u64, usize)>,
+        expect: Expect,
+    ) -> Result<u64> {
         if self.is_dirty(bytenr) {
             return Ok(bytenr);
         }
@@ -103,7 +115,9 @@ impl Trans {
         let mut data = old.data.clone();
         eb::set_bytenr(&mut data, new);
         eb::set_generation(&mut data, self.transid);
-        let flags = eb::flags(&data) & ((1u64 << BACKREF_REV_SHIFT) - 1) & !(HEADER_FLAG_WRITTEN | HEADER_FLAG_RELOC);
+        let flags = eb::flags(&data)
+            & ((1u64 << BACKREF_REV_SHIFT) - 1)
+            & !(HEADER_FLAG_WRITTEN | HEADER_FLAG_RELOC);
         eb::set_flags(&mut data, flags | (MIXED_BACKREF_REV << BACKREF_REV_SHIFT));
         eb::set_owner(&mut data, root_id);
         self.update_ref_for_cow(root_id, &old, new, &data)?;
@@ -123,7 +137,13 @@ impl Trans {
     /// writable; `ins_len > 0` guarantees that many free bytes in the leaf (splitting
     /// as needed). Returns the path and whether the key exists (else the slot is where
     /// it would be inserted).
-    pub(crate) fn search_mut(&mut self, root_id: u64, key: &Key, ins_len: usize, cow: bool) -> Result<(WPath, bool)> {
+    pub(crate) fn search_mut(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        ins_len: usize,
+        cow: bool,
+    ) -> Result<(WPath, bool)> {
         let mut restarts = 0u32;
         'restart: loop {
             restarts += 1;
@@ -212,7 +232,13 @@ impl Trans {
         Ok(())
     }
 
-    fn split_leaf(&mut self, root_id: u64, path: &mut WPath, key: &Key, ins_len: usize) -> Result<()> {
+    fn split_leaf(
+        &mut self,
+        root_id: u64,
+        path: &mut WPath,
+        key: &Key,
+        ins_len: usize,
+    ) -> Result<()> {
         if path.nodes.len() == 1 {
             self.insert_new_root(root_id, path, 1)?;
         }
@@ -237,7 +263,11 @@ impl Trans {
             }
             m.clamp(1, n - 1)
         };
-        let rkey = if mid < n { eb::item_key(&data, mid) } else { *key };
+        let rkey = if mid < n {
+            eb::item_key(&data, mid)
+        } else {
+            *key
+        };
         let (right, mut rdata) = self.new_block(root_id, 0, Some(rkey), leaf)?;
         eb::leaf_copy_items(&mut rdata, 0, &data, mid, n - mid);
         eb::leaf_del_items(&mut data, mid, n - mid);
@@ -245,7 +275,9 @@ impl Trans {
         self.put_dirty(right, rdata)?;
         let (parent, pslot) = path.nodes[1];
         let t = self.transid;
-        self.with_block(parent, |p| eb::node_insert_ptr(p, pslot + 1, &rkey, right, t))?;
+        self.with_block(parent, |p| {
+            eb::node_insert_ptr(p, pslot + 1, &rkey, right, t)
+        })?;
         Ok(())
     }
 
@@ -311,7 +343,8 @@ impl Trans {
                     items[i].1.len()
                 )));
             }
-            let (path, found) = self.search_mut(root_id, &items[i].0, items[i].1.len() + ITEM_SIZE, true)?;
+            let (path, found) =
+                self.search_mut(root_id, &items[i].0, items[i].1.len() + ITEM_SIZE, true)?;
             if found {
                 return Err(Error::Exists(format!("tree {root_id} key {}", items[i].0)));
             }
@@ -319,7 +352,11 @@ impl Trans {
             let blk = self.block(leaf)?;
             let mut free = eb::leaf_free_space(&blk.data);
             let n = eb::nritems(&blk.data);
-            let next_in_leaf = if slot < n { Some(eb::item_key(&blk.data, slot)) } else { None };
+            let next_in_leaf = if slot < n {
+                Some(eb::item_key(&blk.data, slot))
+            } else {
+                None
+            };
             drop(blk);
             let bound = match next_in_leaf {
                 Some(k) => Some(k),
@@ -329,7 +366,10 @@ impl Trans {
             let mut j = i;
             while j < items.len() {
                 let need = items[j].1.len() + ITEM_SIZE;
-                if need > free || bound.is_some_and(|b| items[j].0 >= b) || (j > i && items[j].0 <= items[j - 1].0) {
+                if need > free
+                    || bound.is_some_and(|b| items[j].0 >= b)
+                    || (j > i && items[j].0 <= items[j - 1].0)
+                {
                     break;
                 }
                 free -= need;
@@ -356,7 +396,12 @@ impl Trans {
     }
 
     /// Modifies an existing item's data in place (same size).
-    pub fn update_item(&mut self, root_id: u64, key: &Key, f: impl FnOnce(&mut [u8])) -> Result<()> {
+    pub fn update_item(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        f: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
         let (path, found) = self.search_mut(root_id, key, 0, true)?;
         if !found {
             return Err(Error::NotFound(format!("tree {root_id} key {key}")));
@@ -388,7 +433,13 @@ impl Trans {
     }
 
     /// Resizes an item (keeping its leading bytes) and lets `f` fill it.
-    pub fn resize_item(&mut self, root_id: u64, key: &Key, new_size: usize, f: impl FnOnce(&mut [u8])) -> Result<()> {
+    pub fn resize_item(
+        &mut self,
+        root_id: u64,
+        key: &Key,
+        new_size: usize,
+        f: impl FnOnce(&mut [u8]),
+    ) -> Result<()> {
         let (path, found) = self.search_mut(root_id, key, 0, true)?;
         if !found {
             return Err(Error::NotFound(format!("tree {root_id} key {key}")));
@@ -468,7 +519,13 @@ impl Trans {
 
     /// Deletes `nr` items at `slot` of the path's (dirty) leaf; removes the leaf if it
     /// empties and merges it into a sibling when it gets small.
-    pub(crate) fn del_items(&mut self, root_id: u64, path: &WPath, slot: usize, nr: usize) -> Result<()> {
+    pub(crate) fn del_items(
+        &mut self,
+        root_id: u64,
+        path: &WPath,
+        slot: usize,
+        nr: usize,
+    ) -> Result<()> {
         let leaf = path.leaf();
         let (left, used) = self.with_block(leaf, |b| {
             eb::leaf_del_items(b, slot, nr);
@@ -499,13 +556,27 @@ impl Trans {
         let (parent, pslot) = path.nodes[1];
         let pblk = self.block(parent)?;
         let pn = eb::nritems(&pblk.data);
-        let left_sib = (pslot > 0).then(|| (eb::node_blockptr(&pblk.data, pslot - 1), eb::node_ptr_gen(&pblk.data, pslot - 1)));
-        let right_sib = (pslot + 1 < pn).then(|| (eb::node_blockptr(&pblk.data, pslot + 1), eb::node_ptr_gen(&pblk.data, pslot + 1)));
+        let left_sib = (pslot > 0).then(|| {
+            (
+                eb::node_blockptr(&pblk.data, pslot - 1),
+                eb::node_ptr_gen(&pblk.data, pslot - 1),
+            )
+        });
+        let right_sib = (pslot + 1 < pn).then(|| {
+            (
+                eb::node_blockptr(&pblk.data, pslot + 1),
+                eb::node_ptr_gen(&pblk.data, pslot + 1),
+            )
+        });
         drop(pblk);
         let data = self.dirty_copy(leaf)?;
         let n = eb::nritems(&data);
         let used = eb::leaf_space_used(&data, 0, n);
-        let expect = |g: u64| Expect { level: Some(0), generation: Some(g), first_key: None };
+        let expect = |g: u64| Expect {
+            level: Some(0),
+            generation: Some(g),
+            first_key: None,
+        };
         if let Some((lb, lg)) = left_sib {
             let lfree = eb::leaf_free_space(&self.block(lb)?.data);
             if lfree >= used {
@@ -562,7 +633,11 @@ impl Trans {
                     root_id,
                     child,
                     Some((node, 0)),
-                    Expect { level: Some(level as u8 - 1), generation: Some(gen), first_key: None },
+                    Expect {
+                        level: Some(level as u8 - 1),
+                        generation: Some(gen),
+                        first_key: None,
+                    },
                 )?;
                 self.set_root(root_id, child, level as u8 - 1)?;
                 self.free_tree_block(root_id, node, level as u8)?;

@@ -71,7 +71,14 @@ impl DelayedRefs {
         }
     }
     /// Records a newly allocated extent with its first reference.
-    pub fn add_new(&mut self, bytenr: u64, num_bytes: u64, is_data: bool, tree: Option<NewTreeBlock>, r: RefKey) {
+    pub fn add_new(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        is_data: bool,
+        tree: Option<NewTreeBlock>,
+        r: RefKey,
+    ) {
         let h = self.head(bytenr, num_bytes, is_data);
         h.new_extent = true;
         h.tree = tree;

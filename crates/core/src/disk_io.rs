@@ -188,8 +188,8 @@ impl FsInfo {
         let mut devs: Vec<Arc<dyn Device>> = Vec::new();
         for p in paths {
             let p = p.as_ref();
-            let d =
-                FileDevice::open(p, opts.writable).map_err(|e| Error::io(p.display().to_string(), e))?;
+            let d = FileDevice::open(p, opts.writable)
+                .map_err(|e| Error::io(p.display().to_string(), e))?;
             devs.push(Arc::new(d));
         }
         FsInfo::open(devs, opts)

@@ -385,7 +385,10 @@ mod tests {
         leaf_copy_items(&mut d, 3, &a, 3, 3);
         assert_eq!(nritems(&d), 6);
         for i in 0..6u64 {
-            assert_eq!(item_data(&d, i as usize), &vec![i as u8; i as usize + 1][..]);
+            assert_eq!(
+                item_data(&d, i as usize),
+                &vec![i as u8; i as usize + 1][..]
+            );
         }
         assert_eq!(
             dump(&c).iter().map(|x| x.0).collect::<Vec<_>>(),

@@ -53,7 +53,12 @@ fn inline_size(r: &RefKey) -> usize {
 
 impl ExtentRec {
     fn item_size(&self) -> usize {
-        24 + self.tree_info.as_ref().map_or(0, |t| t.len()) + self.inline.iter().map(|(r, _)| inline_size(r)).sum::<usize>()
+        24 + self.tree_info.as_ref().map_or(0, |t| t.len())
+            + self
+                .inline
+                .iter()
+                .map(|(r, _)| inline_size(r))
+                .sum::<usize>()
     }
     fn to_bytes(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.item_size());
@@ -64,11 +69,17 @@ impl ExtentRec {
             out.extend_from_slice(t);
         }
         let mut refs = self.inline.clone();
-        refs.sort_by(|a, b| ref_type(&a.0).cmp(&ref_type(&b.0)).then(ref_seq(&b.0).cmp(&ref_seq(&a.0))));
+        refs.sort_by(|a, b| {
+            ref_type(&a.0)
+                .cmp(&ref_type(&b.0))
+                .then(ref_seq(&b.0).cmp(&ref_seq(&a.0)))
+        });
         for (r, count) in refs {
             out.push(ref_type(&r));
             match r {
-                RefKey::TreeRoot(x) | RefKey::TreeShared(x) => out.extend_from_slice(&x.to_le_bytes()),
+                RefKey::TreeRoot(x) | RefKey::TreeShared(x) => {
+                    out.extend_from_slice(&x.to_le_bytes())
+                }
                 RefKey::DataShared(p) => {
                     out.extend_from_slice(&p.to_le_bytes());
                     out.extend_from_slice(&(count as u32).to_le_bytes());
@@ -123,12 +134,19 @@ impl Trans {
         }
         self.alloc_chunk(ty, len)?;
         self.find_free(ty, len, hint)?.ok_or_else(|| {
-            Error::NoSpace(format!("no {len} bytes free for {}", crate::block_group::block_group_type_name(ty)))
+            Error::NoSpace(format!(
+                "no {len} bytes free for {}",
+                crate::block_group::block_group_type_name(ty)
+            ))
         })
     }
 
     pub(crate) fn find_free(&mut self, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
-        let align = if ty & BLOCK_GROUP_DATA != 0 { self.fs.info.sectorsize as u64 } else { self.fs.info.nodesize as u64 };
+        let align = if ty & BLOCK_GROUP_DATA != 0 {
+            self.fs.info.sectorsize as u64
+        } else {
+            self.fs.info.nodesize as u64
+        };
         let hint_bg = self.bg_of(hint).ok();
         let mut order: Vec<u64> = Vec::new();
         if let Some(h) = hint_bg {
@@ -140,14 +158,20 @@ impl Trans {
                 .filter(|b| Self::type_matches(b.flags, ty) && Some(b.start) != hint_bg)
                 .map(|b| b.start),
         );
-        let t0 = self.alloc_stats.record_latency.then(std::time::Instant::now);
+        let t0 = self
+            .alloc_stats
+            .record_latency
+            .then(std::time::Instant::now);
         let mode = self.search_mode;
         for start in order {
             if !Self::type_matches(self.bgs[&start].flags, ty) {
                 continue;
             }
             // Mixed groups serve both; pure data groups never hold tree blocks.
-            if ty != BLOCK_GROUP_DATA && self.bgs[&start].flags & BLOCK_GROUP_DATA != 0 && self.bgs[&start].flags & BLOCK_GROUP_METADATA == 0 {
+            if ty != BLOCK_GROUP_DATA
+                && self.bgs[&start].flags & BLOCK_GROUP_DATA != 0
+                && self.bgs[&start].flags & BLOCK_GROUP_METADATA == 0
+            {
                 continue;
             }
             self.ensure_loaded(start)?;
@@ -156,15 +180,23 @@ impl Trans {
                 continue;
             }
             // Hint 0: no locality wanted, so the size index may take the largest entry.
-            let h = if bg.contains(hint) && hint != bg.start { hint } else { 0 };
+            let h = if bg.contains(hint) && hint != bg.start {
+                hint
+            } else {
+                0
+            };
             let mut stats = SearchStats::default();
             let found = bg.free.find(h, len, align, mode, &mut stats);
             self.alloc_stats.entries_visited += stats.entries_visited;
             if let Some(off) = found {
-                bg.free.remove(off, len).map_err(|e| Error::corrupt(format!("allocator: {e}")))?;
+                bg.free
+                    .remove(off, len)
+                    .map_err(|e| Error::corrupt(format!("allocator: {e}")))?;
                 self.alloc_stats.searches += 1;
                 if let Some(t0) = t0 {
-                    self.alloc_stats.latencies_ns.push(t0.elapsed().as_nanos() as u64);
+                    self.alloc_stats
+                        .latencies_ns
+                        .push(t0.elapsed().as_nanos() as u64);
                 }
                 self.last_alloc.insert(ty, off + len);
                 return Ok(Some(off));
@@ -173,8 +205,18 @@ impl Trans {
         Ok(None)
     }
 
-    pub(crate) fn alloc_tree_block(&mut self, root_id: u64, level: u8, key: Option<Key>, _hint: u64) -> Result<u64> {
-        let ty = if root_id == CHUNK_TREE_OBJECTID { BLOCK_GROUP_SYSTEM } else { BLOCK_GROUP_METADATA };
+    pub(crate) fn alloc_tree_block(
+        &mut self,
+        root_id: u64,
+        level: u8,
+        key: Option<Key>,
+        _hint: u64,
+    ) -> Result<u64> {
+        let ty = if root_id == CHUNK_TREE_OBJECTID {
+            BLOCK_GROUP_SYSTEM
+        } else {
+            BLOCK_GROUP_METADATA
+        };
         let hint = self.last_alloc.get(&ty).copied().unwrap_or(0);
         let ns = self.fs.info.nodesize as u64;
         let bytenr = self.alloc_extent(ty, ns, hint)?;
@@ -183,7 +225,10 @@ impl Trans {
             bytenr,
             ns,
             false,
-            Some(NewTreeBlock { level, key: key.unwrap_or(Key::MIN) }),
+            Some(NewTreeBlock {
+                level,
+                key: key.unwrap_or(Key::MIN),
+            }),
             RefKey::TreeRoot(root_id),
         );
         *self.root_bytes_delta.entry(root_id).or_insert(0) += ns as i64;
@@ -208,7 +253,12 @@ impl Trans {
         }
         // Fragmented: take the largest piece there is.
         let ss = self.fs.info.sectorsize as u64;
-        let starts: Vec<u64> = self.bgs.values().filter(|b| b.flags & BLOCK_GROUP_DATA != 0).map(|b| b.start).collect();
+        let starts: Vec<u64> = self
+            .bgs
+            .values()
+            .filter(|b| b.flags & BLOCK_GROUP_DATA != 0)
+            .map(|b| b.start)
+            .collect();
         let mut best = 0u64;
         for s in starts {
             self.ensure_loaded(s)?;
@@ -228,13 +278,16 @@ impl Trans {
     pub(crate) fn release_unused(&mut self, bytenr: u64, len: u64) -> Result<()> {
         let s = self.bg_of(bytenr)?;
         let bg = self.bgs.get_mut(&s).expect("found above");
-        bg.free.add(bytenr, len).map_err(|e| Error::corrupt(format!("allocator: {e}")))
+        bg.free
+            .add(bytenr, len)
+            .map_err(|e| Error::corrupt(format!("allocator: {e}")))
     }
 
     /// Drops tree `root_id`'s reference to a tree block it no longer uses.
     pub(crate) fn free_tree_block(&mut self, root_id: u64, bytenr: u64, _level: u8) -> Result<()> {
         let ns = self.fs.info.nodesize as u64;
-        self.delayed.add(bytenr, ns, false, RefKey::TreeRoot(root_id), -1);
+        self.delayed
+            .add(bytenr, ns, false, RefKey::TreeRoot(root_id), -1);
         // Allocated in this transaction: never written, so it must not be.
         if self.delayed.get(bytenr).is_some_and(|h| h.new_extent) {
             self.drop_dirty(bytenr);
@@ -251,7 +304,13 @@ impl Trans {
 
     /// The kernel's update_ref_for_cow: when the block being CoWed may be shared with
     /// a snapshot, move its children's references so both trees stay correct.
-    pub(crate) fn update_ref_for_cow(&mut self, root_id: u64, old: &TreeBlock, cow: u64, cow_data: &[u8]) -> Result<()> {
+    pub(crate) fn update_ref_for_cow(
+        &mut self,
+        root_id: u64,
+        old: &TreeBlock,
+        cow: u64,
+        cow_data: &[u8],
+    ) -> Result<()> {
         let hdr_flags = eb::flags(&old.data);
         let backref_rev = hdr_flags >> BACKREF_REV_SHIFT;
         let (root_bytenr, _) = self.root_node(root_id)?;
@@ -262,16 +321,30 @@ impl Trans {
         let (refs, flags) = if can_share {
             self.lookup_extent_info(old.bytenr, old.level())?
         } else {
-            (1, if backref_rev < MIXED_BACKREF_REV { BLOCK_FLAG_FULL_BACKREF } else { 0 })
+            (
+                1,
+                if backref_rev < MIXED_BACKREF_REV {
+                    BLOCK_FLAG_FULL_BACKREF
+                } else {
+                    0
+                },
+            )
         };
         if refs == 0 {
-            return Err(Error::corrupt(format!("tree block {} has no references", old.bytenr)));
+            return Err(Error::corrupt(format!(
+                "tree block {} has no references",
+                old.bytenr
+            )));
         }
         let owner = old.owner();
         if refs > 1 {
             if owner == root_id && flags & BLOCK_FLAG_FULL_BACKREF == 0 {
                 self.mod_refs(old.bytenr, &old.data, true, 1)?;
-                self.delayed.set_flags(old.bytenr, self.fs.info.nodesize as u64, BLOCK_FLAG_FULL_BACKREF);
+                self.delayed.set_flags(
+                    old.bytenr,
+                    self.fs.info.nodesize as u64,
+                    BLOCK_FLAG_FULL_BACKREF,
+                );
             } else {
                 self.mod_refs(cow, cow_data, false, 1)?;
             }
@@ -284,14 +357,24 @@ impl Trans {
 
     /// Adds (`delta` 1) or drops (-1) the references a block holds on its children or
     /// data extents: by parent address when `full`, else by the block's owner tree.
-    pub(crate) fn mod_refs(&mut self, bytenr: u64, data: &[u8], full: bool, delta: i64) -> Result<()> {
+    pub(crate) fn mod_refs(
+        &mut self,
+        bytenr: u64,
+        data: &[u8],
+        full: bool,
+        delta: i64,
+    ) -> Result<()> {
         let owner = le64(data, 0x58, "header").unwrap_or(0);
         let n = eb::nritems(data);
         let ns = self.fs.info.nodesize as u64;
         if eb::level(data) > 0 {
             for i in 0..n {
                 let child = eb::node_blockptr(data, i);
-                let r = if full { RefKey::TreeShared(bytenr) } else { RefKey::TreeRoot(owner) };
+                let r = if full {
+                    RefKey::TreeShared(bytenr)
+                } else {
+                    RefKey::TreeRoot(owner)
+                };
                 self.delayed.add(child, ns, false, r, delta);
             }
             return Ok(());
@@ -303,16 +386,27 @@ impl Trans {
             }
             let fe = FileExtentItem::parse(eb::item_data(data, i))
                 .map_err(|e| Error::corrupt(format!("tree block {bytenr} item {k}: {e}")))?;
-            if let FileExtentBody::Regular { disk_bytenr, disk_num_bytes, offset, .. } = fe.body {
+            if let FileExtentBody::Regular {
+                disk_bytenr,
+                disk_num_bytes,
+                offset,
+                ..
+            } = fe.body
+            {
                 if disk_bytenr == 0 {
                     continue;
                 }
                 let r = if full {
                     RefKey::DataShared(bytenr)
                 } else {
-                    RefKey::Data { root: owner, ino: k.objectid, offset: k.offset.wrapping_sub(offset) }
+                    RefKey::Data {
+                        root: owner,
+                        ino: k.objectid,
+                        offset: k.offset.wrapping_sub(offset),
+                    }
                 };
-                self.delayed.add(disk_bytenr, disk_num_bytes, true, r, delta);
+                self.delayed
+                    .add(disk_bytenr, disk_num_bytes, true, r, delta);
             }
         }
         Ok(())
@@ -367,19 +461,32 @@ impl Trans {
                     let mut inline = Vec::new();
                     while pos < d.len() {
                         let t = d[pos];
-                        let off = le64(d, pos + 1, "inline ref").map_err(|_| bad(&k, "inline ref truncated"))?;
+                        let off = le64(d, pos + 1, "inline ref")
+                            .map_err(|_| bad(&k, "inline ref truncated"))?;
                         let (r, count, size) = match t {
                             TREE_BLOCK_REF_KEY => (RefKey::TreeRoot(off), 1, 9),
                             SHARED_BLOCK_REF_KEY => (RefKey::TreeShared(off), 1, 9),
                             SHARED_DATA_REF_KEY => {
-                                let c = le32(d, pos + 9, "inline ref").map_err(|_| bad(&k, "inline ref truncated"))?;
+                                let c = le32(d, pos + 9, "inline ref")
+                                    .map_err(|_| bad(&k, "inline ref truncated"))?;
                                 (RefKey::DataShared(off), c as u64, 13)
                             }
                             EXTENT_DATA_REF_KEY => {
-                                let ino = le64(d, pos + 9, "r").map_err(|_| bad(&k, "inline ref truncated"))?;
-                                let o = le64(d, pos + 17, "r").map_err(|_| bad(&k, "inline ref truncated"))?;
-                                let c = le32(d, pos + 25, "r").map_err(|_| bad(&k, "inline ref truncated"))?;
-                                (RefKey::Data { root: off, ino, offset: o }, c as u64, 29)
+                                let ino = le64(d, pos + 9, "r")
+                                    .map_err(|_| bad(&k, "inline ref truncated"))?;
+                                let o = le64(d, pos + 17, "r")
+                                    .map_err(|_| bad(&k, "inline ref truncated"))?;
+                                let c = le32(d, pos + 25, "r")
+                                    .map_err(|_| bad(&k, "inline ref truncated"))?;
+                                (
+                                    RefKey::Data {
+                                        root: off,
+                                        ino,
+                                        offset: o,
+                                    },
+                                    c as u64,
+                                    29,
+                                )
                             }
                             EXTENT_OWNER_REF_KEY => {
                                 return Err(Error::Unsupported("simple quota owner refs".into()));
@@ -389,22 +496,41 @@ impl Trans {
                         inline.push((r, count));
                         pos += size;
                     }
-                    rec = Some(ExtentRec { key: k, refs, generation, flags, tree_info, inline, keyed: Vec::new() });
+                    rec = Some(ExtentRec {
+                        key: k,
+                        refs,
+                        generation,
+                        flags,
+                        tree_info,
+                        inline,
+                        keyed: Vec::new(),
+                    });
                 }
-                TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY | EXTENT_DATA_REF_KEY | SHARED_DATA_REF_KEY => {
+                TREE_BLOCK_REF_KEY | SHARED_BLOCK_REF_KEY | EXTENT_DATA_REF_KEY
+                | SHARED_DATA_REF_KEY => {
                     let Some(r) = rec.as_mut() else {
                         return Err(bad(&k, "backref without extent item"));
                     };
                     let (rk, count) = match k.ty {
                         TREE_BLOCK_REF_KEY => (RefKey::TreeRoot(k.offset), 1),
                         SHARED_BLOCK_REF_KEY => (RefKey::TreeShared(k.offset), 1),
-                        SHARED_DATA_REF_KEY => (RefKey::DataShared(k.offset), le32(d, 0, "r").map_err(|_| bad(&k, "short"))? as u64),
+                        SHARED_DATA_REF_KEY => (
+                            RefKey::DataShared(k.offset),
+                            le32(d, 0, "r").map_err(|_| bad(&k, "short"))? as u64,
+                        ),
                         _ => {
                             let root = le64(d, 0, "r").map_err(|_| bad(&k, "short"))?;
                             let ino = le64(d, 8, "r").map_err(|_| bad(&k, "short"))?;
                             let o = le64(d, 16, "r").map_err(|_| bad(&k, "short"))?;
                             let c = le32(d, 24, "r").map_err(|_| bad(&k, "short"))?;
-                            (RefKey::Data { root, ino, offset: o }, c as u64)
+                            (
+                                RefKey::Data {
+                                    root,
+                                    ino,
+                                    offset: o,
+                                },
+                                c as u64,
+                            )
                         }
                     };
                     r.keyed.push((k, rk, count));
@@ -438,7 +564,9 @@ impl Trans {
         if head.new_extent {
             let total = head.ref_mod();
             if head.refs.values().any(|&d| d < 0) || total < 0 {
-                return Err(Error::corrupt(format!("internal: new extent {bytenr} dropped below zero refs")));
+                return Err(Error::corrupt(format!(
+                    "internal: new extent {bytenr} dropped below zero refs"
+                )));
             }
             if total == 0 {
                 // Allocated and freed within this transaction.
@@ -450,19 +578,31 @@ impl Trans {
             let tree = head.tree;
             let (key, tree_info) = match (head.is_data, tree) {
                 (true, _) => (Key::new(bytenr, EXTENT_ITEM_KEY, head.num_bytes), None),
-                (false, Some(t)) if skinny => (Key::new(bytenr, METADATA_ITEM_KEY, t.level as u64), None),
+                (false, Some(t)) if skinny => {
+                    (Key::new(bytenr, METADATA_ITEM_KEY, t.level as u64), None)
+                }
                 (false, t) => {
-                    let t = t.unwrap_or(NewTreeBlock { level: 0, key: Key::MIN });
+                    let t = t.unwrap_or(NewTreeBlock {
+                        level: 0,
+                        key: Key::MIN,
+                    });
                     let mut info = t.key.to_bytes().to_vec();
                     info.push(t.level);
-                    (Key::new(bytenr, EXTENT_ITEM_KEY, head.num_bytes), Some(info))
+                    (
+                        Key::new(bytenr, EXTENT_ITEM_KEY, head.num_bytes),
+                        Some(info),
+                    )
                 }
             };
             let mut rec = ExtentRec {
                 key,
                 refs: 0,
                 generation: self.transid,
-                flags: if head.is_data { EXTENT_FLAG_DATA } else { EXTENT_FLAG_TREE_BLOCK } | head.set_flags,
+                flags: if head.is_data {
+                    EXTENT_FLAG_DATA
+                } else {
+                    EXTENT_FLAG_TREE_BLOCK
+                } | head.set_flags,
                 tree_info,
                 inline: Vec::new(),
                 keyed: Vec::new(),
@@ -481,9 +621,11 @@ impl Trans {
             return Ok(());
         }
         let level = head.tree.map_or(0, |t| t.level);
-        let mut rec = self
-            .load_extent(bytenr, level)?
-            .ok_or_else(|| Error::corrupt(format!("extent {bytenr}: no extent item to update its references")))?;
+        let mut rec = self.load_extent(bytenr, level)?.ok_or_else(|| {
+            Error::corrupt(format!(
+                "extent {bytenr}: no extent item to update its references"
+            ))
+        })?;
         let old_key = rec.key;
         let mut keyed_del: Vec<Key> = Vec::new();
         let mut keyed_upd: Vec<(Key, Vec<u8>)> = Vec::new();
@@ -504,7 +646,10 @@ impl Trans {
                 let dec = d.unsigned_abs();
                 if let Some(pos) = rec.inline.iter().position(|x| x.0 == *r) {
                     if rec.inline[pos].1 < dec {
-                        return Err(Error::corrupt(format!("extent {bytenr}: dropping {dec} of ref {r:?} that has {}", rec.inline[pos].1)));
+                        return Err(Error::corrupt(format!(
+                            "extent {bytenr}: dropping {dec} of ref {r:?} that has {}",
+                            rec.inline[pos].1
+                        )));
                     }
                     rec.inline[pos].1 -= dec;
                     if rec.inline[pos].1 == 0 {
@@ -513,7 +658,10 @@ impl Trans {
                 } else if let Some(pos) = rec.keyed.iter().position(|x| x.1 == *r) {
                     let e = &mut rec.keyed[pos];
                     if e.2 < dec {
-                        return Err(Error::corrupt(format!("extent {bytenr}: dropping {dec} of ref {r:?} that has {}", e.2)));
+                        return Err(Error::corrupt(format!(
+                            "extent {bytenr}: dropping {dec} of ref {r:?} that has {}",
+                            e.2
+                        )));
                     }
                     e.2 -= dec;
                     if e.2 == 0 {
@@ -523,7 +671,9 @@ impl Trans {
                         keyed_upd.push((e.0, keyed_bytes(r, e.2)));
                     }
                 } else {
-                    return Err(Error::corrupt(format!("extent {bytenr}: dropping ref {r:?} it does not have")));
+                    return Err(Error::corrupt(format!(
+                        "extent {bytenr}: dropping ref {r:?} it does not have"
+                    )));
                 }
                 if rec.refs < dec {
                     return Err(Error::corrupt(format!("extent {bytenr}: refs below zero")));
@@ -541,7 +691,11 @@ impl Trans {
                 // Already removed from rec.keyed; its item still exists.
                 self.delete_item(EXTENT_TREE_OBJECTID, &k)?;
             }
-            let len = if old_key.ty == METADATA_ITEM_KEY { self.fs.info.nodesize as u64 } else { old_key.offset };
+            let len = if old_key.ty == METADATA_ITEM_KEY {
+                self.fs.info.nodesize as u64
+            } else {
+                old_key.offset
+            };
             if head.is_data || rec.flags & EXTENT_FLAG_DATA != 0 {
                 self.del_csums(bytenr, len)?;
             }
@@ -563,7 +717,13 @@ impl Trans {
 
     /// Adds a new backref: inline when the item has no keyed refs and stays below the
     /// kernel's size limit, else as its own item.
-    fn add_ref_to_rec(&self, rec: &mut ExtentRec, r: &RefKey, count: u64, keyed_new: &mut Vec<(Key, Vec<u8>)>) {
+    fn add_ref_to_rec(
+        &self,
+        rec: &mut ExtentRec,
+        r: &RefKey,
+        count: u64,
+        keyed_new: &mut Vec<(Key, Vec<u8>)>,
+    ) {
         rec.refs += count;
         let max = self.max_extent_item_size();
         if rec.keyed.is_empty() && keyed_new.is_empty() && rec.item_size() + inline_size(r) < max {
@@ -592,23 +752,54 @@ impl Trans {
         if alloc {
             bg.used += len;
             self.fs.info.sb.bytes_used += len;
-            bg.fst_free.remove(bytenr, len).map_err(|e| Error::corrupt(format!("extent {bytenr}: {e}")))?;
+            bg.fst_free
+                .remove(bytenr, len)
+                .map_err(|e| Error::corrupt(format!("extent {bytenr}: {e}")))?;
         } else {
             bg.used = bg.used.saturating_sub(len);
             self.fs.info.sb.bytes_used = self.fs.info.sb.bytes_used.saturating_sub(len);
-            bg.fst_free.add(bytenr, len).map_err(|e| Error::corrupt(format!("extent {bytenr}: {e}")))?;
+            bg.fst_free
+                .add(bytenr, len)
+                .map_err(|e| Error::corrupt(format!("extent {bytenr}: {e}")))?;
         }
         bg.dirty = true;
         Ok(())
     }
 
     /// Adds a reference to a data extent (a new file extent item pointing at it).
-    pub(crate) fn add_data_ref(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64, delta: i64) {
-        self.delayed.add(bytenr, num_bytes, true, RefKey::Data { root, ino, offset }, delta);
+    pub(crate) fn add_data_ref(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        delta: i64,
+    ) {
+        self.delayed.add(
+            bytenr,
+            num_bytes,
+            true,
+            RefKey::Data { root, ino, offset },
+            delta,
+        );
     }
 
-    pub(crate) fn add_new_data_extent(&mut self, bytenr: u64, num_bytes: u64, root: u64, ino: u64, offset: u64) {
-        self.delayed.add_new(bytenr, num_bytes, true, None, RefKey::Data { root, ino, offset });
+    pub(crate) fn add_new_data_extent(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        root: u64,
+        ino: u64,
+        offset: u64,
+    ) {
+        self.delayed.add_new(
+            bytenr,
+            num_bytes,
+            true,
+            None,
+            RefKey::Data { root, ino, offset },
+        );
     }
 
     pub fn set_search_mode(&mut self, m: SearchMode) {

@@ -188,7 +188,10 @@ impl crate::transaction::Trans {
             }
             if item_end > end {
                 let skip = ((end - k.offset) / ss * csize) as usize;
-                keep.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, end), data[skip..].to_vec()));
+                keep.push((
+                    Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, end),
+                    data[skip..].to_vec(),
+                ));
             }
             if !keep.is_empty() {
                 self.insert_items(CSUM_TREE_OBJECTID, &keep)?;

@@ -30,7 +30,11 @@ impl Trans {
 
     /// Free ranges of a block group per the free-space tree, and whether it is stored
     /// as bitmaps.
-    pub(crate) fn read_fst_ranges(&self, start: u64, length: u64) -> Result<(Vec<(u64, u64)>, bool)> {
+    pub(crate) fn read_fst_ranges(
+        &self,
+        start: u64,
+        length: u64,
+    ) -> Result<(Vec<(u64, u64)>, bool)> {
         if self.fs.info.sb.compat_ro_flags & FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0 {
             return Err(Error::Unsupported(
                 "writing needs the free-space tree (space_cache=v2)".into(),
@@ -41,7 +45,11 @@ impl Trans {
         let Some((k0, info)) = items.first() else {
             return Err(bad("no FREE_SPACE_INFO item".into()));
         };
-        if k0.ty != FREE_SPACE_INFO_KEY || k0.objectid != start || k0.offset != length || info.len() < 8 {
+        if k0.ty != FREE_SPACE_INFO_KEY
+            || k0.objectid != start
+            || k0.offset != length
+            || info.len() < 8
+        {
             return Err(bad(format!("expected FREE_SPACE_INFO first, found {k0}")));
         }
         let flags = u32::from_le_bytes([info[4], info[5], info[6], info[7]]);
@@ -94,7 +102,12 @@ impl Trans {
     /// changed (more CoW, so the commit loop must run again).
     pub(crate) fn write_free_space_tree(&mut self) -> Result<bool> {
         let has_fst = self.fs.info.sb.compat_ro_flags & FEATURE_COMPAT_RO_FREE_SPACE_TREE != 0;
-        let dirty: Vec<u64> = self.bgs.values().filter(|b| b.dirty).map(|b| b.start).collect();
+        let dirty: Vec<u64> = self
+            .bgs
+            .values()
+            .filter(|b| b.dirty)
+            .map(|b| b.start)
+            .collect();
         let mut changed = false;
         for start in dirty {
             if !has_fst {
@@ -129,7 +142,13 @@ impl Trans {
         Ok(changed)
     }
 
-    fn fst_wanted(&self, start: u64, length: u64, ranges: &[(u64, u64)], bitmaps: bool) -> Vec<(Key, Vec<u8>)> {
+    fn fst_wanted(
+        &self,
+        start: u64,
+        length: u64,
+        ranges: &[(u64, u64)],
+        bitmaps: bool,
+    ) -> Vec<(Key, Vec<u8>)> {
         let mut out = Vec::new();
         let mut info = Vec::with_capacity(8);
         info.extend_from_slice(&(ranges.len() as u32).to_le_bytes());
@@ -170,7 +189,12 @@ impl Trans {
 
     /// Makes the items of `tree` in a key range equal `want`, given they are `have`
     /// (both sorted): deletes, inserts and rewrites only what differs.
-    pub(crate) fn apply_diff(&mut self, tree: u64, have: &[(Key, Vec<u8>)], want: &[(Key, Vec<u8>)]) -> Result<bool> {
+    pub(crate) fn apply_diff(
+        &mut self,
+        tree: u64,
+        have: &[(Key, Vec<u8>)],
+        want: &[(Key, Vec<u8>)],
+    ) -> Result<bool> {
         let mut changed = false;
         let (mut i, mut j) = (0, 0);
         while i < have.len() || j < want.len() {

@@ -9,7 +9,10 @@ use crate::error::{Error, Result};
 use crate::transaction::Trans;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::{extref_hash, name_hash};
-use ubtrfs_format::items::{parse_dir_items, parse_inode_extrefs, parse_inode_refs, FileExtentBody, FileExtentItem, InodeItem, Timespec};
+use ubtrfs_format::items::{
+    parse_dir_items, parse_inode_extrefs, parse_inode_refs, FileExtentBody, FileExtentItem,
+    InodeItem, Timespec,
+};
 use ubtrfs_format::key::Key;
 
 /// Largest data extent the kernel writes.
@@ -40,18 +43,38 @@ pub fn file_type_of(mode: u32) -> u8 {
 }
 
 pub fn now() -> Timespec {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timespec { sec: d.as_secs() as i64, nsec: d.subsec_nanos() }
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timespec {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() || name.len() > NAME_LEN_MAX || name.contains(&b'/') || name.contains(&0) || name == b"." || name == b".." {
-        return Err(Error::Invalid(format!("invalid name {:?}", String::from_utf8_lossy(name))));
+    if name.is_empty()
+        || name.len() > NAME_LEN_MAX
+        || name.contains(&b'/')
+        || name.contains(&0)
+        || name == b"."
+        || name == b".."
+    {
+        return Err(Error::Invalid(format!(
+            "invalid name {:?}",
+            String::from_utf8_lossy(name)
+        )));
     }
     Ok(())
 }
 
-pub fn file_extent_bytes(generation: u64, ram_bytes: u64, compression: u8, ty: u8, body: &FileExtentBody) -> Vec<u8> {
+pub fn file_extent_bytes(
+    generation: u64,
+    ram_bytes: u64,
+    compression: u8,
+    ty: u8,
+    body: &FileExtentBody,
+) -> Vec<u8> {
     let mut v = Vec::with_capacity(53);
     v.extend_from_slice(&generation.to_le_bytes());
     v.extend_from_slice(&ram_bytes.to_le_bytes());
@@ -61,7 +84,12 @@ pub fn file_extent_bytes(generation: u64, ram_bytes: u64, compression: u8, ty: u
     v.push(ty);
     match body {
         FileExtentBody::Inline { data } => v.extend_from_slice(data),
-        FileExtentBody::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes } => {
+        FileExtentBody::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+        } => {
             for x in [disk_bytenr, disk_num_bytes, offset, num_bytes] {
                 v.extend_from_slice(&x.to_le_bytes());
             }
@@ -79,12 +107,15 @@ impl Trans {
         let ptr = self.root_ptr(root)?;
         let it = lookup_exact(&self.fs.info, &ptr, &Key::new(ino, INODE_ITEM_KEY, 0))?
             .ok_or_else(|| Error::NotFound(format!("inode {ino} in tree {root}")))?;
-        InodeItem::parse(it.data()).map_err(|e| Error::corrupt(format!("inode {ino} in tree {root}: {e}")))
+        InodeItem::parse(it.data())
+            .map_err(|e| Error::corrupt(format!("inode {ino} in tree {root}: {e}")))
     }
 
     pub fn write_inode(&mut self, root: u64, ino: u64, i: &InodeItem) -> Result<()> {
         let bytes = i.to_bytes();
-        self.update_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), |d| d.copy_from_slice(&bytes))
+        self.update_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), |d| {
+            d.copy_from_slice(&bytes)
+        })
     }
 
     fn touch(&mut self, i: &mut InodeItem, t: Timespec, mtime: bool) {
@@ -99,11 +130,20 @@ impl Trans {
     /// Looks a name up in a directory: (inode, file type, location key).
     pub fn lookup(&self, root: u64, dir: u64, name: &[u8]) -> Result<Option<(u64, u8, Key)>> {
         let ptr = self.root_ptr(root)?;
-        let Some(it) = lookup_exact(&self.fs.info, &ptr, &Key::new(dir, DIR_ITEM_KEY, name_hash(name)))? else {
+        let Some(it) = lookup_exact(
+            &self.fs.info,
+            &ptr,
+            &Key::new(dir, DIR_ITEM_KEY, name_hash(name)),
+        )?
+        else {
             return Ok(None);
         };
-        let items = parse_dir_items(it.data()).map_err(|e| Error::corrupt(format!("dir item in {dir}: {e}")))?;
-        Ok(items.into_iter().find(|d| d.name == name).map(|d| (d.location.objectid, d.ty, d.location)))
+        let items = parse_dir_items(it.data())
+            .map_err(|e| Error::corrupt(format!("dir item in {dir}: {e}")))?;
+        Ok(items
+            .into_iter()
+            .find(|d| d.name == name)
+            .map(|d| (d.location.objectid, d.ty, d.location)))
     }
 
     fn alloc_ino(&mut self, root: u64) -> Result<u64> {
@@ -112,7 +152,11 @@ impl Trans {
             return Ok(*n - 1);
         }
         let ptr = self.root_ptr(root)?;
-        let highest = match lookup_prev(&self.fs.info, &ptr, Key::new(LAST_FREE_OBJECTID, u8::MAX, u64::MAX))? {
+        let highest = match lookup_prev(
+            &self.fs.info,
+            &ptr,
+            Key::new(LAST_FREE_OBJECTID, u8::MAX, u64::MAX),
+        )? {
             Some((k, _)) if k.objectid >= FIRST_FREE_OBJECTID => k.objectid,
             _ => FIRST_FREE_OBJECTID,
         };
@@ -126,15 +170,25 @@ impl Trans {
 
     fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
         let ptr = self.root_ptr(root)?;
-        Ok(match lookup_prev(&self.fs.info, &ptr, Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
-            Some((k, _)) if k.objectid == dir && k.ty == DIR_INDEX_KEY => k.offset + 1,
-            _ => 2,
-        })
+        Ok(
+            match lookup_prev(&self.fs.info, &ptr, Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
+                Some((k, _)) if k.objectid == dir && k.ty == DIR_INDEX_KEY => k.offset + 1,
+                _ => 2,
+            },
+        )
     }
 
     /// Adds the directory entries (DIR_ITEM, DIR_INDEX) and the inode's back reference
     /// for `name` in `dir`; updates the directory's size and times.
-    fn add_link(&mut self, root: u64, dir: u64, name: &[u8], ino: u64, ty: u8, t: Timespec) -> Result<u64> {
+    fn add_link(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        ino: u64,
+        ty: u8,
+        t: Timespec,
+    ) -> Result<u64> {
         check_name(name)?;
         let mut d = self.read_inode(root, dir)?;
         if d.mode & 0o170000 != 0o040000 {
@@ -167,16 +221,27 @@ impl Trans {
                 if old + bytes.len() > self.max_item_size() {
                     return Err(Error::NoSpace(format!("item {key} is full")));
                 }
-                self.resize_item(root, key, old + bytes.len(), |d| d[old..].copy_from_slice(bytes))
+                self.resize_item(root, key, old + bytes.len(), |d| {
+                    d[old..].copy_from_slice(bytes)
+                })
             }
         }
     }
 
-    fn add_inode_ref(&mut self, root: u64, ino: u64, dir: u64, index: u64, name: &[u8]) -> Result<()> {
+    fn add_inode_ref(
+        &mut self,
+        root: u64,
+        ino: u64,
+        dir: u64,
+        index: u64,
+        name: &[u8],
+    ) -> Result<()> {
         let key = Key::new(ino, INODE_REF_KEY, dir);
         let r = ubtrfs_format::items::inode_ref_bytes(index, name);
         match self.append_to_item(root, &key, &r) {
-            Err(Error::NoSpace(_)) if self.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_EXTENDED_IREF != 0 => {
+            Err(Error::NoSpace(_))
+                if self.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_EXTENDED_IREF != 0 =>
+            {
                 let k = Key::new(ino, INODE_EXTREF_KEY, extref_hash(dir, name));
                 let e = ubtrfs_format::items::inode_extref_bytes(dir, index, name);
                 self.append_to_item(root, &k, &e)
@@ -187,7 +252,12 @@ impl Trans {
 
     /// Removes one entry from an item holding several packed entries; `find` returns
     /// the byte range of the entry to remove.
-    fn remove_from_item(&mut self, root: u64, key: &Key, find: impl Fn(&[u8]) -> Option<(usize, usize)>) -> Result<bool> {
+    fn remove_from_item(
+        &mut self,
+        root: u64,
+        key: &Key,
+        find: impl Fn(&[u8]) -> Option<(usize, usize)>,
+    ) -> Result<bool> {
         let ptr = self.root_ptr(root)?;
         let Some(it) = lookup_exact(&self.fs.info, &ptr, key)? else {
             return Ok(false);
@@ -211,7 +281,8 @@ impl Trans {
         let key = Key::new(ino, INODE_REF_KEY, dir);
         let ptr = self.root_ptr(root)?;
         if let Some(it) = lookup_exact(&self.fs.info, &ptr, &key)? {
-            let refs = parse_inode_refs(dir, it.data()).map_err(|e| Error::corrupt(format!("inode ref {key}: {e}")))?;
+            let refs = parse_inode_refs(dir, it.data())
+                .map_err(|e| Error::corrupt(format!("inode ref {key}: {e}")))?;
             drop(it);
             if let Some(r) = refs.iter().find(|r| r.name == name) {
                 let index = r.index;
@@ -233,14 +304,16 @@ impl Trans {
         let key = Key::new(ino, INODE_EXTREF_KEY, extref_hash(dir, name));
         let ptr = self.root_ptr(root)?;
         if let Some(it) = lookup_exact(&self.fs.info, &ptr, &key)? {
-            let refs = parse_inode_extrefs(it.data()).map_err(|e| Error::corrupt(format!("inode extref {key}: {e}")))?;
+            let refs = parse_inode_extrefs(it.data())
+                .map_err(|e| Error::corrupt(format!("inode extref {key}: {e}")))?;
             drop(it);
             if let Some(r) = refs.iter().find(|r| r.name == name && r.parent == dir) {
                 let index = r.index;
                 self.remove_from_item(root, &key, |d| {
                     let mut pos = 0;
                     while pos + 18 <= d.len() {
-                        let parent = u64::from_le_bytes(d[pos..pos + 8].try_into().unwrap_or([0; 8]));
+                        let parent =
+                            u64::from_le_bytes(d[pos..pos + 8].try_into().unwrap_or([0; 8]));
                         let nl = u16::from_le_bytes([d[pos + 16], d[pos + 17]]) as usize;
                         let end = pos + 18 + nl;
                         if parent == dir && d.get(pos + 18..end) == Some(name) {
@@ -253,15 +326,22 @@ impl Trans {
                 return Ok(index);
             }
         }
-        Err(Error::corrupt(format!("inode {ino} has no reference named {:?} in {dir}", String::from_utf8_lossy(name))))
+        Err(Error::corrupt(format!(
+            "inode {ino} has no reference named {:?} in {dir}",
+            String::from_utf8_lossy(name)
+        )))
     }
 
     /// Removes `name` from `dir` (entries and the inode's back reference), without
     /// touching the inode's link count. Returns the inode.
     fn remove_link(&mut self, root: u64, dir: u64, name: &[u8], t: Timespec) -> Result<u64> {
-        let (ino, _, loc) = self.lookup(root, dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let (ino, _, loc) = self
+            .lookup(root, dir, name)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         if loc.ty == ROOT_ITEM_KEY {
-            return Err(Error::Unsupported("removing a subvolume entry (use subvolume delete)".into()));
+            return Err(Error::Unsupported(
+                "removing a subvolume entry (use subvolume delete)".into(),
+            ));
         }
         let index = self.del_inode_ref(root, ino, dir, name)?;
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
@@ -305,7 +385,11 @@ impl Trans {
             uid: attr.uid,
             gid: attr.gid,
             mode: attr.mode,
-            rdev: if ty == FT_CHRDEV || ty == FT_BLKDEV { attr.rdev } else { 0 },
+            rdev: if ty == FT_CHRDEV || ty == FT_BLKDEV {
+                attr.rdev
+            } else {
+                0
+            },
             atime: attr.time,
             ctime: attr.time,
             mtime: attr.time,
@@ -318,9 +402,22 @@ impl Trans {
         Ok(ino)
     }
 
-    pub fn symlink(&mut self, root: u64, dir: u64, name: &[u8], target: &[u8], attr: NewInode) -> Result<u64> {
-        if target.is_empty() || target.len() as u64 >= self.fs.info.sectorsize as u64 || target.len() > self.max_inline_size() {
-            return Err(Error::Invalid(format!("symlink target of {} bytes", target.len())));
+    pub fn symlink(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        target: &[u8],
+        attr: NewInode,
+    ) -> Result<u64> {
+        if target.is_empty()
+            || target.len() as u64 >= self.fs.info.sectorsize as u64
+            || target.len() > self.max_inline_size()
+        {
+            return Err(Error::Invalid(format!(
+                "symlink target of {} bytes",
+                target.len()
+            )));
         }
         let mut a = attr;
         a.mode = 0o120777;
@@ -333,7 +430,14 @@ impl Trans {
         Ok(ino)
     }
 
-    fn create_raw(&mut self, root: u64, dir: u64, name: &[u8], attr: NewInode, ty: u8) -> Result<u64> {
+    fn create_raw(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        attr: NewInode,
+        ty: u8,
+    ) -> Result<u64> {
         check_name(name)?;
         if self.lookup(root, dir, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
@@ -373,7 +477,15 @@ impl Trans {
     }
 
     fn insert_inline(&mut self, root: u64, ino: u64, data: &[u8]) -> Result<()> {
-        let v = file_extent_bytes(self.transid, data.len() as u64, 0, FILE_EXTENT_INLINE, &FileExtentBody::Inline { data: data.to_vec() });
+        let v = file_extent_bytes(
+            self.transid,
+            data.len() as u64,
+            0,
+            FILE_EXTENT_INLINE,
+            &FileExtentBody::Inline {
+                data: data.to_vec(),
+            },
+        );
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &v)
     }
 
@@ -394,7 +506,9 @@ impl Trans {
 
     /// Removes a non-directory name; the inode goes when its last link does.
     pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
-        let (ino, ty, _) = self.lookup(root, dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let (ino, ty, _) = self
+            .lookup(root, dir, name)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         if ty == FT_DIR {
             return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
         }
@@ -411,7 +525,9 @@ impl Trans {
     }
 
     pub fn rmdir(&mut self, root: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
-        let (ino, ty, _) = self.lookup(root, dir, name)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let (ino, ty, _) = self
+            .lookup(root, dir, name)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         if ty != FT_DIR {
             return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
         }
@@ -426,13 +542,29 @@ impl Trans {
     /// Deletes every item of an inode, dropping its data references.
     fn evict_inode(&mut self, root: u64, ino: u64) -> Result<()> {
         self.drop_extents(root, ino, 0, u64::MAX)?;
-        self.delete_range(root, &Key::new(ino, 0, 0), &Key::new(ino, u8::MAX, u64::MAX))?;
+        self.delete_range(
+            root,
+            &Key::new(ino, 0, 0),
+            &Key::new(ino, u8::MAX, u64::MAX),
+        )?;
         Ok(())
     }
 
     /// Moves `oname` in `odir` to `nname` in `ndir`, replacing a compatible target.
-    pub fn rename(&mut self, root: u64, odir: u64, oname: &[u8], ndir: u64, nname: &[u8], noreplace: bool, t: Timespec) -> Result<()> {
-        let (ino, ty, _) = self.lookup(root, odir, oname)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(oname).into_owned()))?;
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename(
+        &mut self,
+        root: u64,
+        odir: u64,
+        oname: &[u8],
+        ndir: u64,
+        nname: &[u8],
+        noreplace: bool,
+        t: Timespec,
+    ) -> Result<()> {
+        let (ino, ty, _) = self
+            .lookup(root, odir, oname)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(oname).into_owned()))?;
         if odir == ndir && oname == nname {
             return Ok(());
         }
@@ -459,8 +591,12 @@ impl Trans {
             match (ty == FT_DIR, tty == FT_DIR) {
                 (true, true) => self.rmdir(root, ndir, nname, t)?,
                 (false, false) => self.unlink(root, ndir, nname, t)?,
-                (true, false) => return Err(Error::NotDir(String::from_utf8_lossy(nname).into_owned())),
-                (false, true) => return Err(Error::IsDir(String::from_utf8_lossy(nname).into_owned())),
+                (true, false) => {
+                    return Err(Error::NotDir(String::from_utf8_lossy(nname).into_owned()))
+                }
+                (false, true) => {
+                    return Err(Error::IsDir(String::from_utf8_lossy(nname).into_owned()))
+                }
             }
         }
         self.remove_link(root, odir, oname, t)?;
@@ -473,16 +609,27 @@ impl Trans {
 
     fn parent_of(&self, root: u64, dir: u64) -> Result<u64> {
         let ptr = self.root_ptr(root)?;
-        let it = TreeIter::new(&self.fs.info, &ptr, Key::new(dir, INODE_REF_KEY, 0), Key::new(dir, INODE_REF_KEY, u64::MAX))?;
-        for item in it {
-            return Ok(item?.key().offset);
+        let it = TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(dir, INODE_REF_KEY, 0),
+            Key::new(dir, INODE_REF_KEY, u64::MAX),
+        )?;
+        match it.into_iter().next() {
+            Some(item) => Ok(item?.key().offset),
+            None => Ok(FIRST_FREE_OBJECTID),
         }
-        Ok(FIRST_FREE_OBJECTID)
     }
 
     /// Removes or trims file extent items covering [start, end) and drops the data
     /// references they held; returns the bytes of `nbytes` released.
-    pub(crate) fn drop_extents(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<u64> {
+    pub(crate) fn drop_extents(
+        &mut self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<u64> {
         let ptr = self.root_ptr(root)?;
         let mut items = Vec::new();
         // The item covering `start` may begin before it.
@@ -490,16 +637,27 @@ impl Trans {
             Some((k, _)) if k.objectid == ino && k.ty == EXTENT_DATA_KEY => k.offset,
             _ => start,
         };
-        for item in TreeIter::new(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, first), Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)))? {
+        for item in TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(ino, EXTENT_DATA_KEY, first),
+            Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)),
+        )? {
             let item = item?;
-            let fe = FileExtentItem::parse(item.data()).map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
+            let fe = FileExtentItem::parse(item.data())
+                .map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
             items.push((item.key(), fe));
         }
         let mut released = 0u64;
         for (k, fe) in items {
             let (len, reg) = match &fe.body {
                 FileExtentBody::Inline { .. } => (fe.ram_bytes, None),
-                FileExtentBody::Regular { disk_bytenr, disk_num_bytes, offset, num_bytes } => (*num_bytes, Some((*disk_bytenr, *disk_num_bytes, *offset))),
+                FileExtentBody::Regular {
+                    disk_bytenr,
+                    disk_num_bytes,
+                    offset,
+                    num_bytes,
+                } => (*num_bytes, Some((*disk_bytenr, *disk_num_bytes, *offset))),
             };
             let (es, ee) = (k.offset, k.offset.saturating_add(len));
             if ee <= start || es >= end {
@@ -512,7 +670,9 @@ impl Trans {
                     self.delete_item(root, &k)?;
                     released += fe.ram_bytes.min(len);
                     if start > es {
-                        return Err(Error::Unsupported("partial truncation of an inline extent".into()));
+                        return Err(Error::Unsupported(
+                            "partial truncation of an inline extent".into(),
+                        ));
                     }
                 }
                 Some((db, dnb, off)) => {
@@ -523,8 +683,19 @@ impl Trans {
                     }
                     let keep = |s: u64, e: u64, this: &mut Trans| -> Result<()> {
                         let nb = e - s;
-                        let body = FileExtentBody::Regular { disk_bytenr: db, disk_num_bytes: dnb, offset: off + (s - es), num_bytes: nb };
-                        let v = file_extent_bytes(fe.generation, fe.ram_bytes, fe.compression, fe.ty, &body);
+                        let body = FileExtentBody::Regular {
+                            disk_bytenr: db,
+                            disk_num_bytes: dnb,
+                            offset: off + (s - es),
+                            num_bytes: nb,
+                        };
+                        let v = file_extent_bytes(
+                            fe.generation,
+                            fe.ram_bytes,
+                            fe.compression,
+                            fe.ty,
+                            &body,
+                        );
                         this.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, s), &v)?;
                         if has_ref {
                             this.add_data_ref(db, dnb, root, ino, es.wrapping_sub(off), 1);
@@ -548,7 +719,14 @@ impl Trans {
 
     /// Writes `data` at `offset` of a regular file (CoW: new extents, old ones dropped).
     /// `offset` must be sector aligned or at/after the end of file rounded up.
-    pub fn write(&mut self, root: u64, ino: u64, offset: u64, data: &[u8], t: Timespec) -> Result<()> {
+    pub fn write(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        t: Timespec,
+    ) -> Result<()> {
         let mut inode = self.read_inode(root, ino)?;
         if inode.mode & 0o170000 != 0o100000 {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
@@ -560,7 +738,13 @@ impl Trans {
         let end = offset + data.len() as u64;
         let new_size = inode.size.max(end);
         // Small whole files are stored inline, as the kernel does.
-        if offset == 0 && new_size == end && inode.size <= end && end < ss && end <= MAX_INLINE && (end as usize) <= self.max_inline_size() {
+        if offset == 0
+            && new_size == end
+            && inode.size <= end
+            && end < ss
+            && end <= MAX_INLINE
+            && (end as usize) <= self.max_inline_size()
+        {
             let released = self.drop_extents(root, ino, 0, u64::MAX)?;
             inode.nbytes = inode.nbytes.saturating_sub(released);
             self.insert_inline(root, ino, data)?;
@@ -571,7 +755,7 @@ impl Trans {
         }
         let mut buf_start = offset;
         let mut buf: Vec<u8>;
-        if offset % ss != 0 {
+        if !offset.is_multiple_of(ss) {
             // Read-modify-write of the first sector.
             let s = offset - offset % ss;
             let mut head = self.read_file_range(root, ino, s, (offset - s) as usize, &inode)?;
@@ -582,7 +766,7 @@ impl Trans {
             buf = data.to_vec();
         }
         let buf_end = buf_start + buf.len() as u64;
-        if buf_end % ss != 0 && buf_end < inode.size {
+        if !buf_end.is_multiple_of(ss) && buf_end < inode.size {
             let e = buf_end.next_multiple_of(ss).min(inode.size);
             let tail = self.read_file_range(root, ino, buf_end, (e - buf_end) as usize, &inode)?;
             buf.extend_from_slice(&tail);
@@ -616,7 +800,12 @@ impl Trans {
             self.write_logical(bytenr, chunk)?;
             self.csum_data(bytenr, chunk)?;
             let fo = buf_start + pos;
-            let body = FileExtentBody::Regular { disk_bytenr: bytenr, disk_num_bytes: got, offset: 0, num_bytes: got };
+            let body = FileExtentBody::Regular {
+                disk_bytenr: bytenr,
+                disk_num_bytes: got,
+                offset: 0,
+                num_bytes: got,
+            };
             let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_REG, &body);
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, fo), &v)?;
             self.add_new_data_extent(bytenr, got, root, ino, fo);
@@ -631,7 +820,15 @@ impl Trans {
     /// Preallocates [offset, offset + len) (sector aligned outward) as PREALLOC extents
     /// where the file has no data; `keep_size` leaves i_size alone (FALLOC_FL_KEEP_SIZE).
     /// Returns the extents allocated, as (disk bytenr, length).
-    pub fn fallocate(&mut self, root: u64, ino: u64, offset: u64, len: u64, keep_size: bool, t: Timespec) -> Result<Vec<(u64, u64)>> {
+    pub fn fallocate(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+        t: Timespec,
+    ) -> Result<Vec<(u64, u64)>> {
         let mut inode = self.read_inode(root, ino)?;
         if inode.mode & 0o170000 != 0o100000 {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
@@ -640,7 +837,9 @@ impl Trans {
         let start = offset - offset % ss;
         let end = (offset + len).next_multiple_of(ss);
         if self.has_inline(root, ino)? {
-            return Err(Error::Unsupported("fallocate on a file with inline data".into()));
+            return Err(Error::Unsupported(
+                "fallocate on a file with inline data".into(),
+            ));
         }
         // Only the holes get extents: collect the covered ranges first.
         let ptr = self.root_ptr(root)?;
@@ -649,10 +848,21 @@ impl Trans {
             Some((k, _)) if k.objectid == ino && k.ty == EXTENT_DATA_KEY => k.offset,
             _ => start,
         };
-        for item in TreeIter::new(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, first), Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)))? {
+        for item in TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(ino, EXTENT_DATA_KEY, first),
+            Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)),
+        )? {
             let item = item?;
-            let fe = FileExtentItem::parse(item.data()).map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
-            if let FileExtentBody::Regular { disk_bytenr, num_bytes, .. } = fe.body {
+            let fe = FileExtentItem::parse(item.data())
+                .map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
+            if let FileExtentBody::Regular {
+                disk_bytenr,
+                num_bytes,
+                ..
+            } = fe.body
+            {
                 if disk_bytenr != 0 {
                     covered.push((item.key().offset, item.key().offset + num_bytes));
                 }
@@ -680,7 +890,12 @@ impl Trans {
             while p < he {
                 let want = (he - p).min(MAX_EXTENT_SIZE);
                 let (bytenr, got) = self.alloc_data(want)?;
-                let body = FileExtentBody::Regular { disk_bytenr: bytenr, disk_num_bytes: got, offset: 0, num_bytes: got };
+                let body = FileExtentBody::Regular {
+                    disk_bytenr: bytenr,
+                    disk_num_bytes: got,
+                    offset: 0,
+                    num_bytes: got,
+                };
                 let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_PREALLOC, &body);
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, p), &v)?;
                 self.add_new_data_extent(bytenr, got, root, ino, p);
@@ -699,21 +914,37 @@ impl Trans {
 
     fn has_inline(&self, root: u64, ino: u64) -> Result<bool> {
         let ptr = self.root_ptr(root)?;
-        Ok(match lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))? {
-            Some(it) => it.data().get(20) == Some(&FILE_EXTENT_INLINE),
-            None => false,
-        })
+        Ok(
+            match lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))? {
+                Some(it) => it.data().get(20) == Some(&FILE_EXTENT_INLINE),
+                None => false,
+            },
+        )
     }
 
     fn insert_hole(&mut self, root: u64, ino: u64, start: u64, len: u64) -> Result<()> {
-        let body = FileExtentBody::Regular { disk_bytenr: 0, disk_num_bytes: 0, offset: 0, num_bytes: len };
+        let body = FileExtentBody::Regular {
+            disk_bytenr: 0,
+            disk_num_bytes: 0,
+            offset: 0,
+            num_bytes: len,
+        };
         let v = file_extent_bytes(self.transid, len, 0, FILE_EXTENT_REG, &body);
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, start), &v)
     }
 
     /// Reads file bytes through the uncommitted state (for read-modify-write).
-    pub fn read_file_range(&self, root: u64, ino: u64, start: u64, len: usize, inode: &InodeItem) -> Result<Vec<u8>> {
-        let mut out = self.fs.read_inode(crate::fs::Node::new(root, ino), inode, start, len)?;
+    pub fn read_file_range(
+        &self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        len: usize,
+        inode: &InodeItem,
+    ) -> Result<Vec<u8>> {
+        let mut out = self
+            .fs
+            .read_inode(crate::fs::Node::new(root, ino), inode, start, len)?;
         out.resize(len, 0);
         Ok(out)
     }
@@ -737,7 +968,17 @@ impl Trans {
                 }
             } else {
                 let keep_end = size.next_multiple_of(ss);
-                let tail = if size % ss != 0 { Some(self.read_file_range(root, ino, size - size % ss, (size % ss) as usize, &inode)?) } else { None };
+                let tail = if !size.is_multiple_of(ss) {
+                    Some(self.read_file_range(
+                        root,
+                        ino,
+                        size - size % ss,
+                        (size % ss) as usize,
+                        &inode,
+                    )?)
+                } else {
+                    None
+                };
                 let released = self.drop_extents(root, ino, keep_end, u64::MAX)?;
                 inode.nbytes = inode.nbytes.saturating_sub(released);
                 inode.size = size;
@@ -763,7 +1004,17 @@ impl Trans {
 
     /// Changes mode, owner and times (None leaves a field alone).
     #[allow(clippy::too_many_arguments)]
-    pub fn setattr(&mut self, root: u64, ino: u64, mode: Option<u32>, uid: Option<u32>, gid: Option<u32>, atime: Option<Timespec>, mtime: Option<Timespec>, t: Timespec) -> Result<()> {
+    pub fn setattr(
+        &mut self,
+        root: u64,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        atime: Option<Timespec>,
+        mtime: Option<Timespec>,
+        t: Timespec,
+    ) -> Result<()> {
         let mut i = self.read_inode(root, ino)?;
         if let Some(m) = mode {
             i.mode = (i.mode & 0o170000) | (m & 0o7777);
@@ -785,17 +1036,33 @@ impl Trans {
     }
 
     /// Sets an extended attribute (replacing a previous value).
-    pub fn set_xattr(&mut self, root: u64, ino: u64, name: &[u8], value: &[u8], t: Timespec) -> Result<()> {
+    pub fn set_xattr(
+        &mut self,
+        root: u64,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        t: Timespec,
+    ) -> Result<()> {
         if name.is_empty() || name.len() > NAME_LEN_MAX {
             return Err(Error::Invalid("xattr name".into()));
         }
         let entry_len = 30 + name.len() + value.len();
         if entry_len > self.max_item_size() {
-            return Err(Error::NoSpace(format!("xattr value of {} bytes exceeds the item size limit", value.len())));
+            return Err(Error::NoSpace(format!(
+                "xattr value of {} bytes exceeds the item size limit",
+                value.len()
+            )));
         }
         self.remove_xattr_entry(root, ino, name)?;
         let key = Key::new(ino, XATTR_ITEM_KEY, name_hash(name));
-        let e = ubtrfs_format::items::dir_item_bytes(&Key::new(0, 0, 0), self.transid, value, name, FT_XATTR);
+        let e = ubtrfs_format::items::dir_item_bytes(
+            &Key::new(0, 0, 0),
+            self.transid,
+            value,
+            name,
+            FT_XATTR,
+        );
         self.append_to_item(root, &key, &e)?;
         let mut i = self.read_inode(root, ino)?;
         self.touch(&mut i, t, false);
@@ -804,7 +1071,10 @@ impl Trans {
 
     pub fn remove_xattr(&mut self, root: u64, ino: u64, name: &[u8], t: Timespec) -> Result<()> {
         if !self.remove_xattr_entry(root, ino, name)? {
-            return Err(Error::NotFound(format!("xattr {}", String::from_utf8_lossy(name))));
+            return Err(Error::NotFound(format!(
+                "xattr {}",
+                String::from_utf8_lossy(name)
+            )));
         }
         let mut i = self.read_inode(root, ino)?;
         self.touch(&mut i, t, false);
@@ -832,9 +1102,16 @@ impl Trans {
     pub fn list_dir(&self, root: u64, dir: u64) -> Result<Vec<(Vec<u8>, u64)>> {
         let ptr = self.root_ptr(root)?;
         let mut out = Vec::new();
-        for item in TreeIter::new(&self.fs.info, &ptr, Key::new(dir, DIR_INDEX_KEY, 0), Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
+        for item in TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(dir, DIR_INDEX_KEY, 0),
+            Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+        )? {
             let item = item?;
-            for d in parse_dir_items(item.data()).map_err(|e| Error::corrupt(format!("dir index {}: {e}", item.key())))? {
+            for d in parse_dir_items(item.data())
+                .map_err(|e| Error::corrupt(format!("dir index {}: {e}", item.key())))?
+            {
                 out.push((d.name, d.location.objectid));
             }
         }
@@ -844,14 +1121,21 @@ impl Trans {
     /// Resolves a path inside a subvolume to an inode (no symlinks followed).
     pub fn resolve_path(&self, root: u64, path: &[u8]) -> Result<u64> {
         let mut ino = FIRST_FREE_OBJECTID;
-        for comp in path.split(|&c| c == b'/').filter(|c| !c.is_empty() && *c != b".") {
+        for comp in path
+            .split(|&c| c == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
             if comp == b".." {
                 ino = self.parent_of(root, ino)?;
                 continue;
             }
-            let (i, _, loc) = self.lookup(root, ino, comp)?.ok_or_else(|| Error::NotFound(String::from_utf8_lossy(path).into_owned()))?;
+            let (i, _, loc) = self
+                .lookup(root, ino, comp)?
+                .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(path).into_owned()))?;
             if loc.ty == ROOT_ITEM_KEY {
-                return Err(Error::Unsupported("paths crossing into another subvolume".into()));
+                return Err(Error::Unsupported(
+                    "paths crossing into another subvolume".into(),
+                ));
             }
             ino = i;
         }

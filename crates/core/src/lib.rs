@@ -36,6 +36,6 @@ pub mod xattr;
 
 pub use disk_io::{FsInfo, OpenOptions, RootPtr};
 pub use error::{Error, Result};
-pub use transaction::Trans;
 pub use fs::{Filesystem, Node};
+pub use transaction::Trans;
 pub use ubtrfs_format as format;

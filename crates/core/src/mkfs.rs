@@ -69,7 +69,9 @@ pub fn random_uuid() -> [u8; 16] {
     }
     if u == [0u8; 16] {
         // No urandom: derive from the clock and pid (uniqueness, not secrecy).
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
         u[..8].copy_from_slice(&(t.as_nanos() as u64).to_le_bytes());
         u[8..12].copy_from_slice(&std::process::id().to_le_bytes());
     }
@@ -95,16 +97,26 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     if !opts.sectorsize.is_power_of_two() || !(4096..=65536).contains(&opts.sectorsize) {
         return Err(Error::Invalid(format!("sectorsize {}", opts.sectorsize)));
     }
-    if !opts.nodesize.is_power_of_two() || opts.nodesize < opts.sectorsize || opts.nodesize > 65536 {
-        return Err(Error::Invalid(format!("nodesize {} (power of two, sectorsize..=64K)", opts.nodesize)));
+    if !opts.nodesize.is_power_of_two() || opts.nodesize < opts.sectorsize || opts.nodesize > 65536
+    {
+        return Err(Error::Invalid(format!(
+            "nodesize {} (power of two, sectorsize..=64K)",
+            opts.nodesize
+        )));
     }
     for p in [opts.data_profile, opts.metadata_profile] {
         if p != 0 && p != BLOCK_GROUP_DUP {
-            return Err(Error::Unsupported(format!("profile {} on one device", profile_name(p))));
+            return Err(Error::Unsupported(format!(
+                "profile {} on one device",
+                profile_name(p)
+            )));
         }
     }
     if size < min_size(opts) {
-        return Err(Error::Invalid(format!("device of {size} bytes is too small: at least {} needed", min_size(opts))));
+        return Err(Error::Invalid(format!(
+            "device of {size} bytes is too small: at least {} needed",
+            min_size(opts)
+        )));
     }
     let fsid = opts.fsid.unwrap_or_else(random_uuid);
     let dev_uuid = random_uuid();
@@ -113,9 +125,12 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     let sys_len = mib(8);
     let meta_len = (size / 10).clamp(mib(32), mib(256)) & !(mib(1) - 1);
     let used_meta = mib(1) + copies(opts.metadata_profile) * (sys_len + meta_len);
-    let data_len = ((size - used_meta) / 10).clamp(mib(8).min(size - used_meta), mib(1024)) & !(mib(1) - 1);
+    let data_len =
+        ((size - used_meta) / 10).clamp(mib(8).min(size - used_meta), mib(1024)) & !(mib(1) - 1);
     if data_len == 0 || used_meta + copies(opts.data_profile) * data_len > size {
-        return Err(Error::Invalid(format!("device of {size} bytes is too small")));
+        return Err(Error::Invalid(format!(
+            "device of {size} bytes is too small"
+        )));
     }
     let sys_ty = BLOCK_GROUP_SYSTEM | opts.metadata_profile;
     let meta_ty = BLOCK_GROUP_METADATA | opts.metadata_profile;
@@ -125,8 +140,20 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     let mut entries = Vec::new();
     for (ty, len) in [(sys_ty, sys_len), (meta_ty, meta_len), (data_ty, data_len)] {
         let n = copies(ty & BLOCK_GROUP_PROFILE_MASK);
-        let stripes = (0..n).map(|i| MapStripe { devid: 1, physical: phys + i * len }).collect();
-        entries.push(MapEntry { start: logical, length: len, ty, stripe_len: STRIPE_LEN, sub_stripes: 1, stripes });
+        let stripes = (0..n)
+            .map(|i| MapStripe {
+                devid: 1,
+                physical: phys + i * len,
+            })
+            .collect();
+        entries.push(MapEntry {
+            start: logical,
+            length: len,
+            ty,
+            stripe_len: STRIPE_LEN,
+            sub_stripes: 1,
+            stripes,
+        });
         phys += n * len;
         logical += len;
     }
@@ -207,12 +234,25 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     }
     let mut devices: BTreeMap<u64, Arc<dyn Device>> = BTreeMap::new();
     devices.insert(1, dev);
-    let info = FsInfo::new_raw(sb, devices, chunk_map, OpenOptions { writable: true, ..Default::default() });
+    let info = FsInfo::new_raw(
+        sb,
+        devices,
+        chunk_map,
+        OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    );
     let mut t = Trans::bare(info, chunk_tree_uuid);
     t.profiles.insert(BLOCK_GROUP_DATA, opts.data_profile);
-    t.profiles.insert(BLOCK_GROUP_METADATA, opts.metadata_profile);
+    t.profiles
+        .insert(BLOCK_GROUP_METADATA, opts.metadata_profile);
     t.profiles.insert(BLOCK_GROUP_SYSTEM, opts.metadata_profile);
-    let mut ds = DevSpace { total_bytes: size, bytes_used: 0, used: BTreeMap::new() };
+    let mut ds = DevSpace {
+        total_bytes: size,
+        bytes_used: 0,
+        used: BTreeMap::new(),
+    };
     for e in &entries {
         for s in &e.stripes {
             ds.used.insert(s.physical, e.length);
@@ -223,7 +263,10 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     t.dev_uuids.insert(1, dev_uuid);
     for e in &entries {
         t.add_new_block_group(e)?;
-        t.pending_chunks.push(crate::block_group::PendingChunk { logical: e.start, chunk: chunk_of(e, dev_uuid, opts.sectorsize) });
+        t.pending_chunks.push(crate::block_group::PendingChunk {
+            logical: e.start,
+            chunk: chunk_of(e, dev_uuid, opts.sectorsize),
+        });
     }
     let time = opts.time.unwrap_or_else(now);
     t.bootstrap_trees(opts, time)?;
@@ -245,14 +288,25 @@ fn chunk_of(e: &MapEntry, dev_uuid: [u8; 16], sectorsize: u32) -> ubtrfs_format:
         stripes: e
             .stripes
             .iter()
-            .map(|s| ubtrfs_format::items::Stripe { devid: s.devid, offset: s.physical, dev_uuid })
+            .map(|s| ubtrfs_format::items::Stripe {
+                devid: s.devid,
+                offset: s.physical,
+                dev_uuid,
+            })
             .collect(),
     }
 }
 
 fn tree_root_item(bytenr: u64, transid: u64, nodesize: u32, root_dirid: u64) -> RootItem {
     RootItem {
-        inode: InodeItem { generation: 1, size: 3, nlink: 1, nbytes: nodesize as u64, mode: 0o40755, ..Default::default() },
+        inode: InodeItem {
+            generation: 1,
+            size: 3,
+            nlink: 1,
+            nbytes: nodesize as u64,
+            mode: 0o40755,
+            ..Default::default()
+        },
         generation: transid,
         generation_v2: transid,
         root_dirid,
@@ -294,8 +348,19 @@ impl Trans {
         self.put_dirty(cb, cd)?;
         self.set_root(CHUNK_TREE_OBJECTID, cb, 0)?;
         let dev_item = self.fs.info.sb.dev_item.clone();
-        self.insert_item(CHUNK_TREE_OBJECTID, &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1), &dev_item.to_bytes())?;
-        let mut trees = vec![EXTENT_TREE_OBJECTID, DEV_TREE_OBJECTID, FS_TREE_OBJECTID, CSUM_TREE_OBJECTID, UUID_TREE_OBJECTID, FREE_SPACE_TREE_OBJECTID];
+        self.insert_item(
+            CHUNK_TREE_OBJECTID,
+            &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1),
+            &dev_item.to_bytes(),
+        )?;
+        let mut trees = vec![
+            EXTENT_TREE_OBJECTID,
+            DEV_TREE_OBJECTID,
+            FS_TREE_OBJECTID,
+            CSUM_TREE_OBJECTID,
+            UUID_TREE_OBJECTID,
+            FREE_SPACE_TREE_OBJECTID,
+        ];
         if opts.block_group_tree {
             trees.push(BLOCK_GROUP_TREE_OBJECTID);
         }
@@ -303,7 +368,11 @@ impl Trans {
         for id in trees {
             let (b, d) = self.new_block(id, 0, None, 0)?;
             self.put_dirty(b, d)?;
-            let dirid = if id == FS_TREE_OBJECTID || id == DATA_RELOC_TREE_OBJECTID { FIRST_FREE_OBJECTID } else { 0 };
+            let dirid = if id == FS_TREE_OBJECTID || id == DATA_RELOC_TREE_OBJECTID {
+                FIRST_FREE_OBJECTID
+            } else {
+                0
+            };
             let mut item = tree_root_item(b, transid, ns, dirid);
             if id == FS_TREE_OBJECTID {
                 item.uuid = crate::mkfs::random_uuid();
@@ -316,11 +385,20 @@ impl Trans {
         }
         // Root directories of the top-level subvolume and the data reloc tree.
         for (id, mode, uid, gid) in [
-            (FS_TREE_OBJECTID, opts.root_mode, opts.root_uid, opts.root_gid),
+            (
+                FS_TREE_OBJECTID,
+                opts.root_mode,
+                opts.root_uid,
+                opts.root_gid,
+            ),
             (DATA_RELOC_TREE_OBJECTID, 0o40755, 0, 0),
         ] {
             let ino = dir_inode(transid, ns, mode, uid, gid, time);
-            self.insert_item(id, &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0), &ino.to_bytes())?;
+            self.insert_item(
+                id,
+                &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0),
+                &ino.to_bytes(),
+            )?;
             self.insert_item(
                 id,
                 &Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID),
@@ -329,16 +407,28 @@ impl Trans {
         }
         // The root tree's directory with the "default" subvolume entry.
         let rdi = dir_inode(transid, ns, 0o40755, 0, 0, time);
-        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0), &rdi.to_bytes())?;
         self.insert_item(
             ROOT_TREE_OBJECTID,
-            &Key::new(ROOT_TREE_DIR_OBJECTID, INODE_REF_KEY, ROOT_TREE_DIR_OBJECTID),
+            &Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0),
+            &rdi.to_bytes(),
+        )?;
+        self.insert_item(
+            ROOT_TREE_OBJECTID,
+            &Key::new(
+                ROOT_TREE_DIR_OBJECTID,
+                INODE_REF_KEY,
+                ROOT_TREE_DIR_OBJECTID,
+            ),
             &ubtrfs_format::items::inode_ref_bytes(0, b".."),
         )?;
         let loc = Key::new(FS_TREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX);
         self.insert_item(
             ROOT_TREE_OBJECTID,
-            &Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, ubtrfs_format::csum::name_hash(b"default")),
+            &Key::new(
+                ROOT_TREE_DIR_OBJECTID,
+                DIR_ITEM_KEY,
+                ubtrfs_format::csum::name_hash(b"default"),
+            ),
             &ubtrfs_format::items::dir_item_bytes(&loc, transid, &[], b"default", FT_DIR),
         )?;
         self.insert_item(

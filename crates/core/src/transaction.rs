@@ -10,6 +10,7 @@
 //! 3. flush all devices;
 //! 4. write the superblock (generation, roots, bytes_used, rotated backup roots) to every
 //!    copy that fits on each device; flush again.
+//!
 //! Until step 4 completes the previous superblock describes an intact filesystem: no
 //! block it references was overwritten, because freed space stays pinned until then.
 
@@ -76,7 +77,10 @@ impl Trans {
             crate::dev::refuse_if_mounted(p).map_err(busy)?;
             locks.push(crate::dev::lock_exclusive(p).map_err(busy)?);
         }
-        let opts = OpenOptions { writable: true, ..Default::default() };
+        let opts = OpenOptions {
+            writable: true,
+            ..Default::default()
+        };
         let fs = FsInfo::open_paths(paths, opts)?;
         let mut t = Trans::from_fs(fs)?;
         t._lock = locks;
@@ -89,11 +93,14 @@ impl Trans {
         let sb = &fs.info.sb;
         if sb.log_root != 0 {
             return Err(Error::Unsupported(
-                "the filesystem has an unreplayed tree log; mount it with the kernel once first".into(),
+                "the filesystem has an unreplayed tree log; mount it with the kernel once first"
+                    .into(),
             ));
         }
         if sb.flags & (SUPER_FLAG_SEEDING | SUPER_FLAG_METADUMP | SUPER_FLAG_METADUMP_V2) != 0 {
-            return Err(Error::Unsupported("writing a seed device or metadump image".into()));
+            return Err(Error::Unsupported(
+                "writing a seed device or metadump image".into(),
+            ));
         }
         if sb.flags & (SUPER_FLAG_CHANGING_FSID | SUPER_FLAG_CHANGING_FSID_V2) != 0 {
             return Err(Error::Unsupported("an interrupted fsid change".into()));
@@ -116,11 +123,15 @@ impl Trans {
             )));
         }
         if sb.compat_ro_flags & FEATURE_COMPAT_RO_VERITY != 0 {
-            return Err(Error::Unsupported("writing a filesystem with verity files".into()));
+            return Err(Error::Unsupported(
+                "writing a filesystem with verity files".into(),
+            ));
         }
         let unknown_ro = sb.compat_ro_flags & !FEATURE_COMPAT_RO_SUPP;
         if unknown_ro != 0 {
-            return Err(Error::Unsupported(format!("compat_ro features {unknown_ro:#x}")));
+            return Err(Error::Unsupported(format!(
+                "compat_ro features {unknown_ro:#x}"
+            )));
         }
         if fs.info.devices.len() as u64 != sb.num_devices {
             return Err(Error::Invalid(format!(
@@ -199,13 +210,25 @@ impl Trans {
     /// Balance or relocation left half done needs the kernel to finish it.
     fn refuse_unfinished_work(&self) -> Result<()> {
         let root = self.fs.info.root_tree_ptr();
-        let bal = crate::ctree::lookup_prev(&self.fs.info, &root, Key::new(BALANCE_OBJECTID, TEMPORARY_ITEM_KEY, u64::MAX))?;
+        let bal = crate::ctree::lookup_prev(
+            &self.fs.info,
+            &root,
+            Key::new(BALANCE_OBJECTID, TEMPORARY_ITEM_KEY, u64::MAX),
+        )?;
         if bal.is_some_and(|(k, _)| k.objectid == BALANCE_OBJECTID) {
-            return Err(Error::Unsupported("a balance is paused or interrupted; finish it with the kernel first".into()));
+            return Err(Error::Unsupported(
+                "a balance is paused or interrupted; finish it with the kernel first".into(),
+            ));
         }
-        let reloc = crate::ctree::lookup_prev(&self.fs.info, &root, Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX))?;
+        let reloc = crate::ctree::lookup_prev(
+            &self.fs.info,
+            &root,
+            Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
+        )?;
         if reloc.is_some_and(|(k, _)| k.objectid == TREE_RELOC_OBJECTID) {
-            return Err(Error::Unsupported("relocation trees exist (interrupted balance)".into()));
+            return Err(Error::Unsupported(
+                "relocation trees exist (interrupted balance)".into(),
+            ));
         }
         Ok(())
     }
@@ -220,12 +243,17 @@ impl Trans {
             Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, u64::MAX),
         )? {
             let item = item?;
-            let d = DevItem::parse(item.data()).map_err(|e| Error::corrupt(format!("device item {}: {e}", item.key())))?;
+            let d = DevItem::parse(item.data())
+                .map_err(|e| Error::corrupt(format!("device item {}: {e}", item.key())))?;
             devs.push(d);
         }
         let dev_root = self.root_ptr(DEV_TREE_OBJECTID)?;
         for d in devs {
-            let mut ds = DevSpace { total_bytes: d.total_bytes, bytes_used: d.bytes_used, used: BTreeMap::new() };
+            let mut ds = DevSpace {
+                total_bytes: d.total_bytes,
+                bytes_used: d.bytes_used,
+                used: BTreeMap::new(),
+            };
             for item in TreeIter::new(
                 &self.fs.info,
                 &dev_root,
@@ -233,7 +261,8 @@ impl Trans {
                 Key::new(d.devid, DEV_EXTENT_KEY, u64::MAX),
             )? {
                 let item = item?;
-                let de = DevExtent::parse(item.data()).map_err(|e| Error::corrupt(format!("device extent {}: {e}", item.key())))?;
+                let de = DevExtent::parse(item.data())
+                    .map_err(|e| Error::corrupt(format!("device extent {}: {e}", item.key())))?;
                 ds.used.insert(item.key().offset, de.length);
             }
             self.dev_uuids.insert(d.devid, d.uuid);
@@ -247,7 +276,10 @@ impl Trans {
         if let Some(p) = self.fs.info.tree_ptr(id) {
             return Ok(p);
         }
-        self.fs.info.subvol_ptr(id)?.ok_or_else(|| Error::NotFound(format!("tree {id}")))
+        self.fs
+            .info
+            .subvol_ptr(id)?
+            .ok_or_else(|| Error::NotFound(format!("tree {id}")))
     }
 
     pub(crate) fn root_node(&self, id: u64) -> Result<(u64, u8)> {
@@ -258,14 +290,19 @@ impl Trans {
     /// The ROOT_ITEM of a tree (cached in `fs.tree_roots` once touched).
     pub(crate) fn root_item(&mut self, id: u64) -> Result<RootItem> {
         if let Some(r) = self.fs.info.tree_roots.get(&id) {
-            if self.root_keys.contains_key(&id) || id < FIRST_FREE_OBJECTID || id == DATA_RELOC_TREE_OBJECTID {
+            if self.root_keys.contains_key(&id) {
                 return Ok(r.clone());
             }
         }
         let root = self.fs.info.root_tree_ptr();
-        match crate::ctree::lookup_prev(&self.fs.info, &root, Key::new(id, ROOT_ITEM_KEY, u64::MAX))? {
+        match crate::ctree::lookup_prev(
+            &self.fs.info,
+            &root,
+            Key::new(id, ROOT_ITEM_KEY, u64::MAX),
+        )? {
             Some((k, data)) if k.objectid == id && k.ty == ROOT_ITEM_KEY => {
-                let r = RootItem::parse(&data).map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
+                let r = RootItem::parse(&data)
+                    .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
                 self.root_keys.insert(id, k);
                 self.fs.info.tree_roots.insert(id, r.clone());
                 Ok(r)
@@ -303,7 +340,11 @@ impl Trans {
     }
 
     /// Mutates a tree's ROOT_ITEM (written at commit).
-    pub(crate) fn modify_root_item(&mut self, id: u64, f: impl FnOnce(&mut RootItem)) -> Result<()> {
+    pub(crate) fn modify_root_item(
+        &mut self,
+        id: u64,
+        f: impl FnOnce(&mut RootItem),
+    ) -> Result<()> {
         let mut r = self.root_item(id)?;
         f(&mut r);
         self.fs.info.tree_roots.insert(id, r);
@@ -328,7 +369,9 @@ impl Trans {
             if self.root_item(id).is_err() {
                 continue; // a tree deleted in this transaction
             }
-            self.modify_root_item(id, |r| r.bytes_used = (r.bytes_used as i64 + d).max(0) as u64)?;
+            self.modify_root_item(id, |r| {
+                r.bytes_used = (r.bytes_used as i64 + d).max(0) as u64
+            })?;
         }
         while let Some(id) = self.dirty_roots.pop_first() {
             let r = self.root_item(id)?;
@@ -336,7 +379,9 @@ impl Trans {
                 Some(k) => *k,
                 None => {
                     self.root_item(id)?;
-                    *self.root_keys.get(&id).ok_or_else(|| Error::corrupt(format!("root item of tree {id} not found")))?
+                    *self.root_keys.get(&id).ok_or_else(|| {
+                        Error::corrupt(format!("root item of tree {id} not found"))
+                    })?
                 }
             };
             self.replace_item(ROOT_TREE_OBJECTID, &key, &r.to_bytes())?;
@@ -393,7 +438,12 @@ impl Trans {
 
     fn write_dirty_blocks(&mut self) -> Result<()> {
         let blocks: Vec<Arc<crate::disk_io::TreeBlock>> = {
-            let mut d = self.fs.info.dirty.lock().map_err(|_| Error::corrupt("internal: dirty map poisoned"))?;
+            let mut d = self
+                .fs
+                .info
+                .dirty
+                .lock()
+                .map_err(|_| Error::corrupt("internal: dirty map poisoned"))?;
             let mut v: Vec<_> = d.drain().map(|(_, b)| b).collect();
             v.sort_by_key(|b| b.bytenr);
             v
@@ -408,9 +458,16 @@ impl Trans {
             // Never write a block the tree checker would reject on read.
             check_header(&ctx, b.bytenr, &data, &Expect::default())
                 .and_then(|_| check_block(&ctx, b.bytenr, &data, &Expect::default()))
-                .map_err(|e| Error::corrupt(format!("refusing to write an invalid block (a bug): {e}")))?;
+                .map_err(|e| {
+                    Error::corrupt(format!("refusing to write an invalid block (a bug): {e}"))
+                })?;
             self.write_logical(b.bytenr, &data)?;
-            self.fs.info.cache_insert(Arc::new(crate::disk_io::TreeBlock { bytenr: b.bytenr, data }));
+            self.fs
+                .info
+                .cache_insert(Arc::new(crate::disk_io::TreeBlock {
+                    bytenr: b.bytenr,
+                    data,
+                }));
         }
         Ok(())
     }
@@ -425,9 +482,22 @@ impl Trans {
             for m in 0..e.num_mirrors() {
                 let p = e.map(l, m)?;
                 n = n.min(p.len as usize);
-                let dev = self.fs.info.devices.get(&p.devid).ok_or_else(|| Error::Invalid(format!("devid {} missing", p.devid)))?;
+                let dev = self
+                    .fs
+                    .info
+                    .devices
+                    .get(&p.devid)
+                    .ok_or_else(|| Error::Invalid(format!("devid {} missing", p.devid)))?;
                 dev.write_at(p.offset, &data[done..done + n])
-                    .map_err(|err| Error::io(format!("writing {n} bytes at logical {l} (devid {} physical {})", p.devid, p.offset), err))?;
+                    .map_err(|err| {
+                        Error::io(
+                            format!(
+                                "writing {n} bytes at logical {l} (devid {} physical {})",
+                                p.devid, p.offset
+                            ),
+                            err,
+                        )
+                    })?;
             }
             done += n;
         }
@@ -436,7 +506,8 @@ impl Trans {
 
     fn flush_devices(&self) -> Result<()> {
         for d in self.fs.info.devices.values() {
-            d.flush().map_err(|e| Error::io(format!("flushing {}", d.name()), e))?;
+            d.flush()
+                .map_err(|e| Error::io(format!("flushing {}", d.name()), e))?;
         }
         Ok(())
     }
@@ -463,7 +534,13 @@ impl Trans {
             sb.backup_roots.resize(4, RootBackup::default());
         }
         sb.backup_roots[slot] = backup;
-        let devs: Vec<(u64, Arc<dyn crate::dev::Device>)> = self.fs.info.devices.iter().map(|(k, v)| (*k, v.clone())).collect();
+        let devs: Vec<(u64, Arc<dyn crate::dev::Device>)> = self
+            .fs
+            .info
+            .devices
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
         for (devid, dev) in devs {
             let mut sb = self.fs.info.sb.clone();
             if let Some(ds) = self.dev_space.get(&devid) {
@@ -481,7 +558,9 @@ impl Trans {
                 }
                 sb.bytenr = off;
                 let bytes = sb.to_bytes();
-                dev.write_at(off, &bytes).map_err(|e| Error::io(format!("writing superblock at {off} on {}", dev.name()), e))?;
+                dev.write_at(off, &bytes).map_err(|e| {
+                    Error::io(format!("writing superblock at {off} on {}", dev.name()), e)
+                })?;
             }
         }
         Ok(())
@@ -510,7 +589,10 @@ impl Trans {
             if let Some(r) = self.fs.info.tree_roots.get(&id) {
                 let (bytenr, gen, level) = (r.bytenr, r.generation, r.level);
                 match slot {
-                    0 => (b.extent_root, b.extent_root_gen, b.extent_root_level) = (bytenr, gen, level),
+                    0 => {
+                        (b.extent_root, b.extent_root_gen, b.extent_root_level) =
+                            (bytenr, gen, level)
+                    }
                     1 => (b.fs_root, b.fs_root_gen, b.fs_root_level) = (bytenr, gen, level),
                     2 => (b.dev_root, b.dev_root_gen, b.dev_root_level) = (bytenr, gen, level),
                     _ => (b.csum_root, b.csum_root_gen, b.csum_root_level) = (bytenr, gen, level),
