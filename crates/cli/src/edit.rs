@@ -50,6 +50,9 @@ pub struct MkfsArgs {
     /// Copy this directory's contents into the new filesystem.
     #[arg(long, short = 'r')]
     pub rootdir: Option<PathBuf>,
+    /// Compress file data copied by --rootdir: zlib, lzo or zstd, optionally :LEVEL.
+    #[arg(long)]
+    pub compress: Option<String>,
     /// Overwrite an existing filesystem.
     #[arg(long, short = 'f')]
     pub force: bool,
@@ -91,6 +94,26 @@ fn parse_uuid(s: &str) -> Result<[u8; 16]> {
             .with_context(|| format!("bad uuid {s:?}"))?;
     }
     Ok(u)
+}
+
+pub fn parse_compress(s: &str) -> Result<(ubtrfs_compress::Compression, Option<i32>)> {
+    let (alg, level) = match s.split_once(':') {
+        Some((a, l)) => (
+            a,
+            Some(
+                l.parse::<i32>()
+                    .with_context(|| format!("bad level in {s:?}"))?,
+            ),
+        ),
+        None => (s, None),
+    };
+    let c = match alg {
+        "zlib" => ubtrfs_compress::Compression::Zlib,
+        "lzo" => ubtrfs_compress::Compression::Lzo,
+        "zstd" => ubtrfs_compress::Compression::Zstd,
+        other => bail!("unknown compression {other:?} (zlib, lzo, zstd)"),
+    };
+    Ok((c, level))
 }
 
 pub fn mkfs(a: MkfsArgs) -> Result<()> {
@@ -164,6 +187,7 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
     );
     let mut t = make_filesystem(dev, &opts)?;
     t.hold_locks(vec![lock]);
+    t.compress = a.compress.as_deref().map(parse_compress).transpose()?;
     if let Some(root) = &a.rootdir {
         let mut c = Copier::new(!a.quiet && std::io::stderr().is_terminal());
         c.copy_dir_contents(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, root)?;

@@ -793,6 +793,11 @@ impl Trans {
         }
         buf.resize(aligned_len as usize, 0);
         let mut pos = 0u64;
+        if let Some((alg, level)) = self.compress {
+            if inode.flags & (INODE_NOCOMPRESS | INODE_NODATASUM) == 0 {
+                pos = self.write_compressed(root, ino, &mut inode, buf_start, &buf, alg, level)?;
+            }
+        }
         while pos < aligned_len {
             let want = (aligned_len - pos).min(MAX_EXTENT_SIZE);
             let (bytenr, got) = self.alloc_data(want)?;
@@ -910,6 +915,64 @@ impl Trans {
         self.touch(&mut inode, t, false);
         self.write_inode(root, ino, &inode)?;
         Ok(out)
+    }
+
+    /// Writes 128 KiB compressed extents from the start of `buf` for as long as they
+    /// save space; on the first chunk that does not, marks the inode NOCOMPRESS (the
+    /// kernel's give-up rule) and returns how far it got.
+    #[allow(clippy::too_many_arguments)]
+    fn write_compressed(
+        &mut self,
+        root: u64,
+        ino: u64,
+        inode: &mut InodeItem,
+        buf_start: u64,
+        buf: &[u8],
+        alg: ubtrfs_compress::Compression,
+        level: Option<i32>,
+    ) -> Result<u64> {
+        let ss = self.fs.info.sectorsize as u64;
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let n = (buf.len() - pos).min(ubtrfs_compress::MAX_UNCOMPRESSED);
+            let input = &buf[pos..pos + n];
+            let packed = ubtrfs_compress::compress(alg, input, level, ss as u32)
+                .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
+            let Some(mut c) = packed else {
+                inode.flags |= INODE_NOCOMPRESS;
+                break;
+            };
+            let disk_len = (c.len() as u64).next_multiple_of(ss);
+            c.resize(disk_len as usize, 0);
+            let (bytenr, got) = self.alloc_data(disk_len)?;
+            if got != disk_len {
+                self.release_unused(bytenr, got)?;
+                break;
+            }
+            self.write_logical(bytenr, &c)?;
+            self.csum_data(bytenr, &c)?;
+            let fo = buf_start + pos as u64;
+            let body = FileExtentBody::Regular {
+                disk_bytenr: bytenr,
+                disk_num_bytes: disk_len,
+                offset: 0,
+                num_bytes: n as u64,
+            };
+            let v = file_extent_bytes(self.transid, n as u64, alg as u8, FILE_EXTENT_REG, &body);
+            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, fo), &v)?;
+            self.add_new_data_extent(bytenr, disk_len, root, ino, fo);
+            inode.nbytes += n as u64;
+            pos += n;
+        }
+        let flag = match alg {
+            ubtrfs_compress::Compression::Lzo => FEATURE_INCOMPAT_COMPRESS_LZO,
+            ubtrfs_compress::Compression::Zstd => FEATURE_INCOMPAT_COMPRESS_ZSTD,
+            _ => 0,
+        };
+        if pos > 0 {
+            self.fs.info.sb.incompat_flags |= flag;
+        }
+        Ok(pos as u64)
     }
 
     fn has_inline(&self, root: u64, ino: u64) -> Result<bool> {

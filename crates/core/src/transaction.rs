@@ -55,6 +55,8 @@ pub struct Trans {
     pub(crate) next_ino: HashMap<u64, u64>,
     _lock: Vec<std::fs::File>,
     pub commits: u64,
+    /// Compress file data on write (mkfs --compress, mount -o compress).
+    pub compress: Option<(ubtrfs_compress::Compression, Option<i32>)>,
 }
 
 impl std::fmt::Debug for Trans {
@@ -164,6 +166,7 @@ impl Trans {
             next_ino: HashMap::new(),
             _lock: Vec::new(),
             commits: 0,
+            compress: None,
         };
         t.refuse_unfinished_work()?;
         t.load_devices()?;
@@ -194,6 +197,7 @@ impl Trans {
             next_ino: HashMap::new(),
             _lock: Vec::new(),
             commits: 0,
+            compress: None,
         }
     }
 
