@@ -607,6 +607,51 @@ impl Trans {
         self.touch_root(root, t)
     }
 
+    /// RENAME_EXCHANGE: atomically swaps two names (either may be a directory).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename_exchange(
+        &mut self,
+        root: u64,
+        adir: u64,
+        aname: &[u8],
+        bdir: u64,
+        bname: &[u8],
+        t: Timespec,
+    ) -> Result<()> {
+        let (a, aty, _) = self
+            .lookup(root, adir, aname)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(aname).into_owned()))?;
+        let (b, bty, _) = self
+            .lookup(root, bdir, bname)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(bname).into_owned()))?;
+        if a == b {
+            return Ok(());
+        }
+        for (ino, ty, into) in [(a, aty, bdir), (b, bty, adir)] {
+            if ty == FT_DIR {
+                let mut p = into;
+                let mut depth = 0;
+                while p != FIRST_FREE_OBJECTID && depth < 4096 {
+                    if p == ino {
+                        return Err(Error::Invalid("cannot move a directory into itself".into()));
+                    }
+                    p = self.parent_of(root, p)?;
+                    depth += 1;
+                }
+            }
+        }
+        self.remove_link(root, adir, aname, t)?;
+        self.remove_link(root, bdir, bname, t)?;
+        self.add_link(root, bdir, bname, a, aty, t)?;
+        self.add_link(root, adir, aname, b, bty, t)?;
+        for ino in [a, b] {
+            let mut i = self.read_inode(root, ino)?;
+            self.touch(&mut i, t, false);
+            self.write_inode(root, ino, &i)?;
+        }
+        self.touch_root(root, t)
+    }
+
     fn parent_of(&self, root: u64, dir: u64) -> Result<u64> {
         let ptr = self.root_ptr(root)?;
         let it = TreeIter::new(
@@ -973,6 +1018,86 @@ impl Trans {
             self.fs.info.sb.incompat_flags |= flag;
         }
         Ok(pos as u64)
+    }
+
+    /// FALLOC_FL_PUNCH_HOLE: the range reads as zeroes afterwards and whole sectors in
+    /// it hold no data; the size does not change.
+    pub fn punch_hole(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        t: Timespec,
+    ) -> Result<()> {
+        let mut inode = self.read_inode(root, ino)?;
+        if inode.mode & 0o170000 != 0o100000 {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        let end = offset.saturating_add(len).min(inode.size);
+        if offset >= end {
+            return Ok(());
+        }
+        let ss = self.fs.info.sectorsize as u64;
+        if self.has_inline(root, ino)? {
+            let mut data = self.read_file_range(root, ino, 0, inode.size as usize, &inode)?;
+            data[offset as usize..end as usize].fill(0);
+            let released = self.drop_extents(root, ino, 0, u64::MAX)?;
+            inode.nbytes = inode.nbytes.saturating_sub(released);
+            self.insert_inline(root, ino, &data)?;
+            inode.nbytes += data.len() as u64;
+            self.touch(&mut inode, t, true);
+            return self.write_inode(root, ino, &inode);
+        }
+        let (inner_s, inner_e) = (offset.next_multiple_of(ss), end - end % ss);
+        if inner_s < inner_e {
+            let released = self.drop_extents(root, ino, inner_s, inner_e)?;
+            inode.nbytes = inode.nbytes.saturating_sub(released);
+            if !self.no_holes() {
+                self.insert_hole(root, ino, inner_s, inner_e - inner_s)?;
+            }
+            self.touch(&mut inode, t, true);
+            self.write_inode(root, ino, &inode)?;
+        }
+        // Partial sectors at either end get zeroes written (read-modify-write).
+        let head_e = inner_s.min(end);
+        if offset < head_e {
+            self.write(root, ino, offset, &vec![0u8; (head_e - offset) as usize], t)?;
+        }
+        let tail_s = inner_e.max(offset);
+        if inner_s <= inner_e && tail_s < end {
+            self.write(root, ino, tail_s, &vec![0u8; (end - tail_s) as usize], t)?;
+        }
+        Ok(())
+    }
+
+    /// FALLOC_FL_ZERO_RANGE: punch, then preallocate the range.
+    pub fn zero_range(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+        t: Timespec,
+    ) -> Result<()> {
+        self.punch_hole(root, ino, offset, len, t)?;
+        let ss = self.fs.info.sectorsize as u64;
+        let (s, e) = (
+            offset.next_multiple_of(ss),
+            (offset + len) - (offset + len) % ss,
+        );
+        if s < e {
+            self.fallocate(root, ino, s, e - s, true, t)?;
+        }
+        if !keep_size {
+            let mut i = self.read_inode(root, ino)?;
+            if offset + len > i.size {
+                i.size = offset + len;
+                self.write_inode(root, ino, &i)?;
+            }
+        }
+        Ok(())
     }
 
     fn has_inline(&self, root: u64, ino: u64) -> Result<bool> {
