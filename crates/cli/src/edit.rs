@@ -50,6 +50,9 @@ pub struct MkfsArgs {
     /// Copy this directory's contents into the new filesystem.
     #[arg(long, short = 'r')]
     pub rootdir: Option<PathBuf>,
+    /// With --rootdir: make this directory (relative to DIR) a subvolume; repeatable.
+    #[arg(long = "subvol", value_name = "PATH")]
+    pub subvols: Vec<PathBuf>,
     /// Compress file data copied by --rootdir: zlib, lzo or zstd, optionally :LEVEL.
     #[arg(long)]
     pub compress: Option<String>,
@@ -190,6 +193,17 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
     t.compress = a.compress.as_deref().map(parse_compress).transpose()?;
     if let Some(root) = &a.rootdir {
         let mut c = Copier::new(!a.quiet && std::io::stderr().is_terminal());
+        for sv in &a.subvols {
+            let p = root.join(sv);
+            if !p.is_dir() {
+                bail!(
+                    "--subvol {}: not a directory under {}",
+                    sv.display(),
+                    root.display()
+                );
+            }
+            c.subvols.push(std::fs::canonicalize(p)?);
+        }
         c.copy_dir_contents(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, root)?;
         let md = std::fs::symlink_metadata(root)?;
         set_times(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, &md)?;
@@ -244,7 +258,10 @@ fn disk_rdev(rdev: u64) -> u64 {
 /// Copies host files into a subvolume: contents (holes kept), modes, owners, times,
 /// xattrs, hard links, symlinks and special files.
 pub struct Copier {
-    links: HashMap<(u64, u64), u64>,
+    /// Host (dev, ino) of multiply-linked files -> (tree, inode) made for them.
+    links: HashMap<(u64, u64), (u64, u64)>,
+    /// Directories (canonical host paths) to create as subvolumes.
+    pub subvols: Vec<PathBuf>,
     bar: Option<ProgressBar>,
     pub files: u64,
     pub bytes: u64,
@@ -262,6 +279,7 @@ impl Copier {
         });
         Copier {
             links: HashMap::new(),
+            subvols: Vec::new(),
             bar,
             files: 0,
             bytes: 0,
@@ -318,14 +336,32 @@ impl Copier {
             }
         }
         if !ft.is_dir() && md.nlink() > 1 {
-            if let Some(&ino) = self.links.get(&(md.dev(), md.ino())) {
-                t.link(root, ino, dir, name, time)?;
-                return Ok(ino);
+            // Hard links cannot cross subvolumes: such a name becomes a copy.
+            if let Some(&(r, ino)) = self.links.get(&(md.dev(), md.ino())) {
+                if r == root {
+                    t.link(root, ino, dir, name, time)?;
+                    return Ok(ino);
+                }
             }
         }
         let ino = if ft.is_symlink() {
             let target = std::fs::read_link(src)?;
             t.symlink(root, dir, name, target.as_os_str().as_bytes(), attr)?
+        } else if ft.is_dir()
+            && !self.subvols.is_empty()
+            && self.subvols.contains(&std::fs::canonicalize(src)?)
+        {
+            let id = t.create_subvolume(root, dir, name, md.mode(), md.uid(), md.gid(), time)?;
+            self.copy_dir_contents(t, id, FIRST_FREE_OBJECTID, src)?;
+            if let Ok(names) = xattr::list(src) {
+                for n in names {
+                    if let Ok(Some(v)) = xattr::get(src, &n) {
+                        t.set_xattr(id, FIRST_FREE_OBJECTID, n.as_bytes(), &v, time)?;
+                    }
+                }
+            }
+            set_times(t, id, FIRST_FREE_OBJECTID, &md)?;
+            return Ok(FIRST_FREE_OBJECTID);
         } else if ft.is_dir() {
             let ino = t.create(root, dir, name, attr)?;
             self.copy_dir_contents(t, root, ino, src)?;
@@ -348,7 +384,7 @@ impl Copier {
         }
         set_times(t, root, ino, &md)?;
         if !ft.is_dir() && md.nlink() > 1 {
-            self.links.insert((md.dev(), md.ino()), ino);
+            self.links.insert((md.dev(), md.ino()), (root, ino));
         }
         if t.dirty_bytes() > DIRTY_BYTES_COMMIT {
             t.commit()?;

@@ -211,6 +211,13 @@ impl Trans {
         Ok(index)
     }
 
+    pub(crate) fn next_dir_index_pub(&mut self, root: u64, dir: u64) -> Result<u64> {
+        self.next_dir_index(root, dir)
+    }
+    pub(crate) fn append_to_item_pub(&mut self, root: u64, key: &Key, bytes: &[u8]) -> Result<()> {
+        self.append_to_item(root, key, bytes)
+    }
+
     /// Appends bytes to an item, creating it if missing.
     fn append_to_item(&mut self, root: u64, key: &Key, bytes: &[u8]) -> Result<()> {
         let ptr = self.root_ptr(root)?;

@@ -29,6 +29,7 @@ pub mod print_tree;
 pub mod qgroup;
 pub mod sparse_dev;
 pub mod subvol;
+pub mod subvol_write;
 pub mod transaction;
 pub mod tree_checker;
 pub mod volumes;

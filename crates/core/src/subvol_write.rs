@@ -1,0 +1,152 @@
+//! Creating subvolumes (the kernel's ioctl.c create_subvol): a new tree with its root
+//! directory, the ROOT_ITEM, ROOT_REF/ROOT_BACKREF, the directory entry in the parent
+//! (location = the new tree's ROOT_ITEM, no INODE_REF) and the UUID tree entry.
+
+use crate::ctree::lookup_prev;
+use crate::error::{Error, Result};
+use crate::transaction::Trans;
+use ubtrfs_format::consts::*;
+use ubtrfs_format::csum::name_hash;
+use ubtrfs_format::items::{InodeItem, RootItem, RootRef, Timespec};
+use ubtrfs_format::key::Key;
+
+impl Trans {
+    fn free_root_id(&self) -> Result<u64> {
+        let root = self.fs.info.root_tree_ptr();
+        let highest = match lookup_prev(
+            &self.fs.info,
+            &root,
+            Key::new(LAST_FREE_OBJECTID, u8::MAX, u64::MAX),
+        )? {
+            Some((k, _)) if k.objectid >= FIRST_FREE_OBJECTID => k.objectid,
+            _ => FIRST_FREE_OBJECTID - 1,
+        };
+        let mut id = highest + 1;
+        // Trees made in this transaction are already in tree_roots.
+        while self.fs.info.tree_roots.contains_key(&id) {
+            id += 1;
+        }
+        if id > LAST_FREE_OBJECTID {
+            return Err(Error::NoSpace("subvolume ids exhausted".into()));
+        }
+        Ok(id)
+    }
+
+    /// Creates an empty subvolume named `name` in directory `dir` of tree `parent`;
+    /// returns its tree id (its root directory is inode 256).
+    pub fn create_subvolume(
+        &mut self,
+        parent: u64,
+        dir: u64,
+        name: &[u8],
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        t: Timespec,
+    ) -> Result<u64> {
+        if self.lookup(parent, dir, name)?.is_some() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        let id = self.free_root_id()?;
+        let transid = self.transid;
+        let ns = self.fs.info.nodesize as u64;
+        let (b, d) = self.new_block(id, 0, None, 0)?;
+        self.put_dirty(b, d)?;
+        let uuid = crate::mkfs::random_uuid();
+        let item = RootItem {
+            inode: InodeItem {
+                generation: 1,
+                size: 3,
+                nlink: 1,
+                nbytes: ns,
+                mode: 0o40755,
+                ..Default::default()
+            },
+            generation: transid,
+            generation_v2: transid,
+            root_dirid: FIRST_FREE_OBJECTID,
+            bytenr: b,
+            bytes_used: ns,
+            refs: 1,
+            uuid,
+            otransid: transid,
+            ctransid: transid,
+            ctime: t,
+            otime: t,
+            ..Default::default()
+        };
+        self.create_root_item(id, Key::new(id, ROOT_ITEM_KEY, 0), item)?;
+        *self.root_bytes_delta.entry(id).or_insert(0) -= ns as i64;
+        let ino = InodeItem {
+            generation: transid,
+            transid,
+            nlink: 1,
+            uid,
+            gid,
+            mode: 0o40000 | (mode & 0o7777),
+            nbytes: 0,
+            atime: t,
+            ctime: t,
+            mtime: t,
+            otime: t,
+            ..Default::default()
+        };
+        self.insert_item(
+            id,
+            &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0),
+            &ino.to_bytes(),
+        )?;
+        self.insert_item(
+            id,
+            &Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID),
+            &ubtrfs_format::items::inode_ref_bytes(0, b".."),
+        )?;
+        // The entry in the parent directory points at the tree, not an inode.
+        let index = self.add_subvol_entry(parent, dir, name, id, t)?;
+        let rr = RootRef {
+            dirid: dir,
+            sequence: index,
+            name: name.to_vec(),
+        }
+        .to_bytes();
+        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(parent, ROOT_REF_KEY, id), &rr)?;
+        self.insert_item(
+            ROOT_TREE_OBJECTID,
+            &Key::new(id, ROOT_BACKREF_KEY, parent),
+            &rr,
+        )?;
+        let k = Key::new(
+            u64::from_le_bytes(uuid[..8].try_into().unwrap_or([0; 8])),
+            UUID_KEY_SUBVOL,
+            u64::from_le_bytes(uuid[8..].try_into().unwrap_or([0; 8])),
+        );
+        if self.root_ptr(UUID_TREE_OBJECTID).is_ok() {
+            self.insert_item(UUID_TREE_OBJECTID, &k, &id.to_le_bytes())?;
+        }
+        Ok(id)
+    }
+
+    fn add_subvol_entry(
+        &mut self,
+        parent: u64,
+        dir: u64,
+        name: &[u8],
+        id: u64,
+        t: Timespec,
+    ) -> Result<u64> {
+        let index = self.next_dir_index_pub(parent, dir)?;
+        let loc = Key::new(id, ROOT_ITEM_KEY, u64::MAX);
+        let entry = ubtrfs_format::items::dir_item_bytes(&loc, self.transid, &[], name, FT_DIR);
+        let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
+        self.append_to_item_pub(parent, &dkey, &entry)?;
+        self.insert_item(parent, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
+        let mut d = self.read_inode(parent, dir)?;
+        d.size += name.len() as u64 * 2;
+        d.ctime = t;
+        d.mtime = t;
+        d.transid = self.transid;
+        d.sequence += 1;
+        self.write_inode(parent, dir, &d)?;
+        Ok(index)
+    }
+}
