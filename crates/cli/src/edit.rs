@@ -204,6 +204,7 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
             }
             c.subvols.push(std::fs::canonicalize(p)?);
         }
+        start_prefetch(root);
         c.copy_dir_contents(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, root)?;
         let md = std::fs::symlink_metadata(root)?;
         set_times(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, &md)?;
@@ -246,6 +247,59 @@ fn set_times(t: &mut Trans, root: u64, ino: u64, md: &std::fs::Metadata) -> Resu
     i.ctime = ts(md.ctime(), md.ctime_nsec());
     t.write_inode(root, ino, &i)?;
     Ok(())
+}
+
+/// Warms the page cache for a source tree while the copier works through it: a few
+/// threads walk the tree (lstat, which is most of a cold copy's latency) and ask the
+/// kernel to read files ahead (POSIX_FADV_WILLNEED, asynchronous). The copy itself
+/// stays single-threaded and in order.
+pub fn start_prefetch(root: &Path) {
+    let queue = Arc::new(std::sync::Mutex::new(vec![root.to_path_buf()]));
+    let busy = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    for _ in 0..4 {
+        let queue = queue.clone();
+        let busy = busy.clone();
+        std::thread::spawn(move || loop {
+            let next = queue.lock().ok().and_then(|mut q| {
+                let d = q.pop();
+                if d.is_some() {
+                    busy.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+                d
+            });
+            let Some(dir) = next else {
+                if busy.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+                continue;
+            };
+            if let Ok(rd) = std::fs::read_dir(&dir) {
+                for e in rd.flatten() {
+                    let Ok(ft) = e.file_type() else { continue };
+                    let p = e.path();
+                    if ft.is_dir() {
+                        if let Ok(mut q) = queue.lock() {
+                            q.push(p);
+                        }
+                    } else if ft.is_file() {
+                        let _ = std::fs::symlink_metadata(&p);
+                        if let Ok(f) = std::fs::File::open(&p) {
+                            let _ = nix::fcntl::posix_fadvise(
+                                std::os::fd::AsRawFd::as_raw_fd(&f),
+                                0,
+                                0,
+                                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_WILLNEED,
+                            );
+                        }
+                    } else {
+                        let _ = std::fs::symlink_metadata(&p);
+                    }
+                }
+            }
+            busy.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
 }
 
 /// Device numbers as the kernel stores them in INODE_ITEM.rdev (MKDEV: major << 20).
