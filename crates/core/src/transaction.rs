@@ -364,6 +364,21 @@ impl Trans {
         Ok(())
     }
 
+    /// Creates an empty tree with an arbitrary id (tests of the b-tree code).
+    #[doc(hidden)]
+    pub fn create_tree_for_test(&mut self, id: u64) -> Result<()> {
+        let (b, d) = self.new_block(id, 0, None, 0)?;
+        self.put_dirty(b, d)?;
+        let item = RootItem {
+            generation: self.transid,
+            generation_v2: self.transid,
+            bytenr: b,
+            refs: 1,
+            ..Default::default()
+        };
+        self.create_root_item(id, Key::new(id, ROOT_ITEM_KEY, 0), item)
+    }
+
     fn update_root_items(&mut self) -> Result<()> {
         let deltas: Vec<(u64, i64)> = self.root_bytes_delta.drain().collect();
         for (id, d) in deltas {
@@ -403,6 +418,14 @@ impl Trans {
 
     /// Writes the transaction durably (see the module comment) and starts the next.
     pub fn commit(&mut self) -> Result<()> {
+        if !self.has_pending_work() && self.dirty_bytes() == 0 && self.pinned.is_empty() {
+            // Nothing changed: like the kernel, an empty transaction writes nothing.
+            return Ok(());
+        }
+        // The superblock's generation must be the root tree root's: make sure the
+        // root tree is part of every commit.
+        let root_key = Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0);
+        self.search_mut(ROOT_TREE_OBJECTID, &root_key, 0, true)?;
         let mut rounds = 0;
         loop {
             rounds += 1;
