@@ -274,6 +274,44 @@ impl Trans {
         // the caller needs.
         let mut want = max_stripe.min((total / 10) & !((1 << 20) - 1));
         want = want.max(min_bytes.next_multiple_of(1 << 20)).max(1 << 20);
+        if ty == BLOCK_GROUP_DATA {
+            // Keep room for metadata to grow: data may not take the device space a
+            // new metadata chunk would need unless metadata already has that free.
+            let meta_profile = self.profile_for(BLOCK_GROUP_METADATA);
+            let meta_copies = if meta_profile == BLOCK_GROUP_DUP
+                || meta_profile & (BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID1C4)
+                    != 0
+            {
+                2
+            } else {
+                1
+            };
+            let reserve = meta_copies
+                * (32u64 << 20)
+                    .min((total / 10) & !((1 << 20) - 1))
+                    .max(1 << 20);
+            let meta_free: u64 = self
+                .bgs
+                .values()
+                .filter(|b| b.flags & BLOCK_GROUP_METADATA != 0)
+                .map(|b| b.length.saturating_sub(b.used))
+                .sum();
+            if meta_free < reserve / 2 {
+                let unallocated: u64 = self
+                    .dev_space
+                    .values()
+                    .flat_map(|d| d.holes())
+                    .map(|h| h.1)
+                    .sum();
+                let room = unallocated.saturating_sub(reserve) / ncopies as u64 & !((1 << 20) - 1);
+                if room < min_bytes.max(1 << 20) {
+                    return Err(Error::NoSpace(
+                        "data space exhausted (the rest is kept for metadata)".into(),
+                    ));
+                }
+                want = want.min(room);
+            }
+        }
         // Choose stripes: DUP takes two ranges on one device; RAID1* one per device.
         let mut stripes: Vec<(u64, u64)> = Vec::new(); // (devid, physical)
         let mut stripe_len = want;
