@@ -142,67 +142,94 @@ impl Trans {
     }
 
     pub(crate) fn find_free(&mut self, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
+        let t0 = self
+            .alloc_stats
+            .record_latency
+            .then(std::time::Instant::now);
+        let found = self.find_free_inner(ty, len, hint)?;
+        // Every search counts, failed ones too (as funclatency counts every call).
+        self.alloc_stats.searches += 1;
+        if let Some(t0) = t0 {
+            self.alloc_stats
+                .latencies_ns
+                .push(t0.elapsed().as_nanos() as u64);
+        }
+        Ok(found)
+    }
+
+    /// Mixed groups serve both; pure data groups never hold tree blocks.
+    fn serves(bg_flags: u64, ty: u64) -> bool {
+        Self::type_matches(bg_flags, ty)
+            && (ty == BLOCK_GROUP_DATA
+                || bg_flags & BLOCK_GROUP_DATA == 0
+                || bg_flags & BLOCK_GROUP_METADATA != 0)
+    }
+
+    fn try_group(
+        &mut self,
+        ty: u64,
+        start: u64,
+        len: u64,
+        hint: u64,
+        align: u64,
+    ) -> Result<Option<u64>> {
+        self.ensure_loaded(start)?;
+        let mode = self.search_mode;
+        let bg = self.bgs.get_mut(&start).expect("caller checked");
+        // The size index knows the largest entry at once; the offset-only search (the
+        // kernel before seed 001) has to walk to find out.
+        if mode == SearchMode::SizeIndex && bg.free.largest() < len {
+            return Ok(None);
+        }
+        // Hint 0: no locality wanted, so the size index may take the largest entry.
+        let h = if bg.contains(hint) && hint != bg.start {
+            hint
+        } else {
+            0
+        };
+        let mut stats = SearchStats::default();
+        let found = bg.free.find(h, len, align, mode, &mut stats);
+        self.alloc_stats.entries_visited += stats.entries_visited;
+        if let Some(off) = found {
+            bg.free
+                .remove(off, len)
+                .map_err(|e| Error::corrupt(format!("allocator: {e}")))?;
+            self.last_alloc.insert(ty, off + len);
+        }
+        Ok(found)
+    }
+
+    fn find_free_inner(&mut self, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
         let align = if ty & BLOCK_GROUP_DATA != 0 {
             self.fs.info.sectorsize as u64
         } else {
             self.fs.info.nodesize as u64
         };
-        let hint_bg = self.bg_of(hint).ok();
-        let mut order: Vec<u64> = Vec::new();
+        // The hint's group first (locality), then the others in address order.
+        let hint_bg = self
+            .bgs
+            .range(..=hint)
+            .next_back()
+            .filter(|(_, b)| b.contains(hint) && Self::serves(b.flags, ty))
+            .map(|(s, _)| *s);
         if let Some(h) = hint_bg {
-            order.push(h);
-        }
-        order.extend(
-            self.bgs
-                .values()
-                .filter(|b| Self::type_matches(b.flags, ty) && Some(b.start) != hint_bg)
-                .map(|b| b.start),
-        );
-        let t0 = self
-            .alloc_stats
-            .record_latency
-            .then(std::time::Instant::now);
-        let mode = self.search_mode;
-        for start in order {
-            if !Self::type_matches(self.bgs[&start].flags, ty) {
-                continue;
-            }
-            // Mixed groups serve both; pure data groups never hold tree blocks.
-            if ty != BLOCK_GROUP_DATA
-                && self.bgs[&start].flags & BLOCK_GROUP_DATA != 0
-                && self.bgs[&start].flags & BLOCK_GROUP_METADATA == 0
-            {
-                continue;
-            }
-            self.ensure_loaded(start)?;
-            let bg = self.bgs.get_mut(&start).expect("listed above");
-            if bg.free.largest() < len {
-                continue;
-            }
-            // Hint 0: no locality wanted, so the size index may take the largest entry.
-            let h = if bg.contains(hint) && hint != bg.start {
-                hint
-            } else {
-                0
-            };
-            let mut stats = SearchStats::default();
-            let found = bg.free.find(h, len, align, mode, &mut stats);
-            self.alloc_stats.entries_visited += stats.entries_visited;
-            if let Some(off) = found {
-                bg.free
-                    .remove(off, len)
-                    .map_err(|e| Error::corrupt(format!("allocator: {e}")))?;
-                self.alloc_stats.searches += 1;
-                if let Some(t0) = t0 {
-                    self.alloc_stats
-                        .latencies_ns
-                        .push(t0.elapsed().as_nanos() as u64);
-                }
-                self.last_alloc.insert(ty, off + len);
+            if let Some(off) = self.try_group(ty, h, len, hint, align)? {
                 return Ok(Some(off));
             }
         }
-        Ok(None)
+        let mut next = 0u64;
+        loop {
+            let cand = self
+                .bgs
+                .range(next..)
+                .find(|(s, b)| Some(**s) != hint_bg && Self::serves(b.flags, ty))
+                .map(|(s, _)| *s);
+            let Some(start) = cand else { return Ok(None) };
+            if let Some(off) = self.try_group(ty, start, len, hint, align)? {
+                return Ok(Some(off));
+            }
+            next = start + 1;
+        }
     }
 
     pub(crate) fn alloc_tree_block(

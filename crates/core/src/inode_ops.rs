@@ -946,7 +946,15 @@ impl Trans {
             let mut p = hs;
             while p < he {
                 let want = (he - p).min(MAX_EXTENT_SIZE);
-                let (bytenr, got) = self.alloc_data(want)?;
+                let (bytenr, got) = match self.alloc_data(want) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Keep the inode consistent with what was allocated so far.
+                        inode.flags |= INODE_PREALLOC;
+                        self.write_inode(root, ino, &inode)?;
+                        return Err(e);
+                    }
+                };
                 let body = FileExtentBody::Regular {
                     disk_bytenr: bytenr,
                     disk_num_bytes: got,
@@ -963,6 +971,9 @@ impl Trans {
         }
         if !keep_size && offset + len > inode.size {
             inode.size = offset + len;
+        }
+        if !out.is_empty() {
+            inode.flags |= INODE_PREALLOC;
         }
         self.touch(&mut inode, t, false);
         self.write_inode(root, ino, &inode)?;
