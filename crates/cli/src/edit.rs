@@ -142,6 +142,10 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
             }
         }
     }
+    if opts.block_group_tree && !opts.no_holes {
+        // The kernel refuses to mount that combination.
+        bail!("block-group-tree requires the no-holes and free-space-tree features");
+    }
     let exists = a.image.exists();
     if exists && !a.force {
         let mut sig = [0u8; 8];
@@ -460,13 +464,16 @@ impl Copier {
         let mut buf = vec![0u8; chunk.min(size as usize)];
         while pos < size {
             // Skip holes: they stay holes.
-            let data = nix::unistd::lseek(
+            // ENXIO: only a hole remains up to the end (truncate below sets the size).
+            let data = match nix::unistd::lseek(
                 std::os::fd::AsRawFd::as_raw_fd(&f),
                 pos as i64,
                 nix::unistd::Whence::SeekData,
-            )
-            .map(|o| o as u64)
-            .unwrap_or(pos);
+            ) {
+                Ok(o) => o as u64,
+                Err(nix::errno::Errno::ENXIO) => break,
+                Err(_) => pos,
+            };
             if data >= size {
                 break;
             }
@@ -567,6 +574,9 @@ pub fn mkdir(image: &Path, paths: &[String], parents: bool, mode: u32) -> Result
             let mut cur = FIRST_FREE_OBJECTID;
             for comp in p.split('/').filter(|c| !c.is_empty()) {
                 cur = match t.lookup(root, cur, comp.as_bytes())? {
+                    Some((_, _, loc)) if loc.ty == ROOT_ITEM_KEY => {
+                        bail!("{p}: {comp} is a subvolume (paths into subvolumes are not supported yet)")
+                    }
                     Some((ino, _, _)) => ino,
                     None => t.create(root, cur, comp.as_bytes(), attr)?,
                 };
@@ -582,9 +592,18 @@ pub fn mkdir(image: &Path, paths: &[String], parents: bool, mode: u32) -> Result
 }
 
 fn remove_tree(t: &mut Trans, root: u64, dir: u64, name: &[u8]) -> Result<()> {
-    let (ino, ty, _) = t
-        .lookup(root, dir, name)?
-        .with_context(|| String::from_utf8_lossy(name).into_owned())?;
+    let (ino, ty, loc) = t.lookup(root, dir, name)?.with_context(|| {
+        format!(
+            "{}: No such file or directory",
+            String::from_utf8_lossy(name)
+        )
+    })?;
+    if loc.ty == ROOT_ITEM_KEY {
+        bail!(
+            "{}: is a subvolume (deleting subvolumes is not supported yet)",
+            String::from_utf8_lossy(name)
+        );
+    }
     if ty == FT_DIR {
         let children = t.list_dir(root, ino)?;
         for (n, _) in children {
@@ -602,6 +621,9 @@ pub fn rm(image: &Path, paths: &[String], recursive: bool) -> Result<()> {
     let root = FS_TREE_OBJECTID;
     for p in paths {
         let (parent, name) = split_path(p);
+        if name.is_empty() || name == b"." || name == b".." {
+            bail!("{p}: refusing to remove the top directory, '.' or '..'");
+        }
         let d = t.resolve_path(root, &parent)?;
         if recursive {
             remove_tree(&mut t, root, d, &name)?;

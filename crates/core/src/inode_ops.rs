@@ -1253,6 +1253,19 @@ impl Trans {
         if name.is_empty() || name.len() > NAME_LEN_MAX {
             return Err(Error::Invalid("xattr name".into()));
         }
+        // The kernel accepts only these namespaces.
+        let known = [&b"user."[..], b"trusted.", b"security.", b"btrfs."];
+        let acl = name == b"system.posix_acl_access" || name == b"system.posix_acl_default";
+        if !acl
+            && !known
+                .iter()
+                .any(|p| name.starts_with(p) && name.len() > p.len())
+        {
+            return Err(Error::Unsupported(format!(
+                "xattr name {:?} (namespaces: user., trusted., security., system.posix_acl_*)",
+                String::from_utf8_lossy(name)
+            )));
+        }
         let entry_len = 30 + name.len() + value.len();
         if entry_len > self.max_item_size() {
             return Err(Error::NoSpace(format!(

@@ -364,6 +364,30 @@ impl Trans {
         Ok(())
     }
 
+    /// Quota accounting is not kept at commit yet: when quotas are on, flag the
+    /// numbers inconsistent (as the kernel does when it cannot account) so a rescan
+    /// fixes them, instead of leaving wrong numbers that look right.
+    fn mark_qgroups_inconsistent(&mut self) -> Result<()> {
+        if self.fs.info.tree_ptr(QUOTA_TREE_OBJECTID).is_none() {
+            return Ok(());
+        }
+        const STATUS_FLAG_INCONSISTENT: u64 = 1 << 2;
+        let key = Key::new(0, QGROUP_STATUS_KEY, 0);
+        let ptr = self.root_ptr(QUOTA_TREE_OBJECTID)?;
+        let Some(item) = crate::ctree::lookup_exact(&self.fs.info, &ptr, &key)? else {
+            return Ok(());
+        };
+        let flags = ubtrfs_format::bytes::le64(item.data(), 16, "qgroup status")
+            .map_err(|e| Error::corrupt(format!("qgroup status item: {e}")))?;
+        drop(item);
+        if flags & STATUS_FLAG_INCONSISTENT != 0 {
+            return Ok(());
+        }
+        self.update_item(QUOTA_TREE_OBJECTID, &key, |d| {
+            d[16..24].copy_from_slice(&(flags | STATUS_FLAG_INCONSISTENT).to_le_bytes())
+        })
+    }
+
     /// Creates an empty tree with an arbitrary id (tests of the b-tree code).
     #[doc(hidden)]
     pub fn create_tree_for_test(&mut self, id: u64) -> Result<()> {
@@ -422,6 +446,7 @@ impl Trans {
             // Nothing changed: like the kernel, an empty transaction writes nothing.
             return Ok(());
         }
+        self.mark_qgroups_inconsistent()?;
         // The superblock's generation must be the root tree root's: make sure the
         // root tree is part of every commit.
         let root_key = Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0);
