@@ -303,7 +303,8 @@ impl Trans {
                     .flat_map(|d| d.holes())
                     .map(|h| h.1)
                     .sum();
-                let room = unallocated.saturating_sub(reserve) / ncopies as u64 & !((1 << 20) - 1);
+                let room =
+                    (unallocated.saturating_sub(reserve) / ncopies as u64) & !((1 << 20) - 1);
                 if room < min_bytes.max(1 << 20) {
                     return Err(Error::NoSpace(
                         "data space exhausted (the rest is kept for metadata)".into(),

@@ -34,6 +34,7 @@ impl Trans {
 
     /// Creates an empty subvolume named `name` in directory `dir` of tree `parent`;
     /// returns its tree id (its root directory is inode 256).
+    #[allow(clippy::too_many_arguments)]
     pub fn create_subvolume(
         &mut self,
         parent: u64,
