@@ -805,6 +805,10 @@ impl Trans {
             self.touch(&mut inode, t, true);
             return self.write_inode(root, ino, &inode);
         }
+        // An inline extent cannot be followed by others: make it a regular one first.
+        if self.has_inline(root, ino)? {
+            self.convert_inline(root, ino, &mut inode)?;
+        }
         let mut buf_start = offset;
         let mut buf: Vec<u8>;
         if !offset.is_multiple_of(ss) {
@@ -823,25 +827,12 @@ impl Trans {
             let tail = self.read_file_range(root, ino, buf_end, (e - buf_end) as usize, &inode)?;
             buf.extend_from_slice(&tail);
         }
-        // An inline extent cannot be followed by others: turn it into a regular one.
-        if inode.size > 0 && inode.size < ss && self.has_inline(root, ino)? {
-            let old = self.read_file_range(root, ino, 0, inode.size as usize, &inode)?;
-            if buf_start > 0 {
-                let mut merged = old.clone();
-                merged.resize(buf_start as usize, 0);
-                merged.extend_from_slice(&buf);
-                buf = merged;
-                buf_start = 0;
-            } else if buf.len() < old.len() {
-                buf.extend_from_slice(&old[buf.len()..]);
-            }
-        }
         let aligned_len = (buf.len() as u64).next_multiple_of(ss);
         let released = self.drop_extents(root, ino, buf_start, buf_start + aligned_len)?;
         inode.nbytes = inode.nbytes.saturating_sub(released);
         if !self.no_holes() && buf_start > inode.size.next_multiple_of(ss) {
             let hs = inode.size.next_multiple_of(ss);
-            self.insert_hole(root, ino, hs, buf_start - hs)?;
+            self.fill_holes(root, ino, hs, buf_start)?;
         }
         buf.resize(aligned_len as usize, 0);
         let mut pos = 0u64;
@@ -894,9 +885,11 @@ impl Trans {
         let start = offset - offset % ss;
         let end = (offset + len).next_multiple_of(ss);
         if self.has_inline(root, ino)? {
-            return Err(Error::Unsupported(
-                "fallocate on a file with inline data".into(),
-            ));
+            self.convert_inline(root, ino, &mut inode)?;
+        }
+        if !keep_size && !self.no_holes() && start > inode.size.next_multiple_of(ss) {
+            let hs = inode.size.next_multiple_of(ss);
+            self.fill_holes(root, ino, hs, start)?;
         }
         // Only the holes get extents: collect the covered ranges first.
         let ptr = self.root_ptr(root)?;
@@ -1058,21 +1051,14 @@ impl Trans {
         }
         let ss = self.fs.info.sectorsize as u64;
         if self.has_inline(root, ino)? {
-            let mut data = self.read_file_range(root, ino, 0, inode.size as usize, &inode)?;
-            data[offset as usize..end as usize].fill(0);
-            let released = self.drop_extents(root, ino, 0, u64::MAX)?;
-            inode.nbytes = inode.nbytes.saturating_sub(released);
-            self.insert_inline(root, ino, &data)?;
-            inode.nbytes += data.len() as u64;
-            self.touch(&mut inode, t, true);
-            return self.write_inode(root, ino, &inode);
+            self.convert_inline(root, ino, &mut inode)?;
         }
         let (inner_s, inner_e) = (offset.next_multiple_of(ss), end - end % ss);
         if inner_s < inner_e {
             let released = self.drop_extents(root, ino, inner_s, inner_e)?;
             inode.nbytes = inode.nbytes.saturating_sub(released);
             if !self.no_holes() {
-                self.insert_hole(root, ino, inner_s, inner_e - inner_s)?;
+                self.fill_holes(root, ino, inner_s, inner_e)?;
             }
             self.touch(&mut inode, t, true);
             self.write_inode(root, ino, &inode)?;
@@ -1099,21 +1085,21 @@ impl Trans {
         keep_size: bool,
         t: Timespec,
     ) -> Result<()> {
+        let old_size = self.read_inode(root, ino)?.size;
         self.punch_hole(root, ino, offset, len, t)?;
-        let ss = self.fs.info.sectorsize as u64;
-        let (s, e) = (
-            offset.next_multiple_of(ss),
-            (offset + len) - (offset + len) % ss,
-        );
-        if s < e {
-            self.fallocate(root, ino, s, e - s, true, t)?;
-        }
-        if !keep_size {
-            let mut i = self.read_inode(root, ino)?;
-            if offset + len > i.size {
-                i.size = offset + len;
-                self.write_inode(root, ino, &i)?;
+        // Preallocate whatever is a hole now (sector-aligned outward): the punched
+        // middle and any part beyond the old end of file.
+        self.fallocate(root, ino, offset, len, true, t)?;
+        let mut i = self.read_inode(root, ino)?;
+        if !keep_size && offset + len > i.size {
+            let ss = self.fs.info.sectorsize as u64;
+            if !self.no_holes() {
+                let hs = old_size.next_multiple_of(ss);
+                self.fill_holes(root, ino, hs, offset - offset % ss)?;
+                i = self.read_inode(root, ino)?;
             }
+            i.size = offset + len;
+            self.write_inode(root, ino, &i)?;
         }
         Ok(())
     }
@@ -1124,6 +1110,103 @@ impl Trans {
             match lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))? {
                 Some(it) => it.data().get(20) == Some(&FILE_EXTENT_INLINE),
                 None => false,
+            },
+        )
+    }
+
+    /// Inserts hole items (filesystems without NO_HOLES) for the parts of
+    /// [start, end) no extent item covers.
+    fn fill_holes(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let ptr = self.root_ptr(root)?;
+        let first = match lookup_prev(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, start))? {
+            Some((k, _)) if k.objectid == ino && k.ty == EXTENT_DATA_KEY => k.offset,
+            _ => start,
+        };
+        let mut covered = Vec::new();
+        for item in TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(ino, EXTENT_DATA_KEY, first),
+            Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)),
+        )? {
+            let item = item?;
+            let fe = FileExtentItem::parse(item.data())
+                .map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
+            let len = match fe.body {
+                FileExtentBody::Inline { .. } => fe
+                    .ram_bytes
+                    .next_multiple_of(self.fs.info.sectorsize as u64),
+                FileExtentBody::Regular { num_bytes, .. } => num_bytes,
+            };
+            covered.push((item.key().offset, item.key().offset + len));
+        }
+        let mut pos = start;
+        for (s, e) in covered {
+            if s > pos {
+                self.insert_hole(root, ino, pos, s.min(end) - pos)?;
+            }
+            pos = pos.max(e);
+            if pos >= end {
+                return Ok(());
+            }
+        }
+        if pos < end {
+            self.insert_hole(root, ino, pos, end - pos)?;
+        }
+        Ok(())
+    }
+
+    /// Turns an inline extent into a regular one (before other extents join it).
+    fn convert_inline(&mut self, root: u64, ino: u64, inode: &mut InodeItem) -> Result<()> {
+        let ptr = self.root_ptr(root)?;
+        let it = lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))?
+            .ok_or_else(|| Error::corrupt(format!("inode {ino}: inline extent vanished")))?;
+        let fe = FileExtentItem::parse(it.data())
+            .map_err(|e| Error::corrupt(format!("inode {ino} inline extent: {e}")))?;
+        drop(it);
+        let len = fe.ram_bytes;
+        let view = InodeItem {
+            size: len,
+            ..inode.clone()
+        };
+        let data = self.read_file_range(root, ino, 0, len as usize, &view)?;
+        self.delete_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0))?;
+        inode.nbytes = inode.nbytes.saturating_sub(len);
+        let ss = self.fs.info.sectorsize as u64;
+        let mut buf = data;
+        buf.resize(len.next_multiple_of(ss).max(ss) as usize, 0);
+        let got_len = buf.len() as u64;
+        let (bytenr, got) = self.alloc_data(got_len)?;
+        if got != got_len {
+            self.release_unused(bytenr, got)?;
+            return Err(Error::NoSpace("converting an inline extent".into()));
+        }
+        self.write_logical(bytenr, &buf)?;
+        self.csum_data(bytenr, &buf)?;
+        let body = FileExtentBody::Regular {
+            disk_bytenr: bytenr,
+            disk_num_bytes: got,
+            offset: 0,
+            num_bytes: got,
+        };
+        let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_REG, &body);
+        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &v)?;
+        self.add_new_data_extent(bytenr, got, root, ino, 0);
+        inode.nbytes += got;
+        self.write_inode(root, ino, inode)
+    }
+
+    fn inline_len(&self, root: u64, ino: u64) -> Result<Option<u64>> {
+        let ptr = self.root_ptr(root)?;
+        Ok(
+            match lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))? {
+                Some(it) if it.data().get(20) == Some(&FILE_EXTENT_INLINE) => {
+                    Some(ubtrfs_format::bytes::le64(it.data(), 8, "file extent").unwrap_or(0))
+                }
+                _ => None,
             },
         )
     }
@@ -1164,13 +1247,20 @@ impl Trans {
         }
         let ss = self.fs.info.sectorsize as u64;
         if size < inode.size {
-            if self.has_inline(root, ino)? {
-                let data = self.read_file_range(root, ino, 0, size as usize, &inode)?;
-                let released = self.drop_extents(root, ino, 0, u64::MAX)?;
-                inode.nbytes = inode.nbytes.saturating_sub(released);
-                if size > 0 {
-                    self.insert_inline(root, ino, &data)?;
-                    inode.nbytes += size;
+            if let Some(l) = self.inline_len(root, ino)? {
+                if size < l {
+                    let data = self.read_file_range(root, ino, 0, size as usize, &inode)?;
+                    let released = self.drop_extents(root, ino, 0, u64::MAX)?;
+                    inode.nbytes = inode.nbytes.saturating_sub(released);
+                    if size > 0 {
+                        self.insert_inline(root, ino, &data)?;
+                        inode.nbytes += size;
+                    }
+                } else {
+                    // The inline data stays; only what follows it (holes) goes.
+                    let from = size.next_multiple_of(ss).max(ss);
+                    let released = self.drop_extents(root, ino, from, u64::MAX)?;
+                    inode.nbytes = inode.nbytes.saturating_sub(released);
                 }
             } else {
                 let keep_end = size.next_multiple_of(ss);
@@ -1198,9 +1288,7 @@ impl Trans {
         } else if size > inode.size && !self.no_holes() {
             let hs = inode.size.next_multiple_of(ss);
             let he = size.next_multiple_of(ss);
-            if he > hs {
-                self.insert_hole(root, ino, hs, he - hs)?;
-            }
+            self.fill_holes(root, ino, hs, he)?;
         }
         inode.size = size;
         self.touch(&mut inode, t, true);

@@ -82,11 +82,14 @@ fn run(seed: u64, ops: usize) {
             };
             let v: Vec<u8> = (0..len).map(|i| (i as u64 ^ k.objectid) as u8).collect();
             let res = t.insert_item(TREE, &k, &v);
-            if model.contains_key(&k) {
-                assert!(res.is_err(), "{ctx}: duplicate insert accepted");
-            } else {
-                res.unwrap_or_else(|e| panic!("{ctx}: insert {k}: {e}"));
-                model.insert(k, v);
+            match model.entry(k) {
+                std::collections::btree_map::Entry::Occupied(_) => {
+                    assert!(res.is_err(), "{ctx}: duplicate insert accepted")
+                }
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    res.unwrap_or_else(|err| panic!("{ctx}: insert {k}: {err}"));
+                    e.insert(v);
+                }
             }
         } else if r < 55 {
             // A sorted batch of new keys.
@@ -138,7 +141,7 @@ fn run(seed: u64, ops: usize) {
             t.commit().unwrap_or_else(|e| panic!("{ctx}: commit: {e}"));
             commits += 1;
             // Reopening copies the whole device: do it every few commits.
-            if commits % 8 == 0 {
+            if commits.is_multiple_of(8) {
                 assert!(
                     reopened(&dev) == model,
                     "{ctx}: reopened tree differs from the model"

@@ -1,0 +1,179 @@
+//! Differential test of the write engine against the model filesystem
+//! (`ubtrfs_sim::model`): random operation sequences, checked after every operation
+//! (the touched paths, through the uncommitted state), and in full after every commit,
+//! through the handle and through a fresh open of a copy of the device. The final image
+//! of every tenth seed also goes through `btrfs check`.
+//!
+//! Environment:
+//! * `UBTRFS_MODEL_SEEDS=N`: run seeds 0..N (default 200; thousands for a long run);
+//! * `UBTRFS_MODEL_OPS=M`: operations per seed (default 60);
+//! * `UBTRFS_MODEL_SEED=n`: run exactly seed n (what a failure asks for);
+//! * `UBTRFS_MODEL_BTRFS_CHECK=K`: btrfs check the final image of seeds divisible by K
+//!   (default 10; 1 = every seed, 0 = never); skipped without `btrfs` unless `CI` is set;
+//! * `UBTRFS_MODEL_THREADS=T`: worker threads (default: available parallelism);
+//! * `UBTRFS_MODEL_MAX_FAILURES=F`: stop after F failing seeds (default 3);
+//! * `UBTRFS_MODEL_MINIMIZE=1`: shrink each failing seed's operations to a minimal
+//!   sequence failing the same way, and print it.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use ubtrfs_sim::model::{
+    failure_signature, have_btrfs, minimize, run_seed_recorded, FsConfig, RunConfig, RunStats,
+};
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    Some(
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+    )
+}
+
+#[derive(Default)]
+struct Totals {
+    seeds: u64,
+    ops: u64,
+    commits: u64,
+    reopens: u64,
+    expected_errors: u64,
+    unsupported: u64,
+    btrfs_checks: u64,
+    max_level: u8,
+    max_nodes: usize,
+}
+
+impl Totals {
+    fn add(&mut self, st: &RunStats, checked: bool) {
+        self.seeds += 1;
+        self.ops += st.ops;
+        self.commits += st.commits;
+        self.reopens += st.reopens;
+        self.expected_errors += st.expected_errors;
+        self.unsupported += st.unsupported;
+        self.btrfs_checks += u64::from(checked);
+        self.max_level = self.max_level.max(st.max_fs_tree_level);
+        self.max_nodes = self.max_nodes.max(st.max_nodes);
+    }
+}
+
+#[test]
+fn model_random_workloads() {
+    let mut cfg = RunConfig::default();
+    let default_ops = cfg.ops;
+    if let Some(n) = env_u64("UBTRFS_MODEL_OPS") {
+        cfg.ops = n as usize;
+    }
+    let seeds: Vec<u64> = match env_u64("UBTRFS_MODEL_SEED") {
+        Some(s) => vec![s],
+        None => (0..env_u64("UBTRFS_MODEL_SEEDS").unwrap_or(200)).collect(),
+    };
+    let threads = env_u64("UBTRFS_MODEL_THREADS")
+        .map(|n| n as usize)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()))
+        .clamp(1, 64);
+    let mut check_every = env_u64("UBTRFS_MODEL_BTRFS_CHECK").unwrap_or(10);
+    if check_every != 0 && !have_btrfs() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "btrfs (btrfs-progs) is not installed, and CI is set"
+        );
+        eprintln!("model: btrfs not found; final images are not checked with btrfs check");
+        check_every = 0;
+    }
+    let max_failures = env_u64("UBTRFS_MODEL_MAX_FAILURES").unwrap_or(3) as usize;
+    let ops_hint = if cfg.ops != default_ops {
+        format!(" UBTRFS_MODEL_OPS={}", cfg.ops)
+    } else {
+        String::new()
+    };
+
+    let start = Instant::now();
+    let next = AtomicUsize::new(0);
+    let failures: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
+    let totals = Mutex::new(Totals::default());
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&seed) = seeds.get(i) else { break };
+                // Stop early once a few seeds failed: one is enough to debug.
+                if failures.lock().unwrap().len() >= max_failures {
+                    break;
+                }
+                let cfg = RunConfig { btrfs_check: check_every != 0 && seed % check_every == 0, ..cfg.clone() };
+                let res = catch_unwind(AssertUnwindSafe(|| run_seed_recorded(seed, &cfg)));
+                let err = match res {
+                    Ok(Ok(st)) => {
+                        totals.lock().unwrap().add(&st, cfg.btrfs_check);
+                        continue;
+                    }
+                    Ok(Err((e, steps))) => {
+                        if std::env::var_os("UBTRFS_MODEL_MINIMIZE").is_some() {
+                            let fsc = FsConfig::for_seed(seed);
+                            let sig = failure_signature(&e);
+                            let min = minimize(&fsc, &steps, cfg.btrfs_check, &sig);
+                            let list: String = min.iter().map(|s| format!("  {s:?}\n")).collect();
+                            eprintln!("seed {seed}: minimal sequence ({} of {} steps) failing with `{sig}` on {fsc:?}:\n{list}", min.len(), steps.len());
+                        }
+                        e
+                    }
+                    Err(p) => {
+                        let msg = p
+                            .downcast_ref::<String>()
+                            .cloned()
+                            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                            .unwrap_or_else(|| "non-string panic".into());
+                        format!("panic: {msg}")
+                    }
+                };
+                eprintln!("seed {seed} FAILED: {err}\nreproduce with UBTRFS_MODEL_SEED={seed}{ops_hint}\n");
+                failures.lock().unwrap().push((seed, err));
+            });
+        }
+    });
+    let failures = failures.into_inner().unwrap();
+    let t = totals.into_inner().unwrap();
+    eprintln!(
+        "model: {} of {} seeds x {} ops passed in {:.1?} ({threads} threads): {} ops, {} commits, {} reopens for \
+         writing, {} expected errors matched, {} fallocate calls refused as unsupported, {} final images passed \
+         btrfs check; deepest FS tree: level {}, most files: {}",
+        t.seeds,
+        seeds.len(),
+        cfg.ops,
+        start.elapsed(),
+        t.ops,
+        t.commits,
+        t.reopens,
+        t.expected_errors,
+        t.unsupported,
+        t.btrfs_checks,
+        t.max_level,
+        t.max_nodes
+    );
+    if !failures.is_empty() {
+        let mut kinds: std::collections::BTreeMap<String, Vec<u64>> = Default::default();
+        for (seed, e) in &failures {
+            kinds.entry(failure_signature(e)).or_default().push(*seed);
+        }
+        for (sig, seeds) in &kinds {
+            eprintln!(
+                "model: {} seed(s) fail with `{sig}`: {seeds:?}",
+                seeds.len()
+            );
+        }
+        let list: Vec<String> = failures
+            .iter()
+            .map(|(s, e)| format!("seed {s}: {}", e.lines().next().unwrap_or("")))
+            .collect();
+        panic!(
+            "{} seed(s) failed:\n{}\nreproduce with UBTRFS_MODEL_SEED={}{ops_hint}",
+            failures.len(),
+            list.join("\n"),
+            failures[0].0
+        );
+    }
+}
