@@ -75,27 +75,16 @@ pub fn file_extent_bytes(
     ty: u8,
     body: &FileExtentBody,
 ) -> Vec<u8> {
-    let mut v = Vec::with_capacity(53);
-    v.extend_from_slice(&generation.to_le_bytes());
-    v.extend_from_slice(&ram_bytes.to_le_bytes());
-    v.push(compression);
-    v.push(0);
-    v.extend_from_slice(&0u16.to_le_bytes());
-    v.push(ty);
-    match body {
-        FileExtentBody::Inline { data } => v.extend_from_slice(data),
-        FileExtentBody::Regular {
-            disk_bytenr,
-            disk_num_bytes,
-            offset,
-            num_bytes,
-        } => {
-            for x in [disk_bytenr, disk_num_bytes, offset, num_bytes] {
-                v.extend_from_slice(&x.to_le_bytes());
-            }
-        }
+    FileExtentItem {
+        generation,
+        ram_bytes,
+        compression,
+        encryption: 0,
+        other_encoding: 0,
+        ty,
+        body: body.clone(),
     }
-    v
+    .to_bytes()
 }
 
 impl Trans {
@@ -380,33 +369,7 @@ impl Trans {
         if ty == FT_UNKNOWN || ty == FT_SYMLINK {
             return Err(Error::Invalid(format!("mode {:o}", attr.mode)));
         }
-        check_name(name)?;
-        if self.lookup(root, dir, name)?.is_some() {
-            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
-        }
-        let ino = self.alloc_ino(root)?;
-        let item = InodeItem {
-            generation: self.transid,
-            transid: self.transid,
-            nlink: 1,
-            uid: attr.uid,
-            gid: attr.gid,
-            mode: attr.mode,
-            rdev: if ty == FT_CHRDEV || ty == FT_BLKDEV {
-                attr.rdev
-            } else {
-                0
-            },
-            atime: attr.time,
-            ctime: attr.time,
-            mtime: attr.time,
-            otime: attr.time,
-            ..Default::default()
-        };
-        self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), &item.to_bytes())?;
-        self.add_link(root, dir, name, ino, ty, attr.time)?;
-        self.touch_root(root, attr.time)?;
-        Ok(ino)
+        self.create_raw(root, dir, name, attr, ty)
     }
 
     pub fn symlink(
@@ -457,6 +420,11 @@ impl Trans {
             uid: attr.uid,
             gid: attr.gid,
             mode: attr.mode,
+            rdev: if ty == FT_CHRDEV || ty == FT_BLKDEV {
+                attr.rdev
+            } else {
+                0
+            },
             atime: attr.time,
             ctime: attr.time,
             mtime: attr.time,
@@ -673,22 +641,21 @@ impl Trans {
         }
     }
 
-    /// Removes or trims file extent items covering [start, end) and drops the data
-    /// references they held; returns the bytes of `nbytes` released.
-    pub(crate) fn drop_extents(
-        &mut self,
+    /// File extent items of `ino` overlapping [start, end) (the one covering `start`
+    /// may begin before it), in file order.
+    fn extent_items(
+        &self,
         root: u64,
         ino: u64,
         start: u64,
         end: u64,
-    ) -> Result<u64> {
+    ) -> Result<Vec<(Key, FileExtentItem)>> {
         let ptr = self.root_ptr(root)?;
-        let mut items = Vec::new();
-        // The item covering `start` may begin before it.
         let first = match lookup_prev(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, start))? {
             Some((k, _)) if k.objectid == ino && k.ty == EXTENT_DATA_KEY => k.offset,
             _ => start,
         };
+        let mut items = Vec::new();
         for item in TreeIter::new(
             &self.fs.info,
             &ptr,
@@ -700,6 +667,19 @@ impl Trans {
                 .map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
             items.push((item.key(), fe));
         }
+        Ok(items)
+    }
+
+    /// Removes or trims file extent items covering [start, end) and drops the data
+    /// references they held; returns the bytes of `nbytes` released.
+    pub(crate) fn drop_extents(
+        &mut self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<u64> {
+        let items = self.extent_items(root, ino, start, end)?;
         let mut released = 0u64;
         for (k, fe) in items {
             let (len, reg) = match &fe.body {
@@ -892,21 +872,8 @@ impl Trans {
             self.fill_holes(root, ino, hs, start)?;
         }
         // Only the holes get extents: collect the covered ranges first.
-        let ptr = self.root_ptr(root)?;
         let mut covered = Vec::new();
-        let first = match lookup_prev(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, start))? {
-            Some((k, _)) if k.objectid == ino && k.ty == EXTENT_DATA_KEY => k.offset,
-            _ => start,
-        };
-        for item in TreeIter::new(
-            &self.fs.info,
-            &ptr,
-            Key::new(ino, EXTENT_DATA_KEY, first),
-            Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)),
-        )? {
-            let item = item?;
-            let fe = FileExtentItem::parse(item.data())
-                .map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
+        for (k, fe) in self.extent_items(root, ino, start, end)? {
             if let FileExtentBody::Regular {
                 disk_bytenr,
                 num_bytes,
@@ -914,7 +881,7 @@ impl Trans {
             } = fe.body
             {
                 if disk_bytenr != 0 {
-                    covered.push((item.key().offset, item.key().offset + num_bytes));
+                    covered.push((k.offset, k.offset + num_bytes));
                 }
             }
         }
@@ -1120,29 +1087,18 @@ impl Trans {
         if start >= end {
             return Ok(());
         }
-        let ptr = self.root_ptr(root)?;
-        let first = match lookup_prev(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, start))? {
-            Some((k, _)) if k.objectid == ino && k.ty == EXTENT_DATA_KEY => k.offset,
-            _ => start,
-        };
-        let mut covered = Vec::new();
-        for item in TreeIter::new(
-            &self.fs.info,
-            &ptr,
-            Key::new(ino, EXTENT_DATA_KEY, first),
-            Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)),
-        )? {
-            let item = item?;
-            let fe = FileExtentItem::parse(item.data())
-                .map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
-            let len = match fe.body {
-                FileExtentBody::Inline { .. } => fe
-                    .ram_bytes
-                    .next_multiple_of(self.fs.info.sectorsize as u64),
-                FileExtentBody::Regular { num_bytes, .. } => num_bytes,
-            };
-            covered.push((item.key().offset, item.key().offset + len));
-        }
+        let ss = self.fs.info.sectorsize as u64;
+        let covered: Vec<(u64, u64)> = self
+            .extent_items(root, ino, start, end)?
+            .into_iter()
+            .map(|(k, fe)| {
+                let len = match fe.body {
+                    FileExtentBody::Inline { .. } => fe.ram_bytes.next_multiple_of(ss),
+                    FileExtentBody::Regular { num_bytes, .. } => num_bytes,
+                };
+                (k.offset, k.offset + len)
+            })
+            .collect();
         let mut pos = start;
         for (s, e) in covered {
             if s > pos {

@@ -243,7 +243,7 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
             ..Default::default()
         },
     );
-    let mut t = Trans::bare(info, chunk_tree_uuid);
+    let mut t = Trans::bare(crate::fs::Filesystem::from_info(info), chunk_tree_uuid);
     t.profiles.insert(BLOCK_GROUP_DATA, opts.data_profile);
     t.profiles
         .insert(BLOCK_GROUP_METADATA, opts.metadata_profile);

@@ -142,32 +142,11 @@ impl Trans {
                 fs.info.devices.len()
             )));
         }
-        let transid = sb.generation + 1;
         let chunk_root = fs.info.read_tree_block(sb.chunk_root, &Expect::default())?;
         let mut chunk_tree_uuid = [0u8; 16];
         chunk_tree_uuid.copy_from_slice(&chunk_root.data[0x40..0x50]);
-        let mut t = Trans {
-            fs,
-            transid,
-            delayed: DelayedRefs::default(),
-            bgs: BTreeMap::new(),
-            profiles: HashMap::new(),
-            dev_space: BTreeMap::new(),
-            dev_uuids: HashMap::new(),
-            pending_chunks: Vec::new(),
-            pinned: Vec::new(),
-            chunk_tree_uuid,
-            root_keys: HashMap::new(),
-            dirty_roots: BTreeSet::new(),
-            root_bytes_delta: HashMap::new(),
-            last_alloc: HashMap::new(),
-            search_mode: SearchMode::SizeIndex,
-            alloc_stats: AllocStats::default(),
-            next_ino: HashMap::new(),
-            _lock: Vec::new(),
-            commits: 0,
-            compress: None,
-        };
+        drop(chunk_root);
+        let mut t = Trans::bare(fs, chunk_tree_uuid);
         t.refuse_unfinished_work()?;
         t.load_devices()?;
         t.load_block_groups()?;
@@ -175,10 +154,10 @@ impl Trans {
     }
 
     /// A write handle over a filesystem being created (mkfs fills in the rest).
-    pub(crate) fn bare(info: FsInfo, chunk_tree_uuid: [u8; 16]) -> Trans {
-        let transid = info.sb.generation + 1;
+    pub(crate) fn bare(fs: crate::fs::Filesystem, chunk_tree_uuid: [u8; 16]) -> Trans {
+        let transid = fs.info.sb.generation + 1;
         Trans {
-            fs: crate::fs::Filesystem::from_info(info),
+            fs,
             transid,
             delayed: DelayedRefs::default(),
             bgs: BTreeMap::new(),
