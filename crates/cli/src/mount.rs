@@ -149,6 +149,21 @@ pub fn run(args: MountArgs) -> Result<()> {
     if let Some(mb) = o.cache_mb {
         opts.cache_bytes_max = mb.max(1) << 20;
     }
+    // A shared lock for the mount's life: ubtrfs writers (which take it exclusively)
+    // refuse the image while it is mounted, and we refuse one being written.
+    let mut _locks = Vec::new();
+    for p in &paths {
+        let f = std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+        match f.try_lock_shared() {
+            Ok(()) => _locks.push(f),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                anyhow::bail!("{} is being written by another ubtrfs process", p.display())
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", p.display()))
+            }
+        }
+    }
     let fs = Filesystem::open_paths(&paths, opts)
         .with_context(|| format!("cannot open {}", args.image))?;
     for w in fs.info.take_warnings() {
