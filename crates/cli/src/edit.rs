@@ -56,6 +56,9 @@ pub struct MkfsArgs {
     /// Compress file data copied by --rootdir: zlib, lzo or zstd, optionally :LEVEL.
     #[arg(long)]
     pub compress: Option<String>,
+    /// After --rootdir, shrink the image to what is used (chunks are kept small).
+    #[arg(long)]
+    pub shrink: bool,
     /// Overwrite an existing filesystem.
     #[arg(long, short = 'f')]
     pub force: bool,
@@ -129,8 +132,12 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         fsid: a.uuid.as_deref().map(parse_uuid).transpose()?,
         data_profile: parse_profile(&a.data)?,
         metadata_profile: parse_profile(&a.metadata)?,
+        shrink: a.shrink,
         ..Default::default()
     };
+    if a.shrink && a.rootdir.is_none() {
+        bail!("--shrink needs --rootdir");
+    }
     if let Some(f) = &a.features {
         for feat in f.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match feat {
@@ -177,6 +184,11 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         let size = parse_size(s)?;
         file.set_len(size)
             .with_context(|| format!("sizing {}", a.image.display()))?;
+    } else if a.shrink && file.metadata()?.len() == 0 {
+        // A sparse working size from the source's size; --shrink trims it after.
+        let src = a.rootdir.as_deref().context("--shrink needs --rootdir")?;
+        let bytes = dir_bytes(src)?;
+        file.set_len(bytes.saturating_mul(2).saturating_add(1 << 30))?;
     }
     drop(file);
     if let Some(root) = &a.rootdir {
@@ -214,6 +226,20 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         set_times(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, &md)?;
         c.finish();
         t.commit()?;
+        if a.shrink {
+            let end = t.shrink_to_fit()?;
+            t.commit()?;
+            drop(t);
+            let f = std::fs::OpenOptions::new().write(true).open(&a.image)?;
+            if f.metadata()?.file_type().is_file() {
+                f.set_len(end)
+                    .with_context(|| format!("shrinking {}", a.image.display()))?;
+            }
+            if !a.quiet {
+                println!("Shrunk to:          {end}");
+            }
+            return Ok(());
+        }
     }
     if !a.quiet {
         let sb = &t.fs.info.sb;
@@ -235,6 +261,24 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         println!("Checksum:           {}", opts.csum.name());
     }
     Ok(())
+}
+
+/// Bytes of file data under a directory (a sizing estimate for --shrink).
+fn dir_bytes(p: &Path) -> Result<u64> {
+    let mut total = 0u64;
+    let mut stack = vec![p.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
+            let e = e?;
+            let md = e.path().symlink_metadata()?;
+            if md.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += md.len() + 4096;
+            }
+        }
+    }
+    Ok(total)
 }
 
 fn ts(sec: i64, nsec: i64) -> Timespec {

@@ -271,7 +271,10 @@ impl Trans {
             }
         };
         // At most a tenth of the filesystem, as the kernel does, but never below what
-        // the caller needs.
+        // the caller needs; mkfs --shrink caps chunks so little space is left over.
+        let max_stripe = self
+            .chunk_size_max
+            .map_or(max_stripe, |c| max_stripe.min(c));
         let mut want = max_stripe.min((total / 10) & !((1 << 20) - 1));
         want = want.max(min_bytes.next_multiple_of(1 << 20)).max(1 << 20);
         if ty == BLOCK_GROUP_DATA {
@@ -464,6 +467,29 @@ impl Trans {
             },
         );
         Ok(())
+    }
+
+    /// Shrinks the (single) device to the end of its last device extent (mkfs
+    /// --shrink); returns the new size. Commit afterwards.
+    pub fn shrink_to_fit(&mut self) -> Result<u64> {
+        if self.dev_space.len() != 1 {
+            return Err(Error::Unsupported(
+                "shrinking a multi-device filesystem".into(),
+            ));
+        }
+        let (&devid, ds) = self.dev_space.iter_mut().next().expect("one device");
+        let end = ds.used.iter().map(|(s, l)| s + l).max().unwrap_or(1 << 20);
+        let end = end.next_multiple_of(self.fs.info.sectorsize as u64);
+        ds.total_bytes = end;
+        self.fs.info.sb.total_bytes = end;
+        self.fs.info.sb.dev_item.total_bytes = end;
+        let key = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid);
+        self.update_item(CHUNK_TREE_OBJECTID, &key, |d| {
+            if d.len() >= 16 {
+                d[8..16].copy_from_slice(&end.to_le_bytes());
+            }
+        })?;
+        Ok(end)
     }
 
     /// Inserts the items of chunks allocated in this transaction.

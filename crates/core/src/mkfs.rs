@@ -39,6 +39,8 @@ pub struct MkfsOptions {
     pub root_gid: u32,
     pub root_mode: u32,
     pub time: Option<Timespec>,
+    /// Small first chunks and capped new ones (for `shrink_to_fit` afterwards).
+    pub shrink: bool,
 }
 
 impl Default for MkfsOptions {
@@ -57,6 +59,7 @@ impl Default for MkfsOptions {
             root_gid: 0,
             root_mode: 0o40755,
             time: None,
+            shrink: false,
         }
     }
 }
@@ -123,10 +126,17 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     let chunk_tree_uuid = random_uuid();
     let copies = |p: u64| if p == BLOCK_GROUP_DUP { 2u64 } else { 1 };
     let sys_len = mib(8);
-    let meta_len = (size / 10).clamp(mib(32), mib(256)) & !(mib(1) - 1);
+    let meta_len = if opts.shrink {
+        mib(32)
+    } else {
+        (size / 10).clamp(mib(32), mib(256)) & !(mib(1) - 1)
+    };
     let used_meta = mib(1) + copies(opts.metadata_profile) * (sys_len + meta_len);
-    let data_len =
-        ((size - used_meta) / 10).clamp(mib(8).min(size - used_meta), mib(1024)) & !(mib(1) - 1);
+    let data_len = if opts.shrink {
+        mib(8)
+    } else {
+        ((size - used_meta) / 10).clamp(mib(8).min(size - used_meta), mib(1024)) & !(mib(1) - 1)
+    };
     if data_len == 0 || used_meta + copies(opts.data_profile) * data_len > size {
         return Err(Error::Invalid(format!(
             "device of {size} bytes is too small"
@@ -248,6 +258,9 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     t.profiles
         .insert(BLOCK_GROUP_METADATA, opts.metadata_profile);
     t.profiles.insert(BLOCK_GROUP_SYSTEM, opts.metadata_profile);
+    if opts.shrink {
+        t.chunk_size_max = Some(mib(64));
+    }
     let mut ds = DevSpace {
         total_bytes: size,
         bytes_used: 0,

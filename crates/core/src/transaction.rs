@@ -57,6 +57,8 @@ pub struct Trans {
     pub commits: u64,
     /// Compress file data on write (mkfs --compress, mount -o compress).
     pub compress: Option<(ubtrfs_compress::Compression, Option<i32>)>,
+    /// Upper bound of new chunks' size (mkfs --shrink).
+    pub chunk_size_max: Option<u64>,
 }
 
 impl std::fmt::Debug for Trans {
@@ -177,6 +179,7 @@ impl Trans {
             _lock: Vec::new(),
             commits: 0,
             compress: None,
+            chunk_size_max: None,
         }
     }
 
