@@ -1617,3 +1617,36 @@ fn edit_image_with_quotas() {
         "ubtrfs rm (of a file shared with a snapshot) with quotas enabled",
     );
 }
+
+/// `mkfs --shrink -r SRC` without --size: the image is cut to its last chunk, stays
+/// far smaller than a default-sized one, passes check and shows SRC in the kernel;
+/// subvolumes made with --subvol appear as the kernel's subvolumes.
+#[test]
+fn mkfs_shrink_and_subvolumes() {
+    if !have_root() {
+        return;
+    }
+    let _s = serial();
+    set_limit(120);
+    let work = tmpdir("shrink");
+    let src = work.path().join("src");
+    make_src_tree(&src);
+    fs::create_dir_all(src.join("sv/inner")).expect("mkdir sv");
+    write_file(&src.join("sv/inner/f"), b"in a subvolume\n");
+    let img = work.path().join("shrunk.img");
+    let imgs = img.display().to_string();
+    let srcs = src.display().to_string();
+    ubtrfs(&[
+        "mkfs", "-q", "--shrink", "-r", &srcs, "--subvol", "sv", &imgs,
+    ]);
+    check(&img, "mkfs --shrink");
+    let len = fs::metadata(&img).expect("stat image").len();
+    assert!(len < 200 << 20, "shrunk image is {len} bytes");
+    let k = KMount::new(&img, "ro");
+    let want = walk(&src, WalkOpts { mtime: true }, &[]);
+    let got = walk(&k.mnt, WalkOpts { mtime: true }, &[]);
+    assert_same("mkfs --shrink", "source", &want, "kernel", &got);
+    let list = sh(&format!("btrfs subvolume list {}", k.q()));
+    assert!(list.contains("path sv"), "subvolume list: {list}");
+    k.umount();
+}
