@@ -5,7 +5,7 @@
 //! of every tenth seed also goes through `btrfs check`.
 //!
 //! Environment:
-//! * `UBTRFS_MODEL_SEEDS=N`: run seeds 0..N (default 200; thousands for a long run);
+//! * `UBTRFS_MODEL_SEEDS=N`: run seeds 0..N (default 1000; more for a long run);
 //! * `UBTRFS_MODEL_OPS=M`: operations per seed (default 60);
 //! * `UBTRFS_MODEL_SEED=n`: run exactly seed n (what a failure asks for);
 //! * `UBTRFS_MODEL_BTRFS_CHECK=K`: btrfs check the final image of seeds divisible by K
@@ -69,7 +69,7 @@ fn model_random_workloads() {
     }
     let seeds: Vec<u64> = match env_u64("UBTRFS_MODEL_SEED") {
         Some(s) => vec![s],
-        None => (0..env_u64("UBTRFS_MODEL_SEEDS").unwrap_or(200)).collect(),
+        None => (0..env_u64("UBTRFS_MODEL_SEEDS").unwrap_or(1000)).collect(),
     };
     let threads = env_u64("UBTRFS_MODEL_THREADS")
         .map(|n| n as usize)
