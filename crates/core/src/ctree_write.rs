@@ -647,9 +647,66 @@ impl Trans {
         if left == 0 {
             self.del_ptr(root_id, path, level + 1)?;
             self.free_tree_block(root_id, node, level as u8)?;
-        } else if slot == 0 {
+            return Ok(());
+        }
+        if slot == 0 {
             if let Some(k) = first {
                 self.fixup_low_keys(path, level + 1, &k)?;
+            }
+        }
+        let max = (self.fs.info.nodesize as usize - HEADER_SIZE) / KEY_PTR_SIZE;
+        if left < max / 4 {
+            self.merge_node(root_id, path, level)?;
+        }
+        Ok(())
+    }
+
+    /// Moves all pointers of a small node into its left or right sibling when they
+    /// fit, then removes the emptied node from the parent.
+    fn merge_node(&mut self, root_id: u64, path: &WPath, level: usize) -> Result<()> {
+        let node = path.nodes[level].0;
+        let (parent, pslot) = path.nodes[level + 1];
+        let pblk = self.block(parent)?;
+        let pn = eb::nritems(&pblk.data);
+        let sib = |s: usize| {
+            (
+                eb::node_blockptr(&pblk.data, s),
+                eb::node_ptr_gen(&pblk.data, s),
+            )
+        };
+        let left_sib = (pslot > 0).then(|| sib(pslot - 1));
+        let right_sib = (pslot + 1 < pn).then(|| sib(pslot + 1));
+        drop(pblk);
+        let max = (self.fs.info.nodesize as usize - HEADER_SIZE) / KEY_PTR_SIZE;
+        let data = self.dirty_copy(node)?;
+        let n = eb::nritems(&data);
+        let expect = |g: u64| Expect {
+            level: Some(level as u8),
+            generation: Some(g),
+            first_key: None,
+        };
+        if let Some((lb, lg)) = left_sib {
+            if eb::nritems(&self.block(lb)?.data) + n <= max - 1 {
+                let l = self.cow_block(root_id, lb, Some((parent, pslot - 1)), expect(lg))?;
+                self.with_block(l, |b| {
+                    let ln = eb::nritems(b);
+                    eb::node_copy_ptrs(b, ln, &data, 0, n)
+                })?;
+                self.del_ptr(root_id, path, level + 1)?;
+                self.free_tree_block(root_id, node, level as u8)?;
+                return Ok(());
+            }
+        }
+        if let Some((rb, rg)) = right_sib {
+            let rn = eb::nritems(&self.block(rb)?.data);
+            if rn + n <= max - 1 {
+                let r = self.cow_block(root_id, rb, Some((parent, pslot + 1)), expect(rg))?;
+                let rdata = self.dirty_copy(r)?;
+                self.with_block(node, |b| eb::node_copy_ptrs(b, n, &rdata, 0, rn))?;
+                let mut p = path.clone();
+                p.nodes[level + 1].1 = pslot + 1;
+                self.del_ptr(root_id, &p, level + 1)?;
+                self.free_tree_block(root_id, r, level as u8)?;
             }
         }
         Ok(())
