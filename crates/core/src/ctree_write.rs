@@ -686,7 +686,7 @@ impl Trans {
             first_key: None,
         };
         if let Some((lb, lg)) = left_sib {
-            if eb::nritems(&self.block(lb)?.data) + n <= max - 1 {
+            if eb::nritems(&self.block(lb)?.data) + n < max {
                 let l = self.cow_block(root_id, lb, Some((parent, pslot - 1)), expect(lg))?;
                 self.with_block(l, |b| {
                     let ln = eb::nritems(b);
@@ -699,7 +699,7 @@ impl Trans {
         }
         if let Some((rb, rg)) = right_sib {
             let rn = eb::nritems(&self.block(rb)?.data);
-            if rn + n <= max - 1 {
+            if rn + n < max {
                 let r = self.cow_block(root_id, rb, Some((parent, pslot + 1)), expect(rg))?;
                 let rdata = self.dirty_copy(r)?;
                 self.with_block(node, |b| eb::node_copy_ptrs(b, n, &rdata, 0, rn))?;
