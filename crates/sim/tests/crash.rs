@@ -7,22 +7,38 @@
 //! one too), and hold exactly the model state of that commit. A sample of the images
 //! also goes through `btrfs check --readonly --check-data-csum`.
 //!
+//! The kernel is a second oracle (root only): the image after every flush at which a
+//! commit completed, and a reordered subset and a torn image inside two superblock-write
+//! batches, a tree-block batch and the unflushed tail, are mounted read-only through a
+//! loop device (undone by a Drop guard, also when a check fails). The kernel must mount
+//! each, at a committed generation (it reads the primary superblock only; a torn primary
+//! is first restored from the mirrors with `btrfs rescue super-recover`), log no btrfs
+//! errors, and show exactly the model state of that commit: every path, type, mode,
+//! nlink, size, content, symlink target, rdev, xattrs and hard-link identity.
+//!
 //! Environment: `UBTRFS_CRASH_SEED` (workload seed, default 1), `UBTRFS_CRASH_IMAGES`
-//! (crash images per flush point, default 4), `CI` (a missing `btrfs` binary fails the
-//! test instead of skipping the btrfs check part).
+//! (crash images per flush point, default 4), `CI` (a missing `btrfs` binary, or not
+//! being root, fails the test instead of skipping the btrfs check / kernel part).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use ubtrfs_core::dev::{Device, MemDevice};
 use ubtrfs_core::disk_io::read_best_super;
-use ubtrfs_core::format::consts::{super_mirror_offset, SUPER_INFO_OFFSET, SUPER_MIRROR_MAX};
+use ubtrfs_core::format::consts::{
+    super_mirror_offset, BTRFS_MAGIC, SUPER_INFO_OFFSET, SUPER_INFO_SIZE, SUPER_MIRROR_MAX,
+};
+use ubtrfs_core::format::superblock::SuperBlock;
+use ubtrfs_core::inode::kernel_rdev_to_user;
 use ubtrfs_sim::fault_dev::RecordingDevice;
 use ubtrfs_sim::model::{
-    btrfs_check_image, compare_tree, gen_op, have_btrfs, open_ro, FsConfig, Harness, Kind, Model,
-    Op,
+    btrfs_check_image, compare_tree, gen_op, have_btrfs, open_ro, show, FsConfig, Harness, Id,
+    Kind, Model, Op,
 };
 use ubtrfs_sim::rng::Rng;
 
@@ -228,6 +244,531 @@ impl Device for SliceDev<'_> {
     }
 }
 
+// ---------------------------------------------------------------------------------
+// The kernel as a second oracle: a sample of the images is mounted read-only through a
+// loop device and must show exactly the model state of the commit its primary
+// superblock names.
+
+/// True when the kernel part may run (root); without root it is skipped, unless `CI`
+/// is set, which makes a missing root a failure.
+fn kernel_oracle_enabled(btrfs: bool) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        if !btrfs {
+            eprintln!("crash: btrfs not found; skipping the kernel mount part");
+            return false;
+        }
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "the kernel mount part of the crash test needs root (loop devices, mount), and CI is set"
+    );
+    eprintln!("crash: not root; skipping the kernel mount part");
+    false
+}
+
+fn run_text(cmd: &mut Command) -> Result<String, String> {
+    let o = cmd.output().map_err(|e| format!("running {cmd:?}: {e}"))?;
+    let t = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    if o.status.success() {
+        Ok(t)
+    } else {
+        Err(format!("{cmd:?}: {}: {}", o.status, t.trim()))
+    }
+}
+
+fn dmesg_tail() -> String {
+    Command::new("sh")
+        .arg("-c")
+        .arg("dmesg | tail -n 20")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Writes a marker line into the kernel log (to find the lines one mount produced).
+fn kmsg_marker(tag: &str) {
+    if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") {
+        let _ = writeln!(f, "{tag}");
+    }
+}
+
+/// The kernel log lines after the last `tag` marker.
+fn dmesg_since(tag: &str) -> Vec<String> {
+    let out = Command::new("dmesg")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    let lines: Vec<&str> = out.lines().collect();
+    let start = lines
+        .iter()
+        .rposition(|l| l.ends_with(tag))
+        .map_or(0, |i| i + 1);
+    lines[start..].iter().map(|l| l.to_string()).collect()
+}
+
+/// Unregisters btrfs devices that are not mounted: every image has the same fsid.
+fn forget_devices(dev: Option<&str>) {
+    let _ = Command::new("btrfs")
+        .args(["device", "scan", "--forget"])
+        .args(dev)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// A read-only kernel mount of an image file through a loop device; unmounted and
+/// detached on drop (also when an assertion fails).
+struct KMount {
+    mnt: PathBuf,
+    dev: Option<String>,
+    mounted: bool,
+    _dir: tempfile::TempDir,
+}
+
+impl KMount {
+    fn new(img: &Path) -> Result<KMount, String> {
+        forget_devices(None);
+        let dir = tempfile::Builder::new()
+            .prefix("ubtrfs-crash-mnt")
+            .tempdir()
+            .map_err(|e| format!("tempdir: {e}"))?;
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
+        let dev = run_text(
+            Command::new("losetup")
+                .args(["-r", "-f", "--show"])
+                .arg(img),
+        )?
+        .trim()
+        .to_string();
+        let mut k = KMount {
+            mnt,
+            dev: Some(dev.clone()),
+            mounted: false,
+            _dir: dir,
+        };
+        let o = Command::new("mount")
+            .args(["-t", "btrfs", "-o", "ro", &dev])
+            .arg(&k.mnt)
+            .output()
+            .map_err(|e| format!("running mount: {e}"))?;
+        if !o.status.success() {
+            return Err(format!(
+                "kernel mount -o ro failed: {}{}\nkernel log:\n{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr),
+                dmesg_tail()
+            ));
+        }
+        k.mounted = true;
+        Ok(k)
+    }
+
+    /// Unmounts now (must succeed) and detaches the loop device.
+    fn umount(mut self) -> Result<(), String> {
+        run_text(Command::new("umount").arg(&self.mnt))?;
+        self.mounted = false;
+        self.detach();
+        Ok(())
+    }
+
+    fn detach(&mut self) {
+        if let Some(dev) = self.dev.take() {
+            forget_devices(Some(&dev));
+            let _ = Command::new("losetup").args(["-d", &dev]).status();
+        }
+    }
+}
+
+impl Drop for KMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            let ok = Command::new("umount")
+                .arg(&self.mnt)
+                .status()
+                .is_ok_and(|s| s.success());
+            if !ok {
+                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+            }
+            self.mounted = false;
+        }
+        self.detach();
+    }
+}
+
+/// Removes a file on drop.
+struct RemoveFile(PathBuf);
+
+impl Drop for RemoveFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The primary superblock's generation, or why the kernel would refuse it (the kernel
+/// mounts from the primary copy only).
+fn primary_generation(img: &[u8]) -> Result<u64, String> {
+    let buf = img
+        .get(SUPER_INFO_OFFSET as usize..SUPER_INFO_OFFSET as usize + SUPER_INFO_SIZE)
+        .ok_or("image too small")?;
+    let sb = SuperBlock::parse(buf).map_err(|e| e.to_string())?;
+    if sb.magic != BTRFS_MAGIC {
+        return Err("no btrfs magic".into());
+    }
+    sb.verify_csum()
+        .map_err(|_| "checksum mismatch".to_string())?;
+    sb.check(SUPER_INFO_OFFSET).map_err(|e| e.to_string())?;
+    Ok(sb.generation)
+}
+
+/// Compares what the kernel shows under `root` with the model: every path (and no
+/// other), type, mode, nlink, size, content, symlink target, rdev, xattrs, and that
+/// hard links are one inode and distinct model nodes distinct inodes.
+fn kernel_compare(root: &Path, m: &Model) -> Result<(), String> {
+    use std::os::unix::ffi::{OsStrExt, OsStringExt};
+    use std::os::unix::fs::MetadataExt;
+    const S_IFMT: u32 = 0o170000;
+    let type_name = |mode: u32| match mode & S_IFMT {
+        0o040000 => "dir",
+        0o100000 => "file",
+        0o120000 => "symlink",
+        0o010000 => "fifo",
+        0o140000 => "socket",
+        0o020000 => "chardev",
+        0o060000 => "blockdev",
+        _ => "?",
+    };
+    let mut ino_of: BTreeMap<Id, u64> = BTreeMap::new();
+    let mut id_of: BTreeMap<u64, Id> = BTreeMap::new();
+    for (path, id) in m.paths() {
+        let p = show(&path);
+        let n = m.node(id);
+        let full = root.join(std::ffi::OsStr::from_bytes(&path));
+        let md = std::fs::symlink_metadata(&full).map_err(|e| format!("{p}: lstat: {e}"))?;
+        if md.mode() & S_IFMT != n.mode & S_IFMT {
+            return Err(format!(
+                "{p}: kernel shows a {}, model a {}",
+                type_name(md.mode()),
+                type_name(n.mode)
+            ));
+        }
+        if md.mode() != n.mode {
+            return Err(format!("{p}: mode {:o}, model {:o}", md.mode(), n.mode));
+        }
+        if md.nlink() != u64::from(n.nlink) {
+            return Err(format!("{p}: nlink {}, model {}", md.nlink(), n.nlink));
+        }
+        match (ino_of.insert(id, md.ino()), id_of.insert(md.ino(), id)) {
+            (Some(a), _) if a != md.ino() => {
+                return Err(format!(
+                    "{p}: hard link with inode {}, another name of it has inode {a}",
+                    md.ino()
+                ))
+            }
+            (_, Some(other)) if other != id => {
+                return Err(format!(
+                    "{p}: inode {} is also a different model node",
+                    md.ino()
+                ))
+            }
+            _ => {}
+        }
+        match &n.kind {
+            Kind::Dir(entries) => {
+                let want: u64 = entries.keys().map(|k| 2 * k.len() as u64).sum();
+                if md.size() != want {
+                    return Err(format!(
+                        "{p}: directory size {}, expected {want}",
+                        md.size()
+                    ));
+                }
+                let mut got = BTreeMap::new();
+                for e in std::fs::read_dir(&full).map_err(|e| format!("{p}: readdir: {e}"))? {
+                    let e = e.map_err(|e| format!("{p}: readdir: {e}"))?;
+                    let ft = e.file_type().map_err(|err| format!("{p}: d_type: {err}"))?;
+                    let name = e.file_name().into_vec();
+                    let ty = if ft.is_dir() {
+                        "dir"
+                    } else if ft.is_symlink() {
+                        "symlink"
+                    } else if ft.is_file() {
+                        "file"
+                    } else {
+                        "special"
+                    };
+                    if got.insert(name.clone(), ty).is_some() {
+                        return Err(format!("{p}: readdir returns {} twice", show(&name)));
+                    }
+                }
+                let want: BTreeMap<Vec<u8>, &str> = entries
+                    .iter()
+                    .map(|(k, c)| {
+                        let t = match type_name(m.node(*c).mode) {
+                            t @ ("dir" | "symlink" | "file") => t,
+                            _ => "special",
+                        };
+                        (k.clone(), t)
+                    })
+                    .collect();
+                if got != want {
+                    let fmt = |s: &BTreeMap<Vec<u8>, &str>| {
+                        s.iter()
+                            .map(|(k, t)| format!("{}:{t}", k.escape_ascii()))
+                            .collect::<Vec<_>>()
+                    };
+                    return Err(format!(
+                        "{p}: entries {:?}, model {:?}",
+                        fmt(&got),
+                        fmt(&want)
+                    ));
+                }
+            }
+            Kind::File(data) => {
+                if md.size() != data.len() as u64 {
+                    return Err(format!("{p}: size {}, model {}", md.size(), data.len()));
+                }
+                let got = std::fs::read(&full).map_err(|e| format!("{p}: read: {e}"))?;
+                if got != *data {
+                    let first = got
+                        .iter()
+                        .zip(data)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(got.len().min(data.len()));
+                    return Err(format!(
+                        "{p}: content differs from byte {first} (read {} bytes, model {})",
+                        got.len(),
+                        data.len()
+                    ));
+                }
+            }
+            Kind::Symlink(target) => {
+                let got = std::fs::read_link(&full)
+                    .map_err(|e| format!("{p}: readlink: {e}"))?
+                    .into_os_string()
+                    .into_vec();
+                if got != *target || md.size() != target.len() as u64 {
+                    return Err(format!(
+                        "{p}: symlink target {} (size {}), model {}",
+                        show(&got),
+                        md.size(),
+                        show(target)
+                    ));
+                }
+            }
+            Kind::Special(rdev) => {
+                let want = kernel_rdev_to_user(*rdev);
+                if md.size() != 0 || md.rdev() != want {
+                    return Err(format!(
+                        "{p}: size {} rdev {:#x}, model rdev {want:#x}",
+                        md.size(),
+                        md.rdev()
+                    ));
+                }
+            }
+        }
+        let names: BTreeSet<Vec<u8>> = xattr::list(&full)
+            .map_err(|e| format!("{p}: listxattr: {e}"))?
+            .map(|n| n.into_vec())
+            .collect();
+        if names.iter().ne(n.xattrs.keys()) {
+            let fmt = |v: &mut dyn Iterator<Item = &Vec<u8>>| {
+                v.map(|k| k.escape_ascii().to_string()).collect::<Vec<_>>()
+            };
+            return Err(format!(
+                "{p}: xattrs {:?}, model {:?}",
+                fmt(&mut names.iter()),
+                fmt(&mut n.xattrs.keys())
+            ));
+        }
+        // The kernel hides the values of user.* xattrs on anything but regular files and
+        // directories (ENODATA); there only the listed name can be compared.
+        let user_hidden = !matches!(n.kind, Kind::Dir(_) | Kind::File(_));
+        for (k, v) in &n.xattrs {
+            let got = xattr::get(&full, std::ffi::OsStr::from_bytes(k))
+                .map_err(|e| format!("{p}: getxattr {}: {e}", k.escape_ascii()))?;
+            match got {
+                Some(g) if g == *v => {}
+                None if user_hidden && k.starts_with(b"user.") => {}
+                g => {
+                    let head = |b: &[u8]| b[..b.len().min(16)].escape_ascii().to_string();
+                    return Err(format!(
+                        "{p}: xattr {} is {}, model {} bytes {:?}...",
+                        k.escape_ascii(),
+                        g.map_or("missing (ENODATA)".into(), |g| format!(
+                            "{} bytes {:?}...",
+                            g.len(),
+                            head(&g)
+                        )),
+                        v.len(),
+                        head(v)
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes the image to a temporary file, mounts it read-only in the kernel and
+/// compares with the commit the primary superblock names (one of `ok`). Returns the
+/// generation and how long it took. A primary superblock the kernel cannot use (torn)
+/// is first restored from the newest valid mirror with `btrfs rescue super-recover`,
+/// as an administrator would; that is noted in the result.
+fn kernel_check(
+    img: &[u8],
+    commits: &[Committed],
+    ok: &[usize],
+    what: &str,
+) -> Result<(u64, bool), String> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let shm = Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join(format!(
+        "ubtrfs-crash-kernel-{}-{}.img",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _rm = RemoveFile(path.clone());
+    let fail = |e: String| format!("{what}: kernel: {e}");
+    {
+        let f = std::fs::File::create(&path).map_err(|e| fail(format!("{e}")))?;
+        f.set_len(img.len() as u64)
+            .map_err(|e| fail(format!("{e}")))?;
+        for (i, block) in img.chunks(4096).enumerate() {
+            if block.iter().any(|&b| b != 0) {
+                f.write_all_at(block, (i * 4096) as u64)
+                    .map_err(|e| fail(format!("{e}")))?;
+            }
+        }
+    }
+    let mut recovered = false;
+    let generation = match primary_generation(img) {
+        Ok(g) => g,
+        Err(why) => {
+            // Exit status 2 with this message means the bad copies were rewritten.
+            let o = Command::new("btrfs")
+                .args(["rescue", "super-recover", "-y"])
+                .arg(&path)
+                .output()
+                .map_err(|e| fail(format!("running btrfs rescue super-recover: {e}")))?;
+            let out = format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            if o.status.code() != Some(2) || !out.contains("Recovered bad superblocks successful") {
+                return Err(fail(format!(
+                    "primary superblock unusable ({why}); btrfs rescue super-recover: {}:\n{out}",
+                    o.status
+                )));
+            }
+            recovered = true;
+            let mut buf = vec![0u8; SUPER_INFO_SIZE];
+            std::fs::File::open(&path)
+                .and_then(|f| f.read_exact_at(&mut buf, SUPER_INFO_OFFSET))
+                .map_err(|e| fail(format!("{e}")))?;
+            let mut probe = vec![0u8; SUPER_INFO_OFFSET as usize];
+            probe.extend_from_slice(&buf);
+            primary_generation(&probe).map_err(|e| {
+                fail(format!(
+                    "primary superblock unusable ({why}); after super-recover: {e}\n{out}"
+                ))
+            })?
+        }
+    };
+    let Some(&k) = ok.iter().find(|&&k| commits[k].generation == generation) else {
+        let want: Vec<u64> = ok.iter().map(|&k| commits[k].generation).collect();
+        return Err(fail(format!(
+            "primary superblock{} has generation {generation}, expected one of {want:?}",
+            if recovered {
+                " (after super-recover)"
+            } else {
+                ""
+            }
+        )));
+    };
+    let tag = format!(
+        "ubtrfs-crash-kernel-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    );
+    kmsg_marker(&tag);
+    let m = KMount::new(&path).map_err(fail)?;
+    let cmp = kernel_compare(&m.mnt, &commits[k].model);
+    let um = m.umount();
+    let log = dmesg_since(&tag);
+    let bad: Vec<&String> = log
+        .iter()
+        .filter(|l| {
+            let l = l.to_ascii_lowercase();
+            l.contains("btrfs")
+                && [
+                    "error",
+                    "critical",
+                    "corrupt",
+                    "csum failed",
+                    "bad tree block",
+                ]
+                .iter()
+                .any(|w| l.contains(w))
+        })
+        .collect();
+    let rec = if recovered {
+        " (primary superblock restored by super-recover)"
+    } else {
+        ""
+    };
+    cmp.map_err(|e| {
+        fail(format!(
+            "generation {generation}{rec}: {e}\nkernel log:\n{}",
+            log.join("\n")
+        ))
+    })?;
+    um.map_err(fail)?;
+    if !bad.is_empty() {
+        return Err(fail(format!(
+            "generation {generation}{rec}: kernel logged errors:\n{}",
+            log.join("\n")
+        )));
+    }
+    Ok((generation, recovered))
+}
+
+/// The kernel sample: `(description, flush point, inside the batch)` for the image
+/// after every flush at which a commit completed, and a reordered subset and a torn
+/// image inside a few batches: two superblock-write batches, a tree-block batch and the
+/// unflushed tail. Crash images come from the same generator as the ubtrfs pass.
+fn kernel_sample(
+    commits: &[Committed],
+    flushes: usize,
+) -> (Vec<usize>, Vec<(usize, &'static str)>) {
+    let after: Vec<usize> = commits.iter().map(|c| c.flushes).collect();
+    let mut inside = Vec::new();
+    let last = commits.len() - 1;
+    for (k, kind) in [(last / 3, "superblock batch"), (last, "superblock batch")] {
+        if k >= 1 {
+            inside.push((commits[k].flushes - 1, kind));
+        }
+    }
+    // The batch after the previous commit holds the transaction's data and tree blocks.
+    let k = (2 * last / 3).max(1);
+    if commits[k].flushes >= commits[k - 1].flushes + 2 {
+        inside.push((commits[k - 1].flushes, "tree-block batch"));
+    }
+    inside.push((flushes, "unflushed tail"));
+    (after, inside)
+}
+
 #[test]
 fn crash_consistency() {
     let seed = env_u64("UBTRFS_CRASH_SEED").unwrap_or(1);
@@ -250,6 +791,10 @@ fn crash_consistency() {
         eprintln!("crash: btrfs not found; skipping the btrfs check part");
     }
 
+    let kernel = kernel_oracle_enabled(btrfs);
+    // Kernel mounts: (count, restored by super-recover, time spent).
+    let kernel_stats = Mutex::new((0usize, 0usize, std::time::Duration::ZERO));
+
     let failures: Mutex<Vec<String>> = Mutex::new(Vec::new());
     // btrfs check runs: (count, time spent); at most BTRFS_CHECKS_MAX.
     let checks = Mutex::new((0usize, std::time::Duration::ZERO));
@@ -261,6 +806,48 @@ fn crash_consistency() {
     let first_fs = commits[0].flushes;
     let start = std::time::Instant::now();
     std::thread::scope(|s| {
+        if kernel {
+            // One thread mounts the kernel sample (one mount at a time: every image has
+            // the same fsid) while the others verify with ubtrfs.
+            s.spawn(|| {
+                let t0 = std::time::Instant::now();
+                let (after, inside) = kernel_sample(&commits, flushes);
+                let run = |what: String, img: Vec<u8>, ok: Vec<usize>| match kernel_check(
+                    &img, &commits, &ok, &what,
+                ) {
+                    Ok((g, recovered)) => {
+                        eprintln!(
+                            "crash: kernel: {what}: generation {g}{}",
+                            if recovered {
+                                " (primary superblock restored by super-recover)"
+                            } else {
+                                ""
+                            }
+                        );
+                        let mut k = kernel_stats.lock().unwrap();
+                        k.0 += 1;
+                        k.1 += usize::from(recovered);
+                    }
+                    Err(e) => failures.lock().unwrap().push(e),
+                };
+                for n in after {
+                    let (ok, _) = allowed(&commits, n, false);
+                    run(
+                        format!("image after flush {n}"),
+                        rec.image_after_flush(n),
+                        ok,
+                    );
+                }
+                for (n, kind) in inside {
+                    let (ok, _) = allowed(&commits, n, true);
+                    // The generator's cycle: prefix, subset (reordered), torn.
+                    for (d, img) in rec.crash_images(n, seed ^ 0xC0FFEE, 3).into_iter().skip(1) {
+                        run(format!("{d} ({kind})"), img, ok.clone());
+                    }
+                }
+                kernel_stats.lock().unwrap().2 = t0.elapsed();
+            });
+        }
         for _ in 0..threads {
             s.spawn(|| loop {
                 let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -341,6 +928,13 @@ fn crash_consistency() {
     if btrfs {
         let (n, time) = checks.into_inner().unwrap();
         eprintln!("crash: btrfs check ran on {n} images ({time:.1?} in total)");
+    }
+
+    if kernel {
+        let (n, recovered, time) = kernel_stats.into_inner().unwrap();
+        eprintln!(
+            "crash: kernel mounted and matched {n} images ({recovered} after super-recover) in {time:.1?}"
+        );
     }
 
     let failures = failures.into_inner().unwrap();
