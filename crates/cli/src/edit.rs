@@ -56,6 +56,10 @@ pub struct MkfsArgs {
     /// Compress file data copied by --rootdir: zlib, lzo or zstd, optionally :LEVEL.
     #[arg(long)]
     pub compress: Option<String>,
+    /// With --rootdir: share file data with the source (reflink) instead of copying,
+    /// where the host filesystem allows (source and image on the same btrfs or XFS).
+    #[arg(long)]
+    pub reflink: bool,
     /// After --rootdir, shrink the image to what is used (chunks are kept small).
     #[arg(long)]
     pub shrink: bool,
@@ -209,6 +213,10 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
     t.compress = a.compress.as_deref().map(parse_compress).transpose()?;
     if let Some(root) = &a.rootdir {
         let mut c = Copier::new(!a.quiet && std::io::stderr().is_terminal());
+        c.reflink = a.reflink;
+        if a.reflink && t.compress.is_some() {
+            bail!("--reflink and --compress exclude each other");
+        }
         for sv in &a.subvols {
             let p = root.join(sv);
             if !p.is_dir() {
@@ -364,6 +372,8 @@ pub struct Copier {
     links: HashMap<(u64, u64), (u64, u64)>,
     /// Directories (canonical host paths) to create as subvolumes.
     pub subvols: Vec<PathBuf>,
+    /// Share file data with the source (mkfs --reflink).
+    pub reflink: bool,
     bar: Option<ProgressBar>,
     pub files: u64,
     pub bytes: u64,
@@ -382,6 +392,7 @@ impl Copier {
         Copier {
             links: HashMap::new(),
             subvols: Vec::new(),
+            reflink: false,
             bar,
             files: 0,
             bytes: 0,
@@ -503,6 +514,23 @@ impl Copier {
         size: u64,
     ) -> Result<()> {
         let mut f = std::fs::File::open(src).with_context(|| src.display().to_string())?;
+        if self.reflink && !t.reflink_failed {
+            t.reflink_source = Some(Arc::new(f.try_clone()?));
+        }
+        let r = self.copy_data_from(t, root, ino, src, &mut f, size);
+        t.reflink_source = None;
+        r
+    }
+
+    fn copy_data_from(
+        &mut self,
+        t: &mut Trans,
+        root: u64,
+        ino: u64,
+        src: &Path,
+        f: &mut std::fs::File,
+        size: u64,
+    ) -> Result<()> {
         let mut pos = 0u64;
         let chunk = MAX_EXTENT_SIZE as usize;
         let mut buf = vec![0u8; chunk.min(size as usize)];
@@ -510,7 +538,7 @@ impl Copier {
             // Skip holes: they stay holes.
             // ENXIO: only a hole remains up to the end (truncate below sets the size).
             let data = match nix::unistd::lseek(
-                std::os::fd::AsRawFd::as_raw_fd(&f),
+                std::os::fd::AsRawFd::as_raw_fd(&*f),
                 pos as i64,
                 nix::unistd::Whence::SeekData,
             ) {
@@ -522,7 +550,7 @@ impl Copier {
                 break;
             }
             let hole = nix::unistd::lseek(
-                std::os::fd::AsRawFd::as_raw_fd(&f),
+                std::os::fd::AsRawFd::as_raw_fd(&*f),
                 data as i64,
                 nix::unistd::Whence::SeekHole,
             )

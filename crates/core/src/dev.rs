@@ -16,6 +16,18 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn size(&self) -> u64;
     /// For messages.
     fn name(&self) -> String;
+    /// Shares `len` bytes of `src` at `src_offset` into this device at `offset`
+    /// without copying (reflink), where the host filesystem can; all offsets and
+    /// `len` block aligned. Devices that cannot say Unsupported.
+    fn clone_from_file(
+        &self,
+        _src: &File,
+        _src_offset: u64,
+        _offset: u64,
+        _len: u64,
+    ) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
 }
 
 /// A regular file or block device.
@@ -51,6 +63,46 @@ fn device_size(file: &File) -> io::Result<u64> {
 }
 
 impl Device for FileDevice {
+    fn clone_from_file(
+        &self,
+        src: &File,
+        src_offset: u64,
+        offset: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        #[repr(C)]
+        struct FileCloneRange {
+            src_fd: i64,
+            src_offset: u64,
+            src_length: u64,
+            dest_offset: u64,
+        }
+        // _IOW(0x94, 13, struct file_clone_range)
+        const FICLONERANGE: libc::c_ulong = 0x4020_940d;
+        let arg = FileCloneRange {
+            src_fd: src.as_raw_fd() as i64,
+            src_offset,
+            src_length: len,
+            dest_offset: offset,
+        };
+        // SAFETY: FICLONERANGE reads one file_clone_range from the pointer, which is
+        // valid and correctly laid out (repr(C)) for the duration of the call; both
+        // descriptors are open for the call's duration.
+        let r = unsafe {
+            libc::ioctl(
+                self.file.as_raw_fd(),
+                FICLONERANGE as _,
+                &arg as *const FileCloneRange,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         if offset
             .checked_add(buf.len() as u64)

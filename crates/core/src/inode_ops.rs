@@ -825,9 +825,15 @@ impl Trans {
             let want = (aligned_len - pos).min(MAX_EXTENT_SIZE);
             let (bytenr, got) = self.alloc_data(want)?;
             let chunk = &buf[pos as usize..(pos + got) as usize];
-            self.write_logical(bytenr, chunk)?;
-            self.csum_data(bytenr, chunk)?;
             let fo = buf_start + pos;
+            // Bytes of this piece that came from the caller (the rest is padding).
+            let valid = (offset + data.len() as u64).saturating_sub(fo).min(got);
+            let cloned = match self.reflink_source.clone() {
+                Some(src) if buf_start == offset => self.clone_data(bytenr, &src, fo, valid)?,
+                _ => 0,
+            };
+            self.write_logical(bytenr + cloned, &chunk[cloned as usize..])?;
+            self.csum_data(bytenr, chunk)?;
             let body = FileExtentBody::Regular {
                 disk_bytenr: bytenr,
                 disk_num_bytes: got,
@@ -1069,6 +1075,44 @@ impl Trans {
             self.write_inode(root, ino, &i)?;
         }
         Ok(())
+    }
+
+    /// Shares the whole blocks of `src` at `src_offset` (up to `len` bytes) into the
+    /// data extent at `bytenr` instead of writing them (mkfs --reflink): single-copy
+    /// data chunks on a host filesystem that can reflink. Returns how many bytes were
+    /// shared (0 when it could not: the caller writes them).
+    fn clone_data(
+        &mut self,
+        bytenr: u64,
+        src: &std::sync::Arc<std::fs::File>,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let ss = self.fs.info.sectorsize as u64;
+        let whole = len - len % ss;
+        if whole == 0 || !src_offset.is_multiple_of(4096) {
+            return Ok(0);
+        }
+        let e = self.fs.info.chunk_map.lookup(bytenr)?;
+        if e.num_mirrors() != 1 || e.ty & BLOCK_GROUP_PROFILE_MASK != 0 {
+            return Ok(0);
+        }
+        let p = e.map(bytenr, 0)?;
+        if p.len < whole || !p.offset.is_multiple_of(4096) {
+            return Ok(0);
+        }
+        let Some(dev) = self.fs.info.devices.get(&p.devid).cloned() else {
+            return Ok(0);
+        };
+        match dev.clone_from_file(src, src_offset, p.offset, whole) {
+            Ok(()) => Ok(whole),
+            Err(_) => {
+                // Not this host filesystem: stop trying, copy instead.
+                self.reflink_source = None;
+                self.reflink_failed = true;
+                Ok(0)
+            }
+        }
     }
 
     fn has_inline(&self, root: u64, ino: u64) -> Result<bool> {

@@ -59,6 +59,11 @@ pub struct Trans {
     pub compress: Option<(ubtrfs_compress::Compression, Option<i32>)>,
     /// Upper bound of new chunks' size (mkfs --shrink).
     pub chunk_size_max: Option<u64>,
+    /// While set, `write` shares the data from this file (same offsets) instead of
+    /// writing it, where it can (mkfs --reflink).
+    pub reflink_source: Option<Arc<std::fs::File>>,
+    /// A reflink was refused by the host filesystem (data was copied instead).
+    pub reflink_failed: bool,
 }
 
 impl std::fmt::Debug for Trans {
@@ -180,6 +185,8 @@ impl Trans {
             commits: 0,
             compress: None,
             chunk_size_max: None,
+            reflink_source: None,
+            reflink_failed: false,
         }
     }
 
