@@ -56,6 +56,9 @@ impl FileExtent {
     }
 }
 
+/// Compressed extents a read must span before it is decoded on two threads.
+const PARALLEL_DECODE_EXTENTS_MIN: usize = 4;
+
 impl Filesystem {
     /// Positions a path at the extent item covering `offset` (or the first after it).
     fn extent_path(&self, node: Node, offset: u64) -> Result<Option<Path>> {
@@ -137,15 +140,45 @@ impl Filesystem {
         let end = inode.size.min(offset.saturating_add(len as u64));
         let mut out = vec![0u8; (end - offset) as usize];
         let verify = self.info.opts.verify_data_csum && inode.flags & INODE_NODATASUM == 0;
+        let mut extents = Vec::new();
         self.for_each_extent(node, offset, end, |fe| {
-            let s = fe.file_offset.max(offset);
-            let e = fe.end().min(end);
-            if s < e {
-                let dst = &mut out[(s - offset) as usize..(e - offset) as usize];
-                self.read_extent_part(node, fe, s, dst, verify)?;
-            }
+            extents.push(fe.clone());
             Ok(true)
         })?;
+        // Fills `out` (file bytes from `base`) from extents that all lie in it.
+        let fill = |fes: &[FileExtent], out: &mut [u8], base: u64| -> Result<()> {
+            for fe in fes {
+                let s = fe.file_offset.max(base);
+                let e = fe.end().min(base + out.len() as u64);
+                if s < e {
+                    let dst = &mut out[(s - base) as usize..(e - base) as usize];
+                    self.read_extent_part(node, fe, s, dst, verify)?;
+                }
+            }
+            Ok(())
+        };
+        // Decoding is CPU-bound: a large read over several compressed extents is split
+        // in two at an extent boundary and decoded on two threads.
+        let compressed = extents
+            .iter()
+            .filter(|fe| fe.item.compression != 0 && fe.item.ty != FILE_EXTENT_INLINE)
+            .count();
+        if compressed >= PARALLEL_DECODE_EXTENTS_MIN && extents.len() >= 2 {
+            let mid = extents.len() / 2;
+            let split = extents[mid].file_offset.clamp(offset, end);
+            let (a, b) = out.split_at_mut((split - offset) as usize);
+            let (first, second) = extents.split_at(mid);
+            std::thread::scope(|sc| {
+                let h = sc.spawn(|| fill(second, b, split));
+                let r1 = fill(first, a, offset);
+                let r2 = h
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::corrupt("decoder thread panicked")));
+                r1.and(r2)
+            })?;
+        } else {
+            fill(&extents, &mut out, offset)?;
+        }
         Ok(out)
     }
 
