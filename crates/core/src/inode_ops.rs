@@ -87,6 +87,22 @@ pub fn file_extent_bytes(
     .to_bytes()
 }
 
+/// Byte range of the entry named `name` among the packed dir_item entries of a
+/// DIR_ITEM or XATTR_ITEM (30-byte header, name, data).
+fn dir_entry_span(d: &[u8], name: &[u8]) -> Option<(usize, usize)> {
+    let mut pos = 0;
+    while pos + 30 <= d.len() {
+        let dl = u16::from_le_bytes([d[pos + 25], d[pos + 26]]) as usize;
+        let nl = u16::from_le_bytes([d[pos + 27], d[pos + 28]]) as usize;
+        let end = pos + 30 + nl + dl;
+        if d.get(pos + 30..pos + 30 + nl) == Some(name) {
+            return Some((pos, end));
+        }
+        pos = end;
+    }
+    None
+}
+
 impl Trans {
     fn no_holes(&self) -> bool {
         self.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES != 0
@@ -341,19 +357,7 @@ impl Trans {
         }
         let index = self.del_inode_ref(root, ino, dir, name)?;
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
-        self.remove_from_item(root, &dkey, |d| {
-            let mut pos = 0;
-            while pos + 30 <= d.len() {
-                let dl = u16::from_le_bytes([d[pos + 25], d[pos + 26]]) as usize;
-                let nl = u16::from_le_bytes([d[pos + 27], d[pos + 28]]) as usize;
-                let end = pos + 30 + nl + dl;
-                if d.get(pos + 30..pos + 30 + nl) == Some(name) {
-                    return Some((pos, end));
-                }
-                pos = end;
-            }
-            None
-        })?;
+        self.remove_from_item(root, &dkey, |d| dir_entry_span(d, name))?;
         self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
         let mut d = self.read_inode(root, dir)?;
         d.size = d.size.saturating_sub(name.len() as u64 * 2);
@@ -1390,19 +1394,7 @@ impl Trans {
 
     fn remove_xattr_entry(&mut self, root: u64, ino: u64, name: &[u8]) -> Result<bool> {
         let key = Key::new(ino, XATTR_ITEM_KEY, name_hash(name));
-        self.remove_from_item(root, &key, |d| {
-            let mut pos = 0;
-            while pos + 30 <= d.len() {
-                let dl = u16::from_le_bytes([d[pos + 25], d[pos + 26]]) as usize;
-                let nl = u16::from_le_bytes([d[pos + 27], d[pos + 28]]) as usize;
-                let end = pos + 30 + nl + dl;
-                if d.get(pos + 30..pos + 30 + nl) == Some(name) {
-                    return Some((pos, end));
-                }
-                pos = end;
-            }
-            None
-        })
+        self.remove_from_item(root, &key, |d| dir_entry_span(d, name))
     }
 
     /// Names in a directory (DIR_INDEX order) with their inodes.
