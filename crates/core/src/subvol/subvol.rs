@@ -1,6 +1,6 @@
 //! Subvolumes and snapshots: ROOT_ITEMs, ROOT_REF/ROOT_BACKREF links and their paths.
 
-use crate::ctree::{lookup_exact, TreeIter};
+use crate::tree::ctree::{lookup_exact, TreeIter};
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
 use serde::Serialize;

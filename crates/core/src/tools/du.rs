@@ -6,7 +6,7 @@
 
 use crate::backref::ShareCtx;
 use crate::error::Result;
-use crate::fiemap::*;
+use crate::tools::fiemap::*;
 use crate::fs::{Filesystem, Node, S_IFDIR, S_IFMT, S_IFREG};
 use serde::Serialize;
 use std::collections::HashSet;

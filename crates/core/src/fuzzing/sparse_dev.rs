@@ -17,7 +17,7 @@
 //! refuses (returns None) sizes over [`SPARSE_SIZE_MAX`], more than
 //! [`SPARSE_BLOCKS_MAX`] records, and blocks at or past the declared size.
 
-use crate::dev::Device;
+use crate::io::dev::Device;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::RwLock;

@@ -14,14 +14,19 @@
 //! Until step 4 completes the previous superblock describes an intact filesystem: no
 //! block it references was overwritten, because freed space stays pinned until then.
 
-use crate::block_group::{super_offset, BlockGroup, DevSpace, PendingChunk};
-use crate::ctree::TreeIter;
-use crate::delayed_ref::DelayedRefs;
-use crate::disk_io::{FsInfo, OpenOptions, RootPtr};
+
+pub(crate) mod cow;
+pub(crate) mod extent_tree;
+pub(crate) mod free_space_tree;
+
+use crate::alloc::block_group::{super_offset, BlockGroup, DevSpace, PendingChunk};
+use crate::tree::ctree::TreeIter;
+use crate::alloc::delayed_ref::DelayedRefs;
+use crate::io::disk_io::{FsInfo, OpenOptions, RootPtr};
 use crate::error::{Error, Result};
-use crate::extent_tree::AllocStats;
-use crate::free_space_cache::SearchMode;
-use crate::tree_checker::{check_block, check_header, Expect};
+use crate::transaction::extent_tree::AllocStats;
+use crate::alloc::free_space_cache::SearchMode;
+use crate::tree::tree_checker::{check_block, check_header, Expect};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
@@ -83,8 +88,8 @@ impl Trans {
                 std::io::ErrorKind::ResourceBusy => Error::Busy(e.to_string()),
                 _ => Error::io(p.display().to_string(), e),
             };
-            crate::dev::refuse_if_mounted(p).map_err(busy)?;
-            locks.push(crate::dev::lock_exclusive(p).map_err(busy)?);
+            crate::io::dev::refuse_if_mounted(p).map_err(busy)?;
+            locks.push(crate::io::dev::lock_exclusive(p).map_err(busy)?);
         }
         let opts = OpenOptions {
             writable: true,
@@ -203,7 +208,7 @@ impl Trans {
     /// Balance or relocation left half done needs the kernel to finish it.
     fn refuse_unfinished_work(&self) -> Result<()> {
         let root = self.fs.info.root_tree_ptr();
-        let bal = crate::ctree::lookup_prev(
+        let bal = crate::tree::ctree::lookup_prev(
             &self.fs.info,
             &root,
             Key::new(BALANCE_OBJECTID, TEMPORARY_ITEM_KEY, u64::MAX),
@@ -213,7 +218,7 @@ impl Trans {
                 "a balance is paused or interrupted; finish it with the kernel first".into(),
             ));
         }
-        let reloc = crate::ctree::lookup_prev(
+        let reloc = crate::tree::ctree::lookup_prev(
             &self.fs.info,
             &root,
             Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
@@ -288,7 +293,7 @@ impl Trans {
             }
         }
         let root = self.fs.info.root_tree_ptr();
-        match crate::ctree::lookup_prev(
+        match crate::tree::ctree::lookup_prev(
             &self.fs.info,
             &root,
             Key::new(id, ROOT_ITEM_KEY, u64::MAX),
@@ -363,7 +368,7 @@ impl Trans {
         const STATUS_FLAG_INCONSISTENT: u64 = 1 << 2;
         let key = Key::new(0, QGROUP_STATUS_KEY, 0);
         let ptr = self.root_ptr(QUOTA_TREE_OBJECTID)?;
-        let Some(item) = crate::ctree::lookup_exact(&self.fs.info, &ptr, &key)? else {
+        let Some(item) = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)? else {
             return Ok(());
         };
         let flags = ubtrfs_format::bytes::le64(item.data(), 16, "qgroup status")
@@ -478,7 +483,7 @@ impl Trans {
     }
 
     fn write_dirty_blocks(&mut self) -> Result<()> {
-        let blocks: Vec<Arc<crate::disk_io::TreeBlock>> = {
+        let blocks: Vec<Arc<crate::io::disk_io::TreeBlock>> = {
             let mut d = self
                 .fs
                 .info
@@ -493,8 +498,8 @@ impl Trans {
         ctx.super_generation = self.transid;
         for b in blocks {
             let mut data = b.data.clone();
-            let flags = crate::extent_io::flags(&data) | HEADER_FLAG_WRITTEN;
-            crate::extent_io::set_flags(&mut data, flags);
+            let flags = crate::tree::block_edit::flags(&data) | HEADER_FLAG_WRITTEN;
+            crate::tree::block_edit::set_flags(&mut data, flags);
             ubtrfs_format::tree::finish_block(&mut data, self.fs.info.csum_type);
             // Never write a block the tree checker would reject on read.
             check_header(&ctx, b.bytenr, &data, &Expect::default())
@@ -505,7 +510,7 @@ impl Trans {
             self.write_logical(b.bytenr, &data)?;
             self.fs
                 .info
-                .cache_insert(Arc::new(crate::disk_io::TreeBlock {
+                .cache_insert(Arc::new(crate::io::disk_io::TreeBlock {
                     bytenr: b.bytenr,
                     data,
                 }));
@@ -575,7 +580,7 @@ impl Trans {
             sb.backup_roots.resize(4, RootBackup::default());
         }
         sb.backup_roots[slot] = backup;
-        let devs: Vec<(u64, Arc<dyn crate::dev::Device>)> = self
+        let devs: Vec<(u64, Arc<dyn crate::io::dev::Device>)> = self
             .fs
             .info
             .devices

@@ -4,8 +4,8 @@
 //! first needs a block group; rewritten at commit for dirty block groups by diffing the
 //! wanted items against the stored ones, so an unchanged group costs one search.
 
-use crate::block_group::{FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
-use crate::ctree::TreeIter;
+use crate::alloc::block_group::{FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
+use crate::tree::ctree::TreeIter;
 use crate::error::{Error, Result};
 use crate::transaction::Trans;
 use ubtrfs_format::consts::*;

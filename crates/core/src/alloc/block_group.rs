@@ -11,9 +11,9 @@
 //!   free-space tree must hold after the commit. Running delayed refs updates it.
 
 use crate::error::{Error, Result};
-use crate::free_space_cache::FreeSpaceIndex;
+use crate::alloc::free_space_cache::FreeSpaceIndex;
 use crate::transaction::Trans;
-use crate::volumes::{MapEntry, MapStripe};
+use crate::io::volumes::{MapEntry, MapStripe};
 use std::collections::BTreeMap;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{BlockGroupItem, Chunk, Stripe};
@@ -149,7 +149,7 @@ impl Trans {
         for e in entries {
             let key = Key::new(e.start, BLOCK_GROUP_ITEM_KEY, e.length);
             let ptr = self.root_ptr(tree)?;
-            let item = crate::ctree::lookup_exact(&self.fs.info, &ptr, &key)?.ok_or_else(|| {
+            let item = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)?.ok_or_else(|| {
                 Error::corrupt(format!(
                     "chunk at logical {} has no block group item",
                     e.start

@@ -13,10 +13,10 @@
 //! for the whole run (the image does not change under us), which is the kernel's
 //! per-path cache made exact and global.
 
-use crate::ctree::{next_item, read_root, search_forward, Path};
-use crate::disk_io::{FsInfo, RootPtr};
+use crate::tree::ctree::{next_item, read_root, search_forward, Path};
+use crate::io::disk_io::{FsInfo, RootPtr};
 use crate::error::{Error, Result};
-use crate::tree_checker::Expect;
+use crate::tree::tree_checker::Expect;
 use std::collections::HashMap;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{ExtentDataRef, ExtentItem, FileExtentBody, FileExtentItem, InlineRef};
@@ -473,7 +473,7 @@ impl RefGraph for FsRefGraph<'_> {
     }
 }
 
-fn slot_for(node: &crate::disk_io::TreeBlock, key: &Key) -> Result<usize> {
+fn slot_for(node: &crate::io::disk_io::TreeBlock, key: &Key) -> Result<usize> {
     let v = node.view();
     let (mut lo, mut hi) = (0usize, node.nritems());
     while lo < hi {

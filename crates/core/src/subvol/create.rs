@@ -2,7 +2,7 @@
 //! directory, the ROOT_ITEM, ROOT_REF/ROOT_BACKREF, the directory entry in the parent
 //! (location = the new tree's ROOT_ITEM, no INODE_REF) and the UUID tree entry.
 
-use crate::ctree::lookup_prev;
+use crate::tree::ctree::lookup_prev;
 use crate::error::{Error, Result};
 use crate::transaction::Trans;
 use ubtrfs_format::consts::*;
@@ -53,7 +53,7 @@ impl Trans {
         let ns = self.fs.info.nodesize as u64;
         let (b, d) = self.new_block(id, 0, None, 0)?;
         self.put_dirty(b, d)?;
-        let uuid = crate::mkfs::random_uuid();
+        let uuid = crate::tools::mkfs::random_uuid();
         let item = RootItem {
             inode: InodeItem {
                 generation: 1,

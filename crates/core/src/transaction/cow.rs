@@ -5,11 +5,11 @@
 //! and shrink. Blocks touched in a transaction live in `FsInfo::dirty` until commit and
 //! are modified in place there; a block is CoWed at most once per transaction.
 
-use crate::disk_io::TreeBlock;
+use crate::io::disk_io::TreeBlock;
 use crate::error::{Error, Result};
-use crate::extent_io as eb;
+use crate::tree::block_edit as eb;
 use crate::transaction::Trans;
-use crate::tree_checker::Expect;
+use crate::tree::tree_checker::Expect;
 use std::sync::Arc;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::key::Key;

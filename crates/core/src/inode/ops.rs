@@ -4,7 +4,7 @@
 //! (or INODE_EXTREF), DIR_ITEM, DIR_INDEX, nlink, i_size and nbytes as the kernel does,
 //! and drops data references of file extents it removes.
 
-use crate::ctree::{lookup_exact, lookup_prev, TreeIter};
+use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
 use crate::error::{Error, Result};
 use crate::transaction::Trans;
 use ubtrfs_format::consts::*;

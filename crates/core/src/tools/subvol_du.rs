@@ -14,10 +14,10 @@
 //! Memory: one entry per tree block and per data extent (~40 bytes each) plus the
 //! interned sets.
 
-use crate::ctree::{read_root, TreeIter};
-use crate::disk_io::{root_ptr_of, FsInfo};
+use crate::tree::ctree::{read_root, TreeIter};
+use crate::io::disk_io::{root_ptr_of, FsInfo};
 use crate::error::{Error, Result};
-use crate::tree_checker::Expect;
+use crate::tree::tree_checker::Expect;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use ubtrfs_format::consts::*;

@@ -4,11 +4,11 @@
 //! METADATA_ITEM items with inline refs (type ascending, then by offset or hash
 //! descending, as the tree checker demands) and keyed refs when inline space runs out.
 
-use crate::delayed_ref::{Head, NewTreeBlock, RefKey};
-use crate::disk_io::TreeBlock;
+use crate::alloc::delayed_ref::{Head, NewTreeBlock, RefKey};
+use crate::io::disk_io::TreeBlock;
 use crate::error::{Error, Result};
-use crate::extent_io as eb;
-use crate::free_space_cache::{SearchMode, SearchStats};
+use crate::tree::block_edit as eb;
+use crate::alloc::free_space_cache::{SearchMode, SearchStats};
 use crate::transaction::Trans;
 use ubtrfs_format::bytes::{le32, le64};
 use ubtrfs_format::consts::*;
@@ -136,7 +136,7 @@ impl Trans {
         self.find_free(ty, len, hint)?.ok_or_else(|| {
             Error::NoSpace(format!(
                 "no {len} bytes free for {}",
-                crate::block_group::block_group_type_name(ty)
+                crate::alloc::block_group::block_group_type_name(ty)
             ))
         })
     }
@@ -459,7 +459,7 @@ impl Trans {
 
     fn load_extent(&self, bytenr: u64, _level: u8) -> Result<Option<ExtentRec>> {
         let ptr = self.root_ptr(EXTENT_TREE_OBJECTID)?;
-        let it = crate::ctree::TreeIter::new(
+        let it = crate::tree::ctree::TreeIter::new(
             &self.fs.info,
             &ptr,
             Key::new(bytenr, EXTENT_ITEM_KEY, 0),

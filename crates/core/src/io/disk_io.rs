@@ -1,10 +1,10 @@
 //! Opening a filesystem: superblocks, device matching, the chunk-tree bootstrap, tree
 //! block reads (checksum, tree checker, mirror retry) and the tree-block cache.
 
-use crate::dev::{Device, FileDevice};
+use crate::io::dev::{Device, FileDevice};
 use crate::error::{Error, Result};
-use crate::tree_checker::{check_block, check_header, CheckCtx, Expect};
-use crate::volumes::{ChunkMap, MapEntry};
+use crate::tree::tree_checker::{check_block, check_header, CheckCtx, Expect};
+use crate::io::volumes::{ChunkMap, MapEntry};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -329,7 +329,7 @@ impl FsInfo {
         };
         let mut chunks = Vec::new();
         let mut dev_items = Vec::new();
-        crate::ctree::walk_items(self, &chunk_root, Key::MIN, |k, data| {
+        crate::tree::ctree::walk_items(self, &chunk_root, Key::MIN, |k, data| {
             match k.ty {
                 CHUNK_ITEM_KEY => {
                     let c = Chunk::parse(data)
@@ -369,7 +369,7 @@ impl FsInfo {
     fn load_tree_roots(&mut self) -> Result<()> {
         let root = self.root_tree_ptr();
         let mut roots = BTreeMap::new();
-        crate::ctree::walk_items(self, &root, Key::MIN, |k, data| {
+        crate::tree::ctree::walk_items(self, &root, Key::MIN, |k, data| {
             if k.ty == ROOT_ITEM_KEY
                 && (k.objectid < FIRST_FREE_OBJECTID || k.objectid == DATA_RELOC_TREE_OBJECTID)
             {
@@ -381,7 +381,7 @@ impl FsInfo {
             Ok(k.objectid < FIRST_FREE_OBJECTID)
         })?;
         // The data reloc tree's item sorts last; look it up directly.
-        if let Some((k, data)) = crate::ctree::lookup_prev(
+        if let Some((k, data)) = crate::tree::ctree::lookup_prev(
             self,
             &root,
             Key::new(DATA_RELOC_TREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
@@ -611,7 +611,7 @@ impl FsInfo {
         let root = self.root_tree_ptr();
         // Snapshots key their ROOT_ITEM by creation transid: search (id, ROOT_ITEM, -1)
         // and step back to the last item of that id.
-        match crate::ctree::lookup_prev(self, &root, Key::new(id, ROOT_ITEM_KEY, u64::MAX))? {
+        match crate::tree::ctree::lookup_prev(self, &root, Key::new(id, ROOT_ITEM_KEY, u64::MAX))? {
             Some((k, data)) if k.objectid == id && k.ty == ROOT_ITEM_KEY => {
                 let r = RootItem::parse(&data)
                     .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;

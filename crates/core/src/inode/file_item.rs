@@ -1,8 +1,8 @@
 //! Data checksums: the csum tree holds, per data sector, the checksum of its on-disk
 //! bytes, in items keyed (EXTENT_CSUM, EXTENT_CSUM, first bytenr).
 
-use crate::ctree::{next_item, search_forward, search_prev};
-use crate::disk_io::FsInfo;
+use crate::tree::ctree::{next_item, search_forward, search_prev};
+use crate::io::disk_io::FsInfo;
 use crate::error::{Error, Result};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::key::Key;
@@ -119,8 +119,8 @@ impl FsInfo {
                 return Err(Error::DataCsum(format!(
                     "{} (logical {at}): expected {} found {}",
                     what(at),
-                    crate::disk_io::hex(expected),
-                    crate::disk_io::hex(&found[..n])
+                    crate::io::disk_io::hex(expected),
+                    crate::io::disk_io::hex(&found[..n])
                 )));
             }
         }
@@ -161,11 +161,11 @@ impl crate::transaction::Trans {
         let root = self.root_ptr(CSUM_TREE_OBJECTID)?;
         let mut found: Vec<(Key, Vec<u8>)> = Vec::new();
         let key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, bytenr);
-        let start_key = match crate::ctree::lookup_prev(&self.fs.info, &root, key)? {
+        let start_key = match crate::tree::ctree::lookup_prev(&self.fs.info, &root, key)? {
             Some((k, _)) if k.objectid == EXTENT_CSUM_OBJECTID && k.ty == EXTENT_CSUM_KEY => k,
             _ => key,
         };
-        for item in crate::ctree::TreeIter::new(
+        for item in crate::tree::ctree::TreeIter::new(
             &self.fs.info,
             &root,
             start_key,

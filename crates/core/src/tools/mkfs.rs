@@ -7,13 +7,13 @@
 //! Layout on one device (physical): 0-1 MiB reserved (superblock at 64 KiB), then the
 //! system chunk's copies, the metadata chunk's copies, the data chunk.
 
-use crate::block_group::DevSpace;
-use crate::dev::Device;
-use crate::disk_io::{FsInfo, OpenOptions};
+use crate::alloc::block_group::DevSpace;
+use crate::io::dev::Device;
+use crate::io::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, Result};
-use crate::inode_ops::{now, NewInode};
+use crate::inode::ops::{now, NewInode};
 use crate::transaction::Trans;
-use crate::volumes::{ChunkMap, MapEntry, MapStripe};
+use crate::io::volumes::{ChunkMap, MapEntry, MapStripe};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use ubtrfs_format::consts::*;
@@ -276,7 +276,7 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     t.dev_uuids.insert(1, dev_uuid);
     for e in &entries {
         t.add_new_block_group(e)?;
-        t.pending_chunks.push(crate::block_group::PendingChunk {
+        t.pending_chunks.push(crate::alloc::block_group::PendingChunk {
             logical: e.start,
             chunk: chunk_of(e, dev_uuid, opts.sectorsize),
         });
@@ -388,7 +388,7 @@ impl Trans {
             };
             let mut item = tree_root_item(b, transid, ns, dirid);
             if id == FS_TREE_OBJECTID {
-                item.uuid = crate::mkfs::random_uuid();
+                item.uuid = crate::tools::mkfs::random_uuid();
                 item.ctime = time;
                 item.otime = time;
             }

@@ -1,7 +1,7 @@
 //! Extended attributes (XATTR_ITEM, keyed by name hash). ACLs are ordinary xattrs
 //! (system.posix_acl_access / _default) and are returned raw.
 
-use crate::ctree::{lookup_exact, TreeIter};
+use crate::tree::ctree::{lookup_exact, TreeIter};
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
 use ubtrfs_format::consts::*;

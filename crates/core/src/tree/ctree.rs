@@ -2,9 +2,9 @@
 //! root down to a leaf, like the kernel's btrfs_path; iteration moves the leaf slot and
 //! climbs only when a leaf is exhausted, so a forward walk reads each block once.
 
-use crate::disk_io::{FsInfo, RootPtr, TreeBlock};
+use crate::io::disk_io::{FsInfo, RootPtr, TreeBlock};
 use crate::error::{Error, Result};
-use crate::tree_checker::Expect;
+use crate::tree::tree_checker::Expect;
 use std::sync::Arc;
 use ubtrfs_format::key::Key;
 

@@ -2,7 +2,7 @@
 //! the regression test (`crates/core/tests/fuzz_regress.rs`), so an input that once
 //! crashed the fuzzer is replayed by plain `cargo test`.
 //!
-//! Input: one flags byte, then a [`crate::sparse_dev`] encoding of a device.
+//! Input: one flags byte, then a [`crate::fuzzing::sparse_dev`] encoding of a device.
 //!
 //! * [`FLAG_FIX_CSUMS`]: before opening, recompute the checksum of every superblock
 //!   copy and of every stored block that carries the filesystem's fsid at the tree
@@ -15,10 +15,10 @@
 //! dump-tree output. Everything the engine returns must be `Ok` or `Err`; a panic, a
 //! hang or an unbounded allocation is a bug in the engine.
 
-use crate::dev::Device;
-use crate::disk_io::{root_ptr_of, FsInfo, OpenOptions, RootPtr};
+use crate::io::dev::Device;
+use crate::io::disk_io::{root_ptr_of, FsInfo, OpenOptions, RootPtr};
 use crate::fs::{Filesystem, Node, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
-use crate::sparse_dev::{decode, SparseDevice, SPARSE_BLOCK_SIZE};
+use crate::fuzzing::sparse_dev::{decode, SparseDevice, SPARSE_BLOCK_SIZE};
 use std::collections::HashSet;
 use std::io::Write;
 use std::sync::Arc;
@@ -137,7 +137,7 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
     let mut sink = LimitedSink {
         left: limits.dump_bytes,
     };
-    let r = crate::print_tree::dump_tree(&fs.info, None, None, &mut sink);
+    let r = crate::tools::print_tree::dump_tree(&fs.info, None, None, &mut sink);
     out.dumped = out.note("dump-tree", r).is_some();
     let _ = fs.info.take_warnings();
     out
@@ -155,7 +155,7 @@ fn walk_trees(fs: &Filesystem, limits: &Limits, out: &mut Outcome) {
         let root = roots[i];
         i += 1;
         let mut subvols = Vec::new();
-        let r = crate::ctree::walk_items(&fs.info, &root, Key::MIN, |k, data| {
+        let r = crate::tree::ctree::walk_items(&fs.info, &root, Key::MIN, |k, data| {
             if root.id == ROOT_TREE_OBJECTID
                 && k.ty == ROOT_ITEM_KEY
                 && k.objectid >= FIRST_FREE_OBJECTID
@@ -313,6 +313,6 @@ pub fn fix_checksums(dev: &SparseDevice) {
 /// A fuzz input (flags byte and encoding) for a raw image.
 pub fn seed_from_image(image: &[u8]) -> Vec<u8> {
     let mut v = vec![SEED_FLAGS];
-    v.extend_from_slice(&crate::sparse_dev::encode(image));
+    v.extend_from_slice(&crate::fuzzing::sparse_dev::encode(image));
     v
 }

@@ -1,6 +1,6 @@
 //! Inodes: reading INODE_ITEMs and presenting them as stat(2) does on a kernel mount.
 
-use crate::ctree::lookup_exact;
+use crate::tree::ctree::lookup_exact;
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node, S_IFDIR};
 use serde::Serialize;

@@ -1,7 +1,7 @@
 //! Directories: lookup by name hash (DIR_ITEM) and listing in DIR_INDEX order, with
 //! subvolume entries resolved the way the kernel does (ROOT_REF must agree).
 
-use crate::ctree::{lookup_exact, TreeIter};
+use crate::tree::ctree::{lookup_exact, TreeIter};
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
 use serde::Serialize;

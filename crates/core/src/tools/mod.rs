@@ -1,0 +1,11 @@
+//! Tools built on the engine, as btrfs-progs builds its commands on kernel-shared/:
+//! the dump-super/dump-tree printer, fiemap, `filesystem du`, `subvolume du` and mkfs.
+//!
+//! Architecture invariant: nothing outside `tools/` imports from it; the engine does not
+//! know its tools exist.
+
+pub mod du;
+pub mod fiemap;
+pub mod mkfs;
+pub mod print_tree;
+pub mod subvol_du;
