@@ -1,7 +1,8 @@
 //! The filesystem façade: subvolume-aware nodes, path resolution, and caches shared by
 //! the inode, dir, xattr and file-read modules (each adds its own `impl Filesystem`).
 
-use crate::io::disk_io::{FsInfo, OpenOptions, RootPtr};
+use crate::io::disk_io::{FsInfo, OpenOptions};
+use crate::tree::RootPtr;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::path::Path;

@@ -15,6 +15,7 @@ pub mod tree;
 
 pub use error::{Error, Result};
 pub use fs::{Filesystem, Node};
-pub use io::disk_io::{FsInfo, OpenOptions, RootPtr};
+pub use io::disk_io::{FsInfo, OpenOptions};
+pub use tree::RootPtr;
 pub use transaction::Trans;
 pub use ubtrfs_format as format;

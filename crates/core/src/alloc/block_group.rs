@@ -12,11 +12,12 @@
 
 use crate::error::{Error, Result};
 use crate::alloc::free_space_cache::FreeSpaceIndex;
-use crate::transaction::Trans;
+use crate::io::disk_io::FsInfo;
 use crate::io::volumes::{MapEntry, MapStripe};
 use std::collections::BTreeMap;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{BlockGroupItem, Chunk, Stripe};
+use super::Allocator;
 use ubtrfs_format::key::Key;
 
 pub const FREE_SPACE_USING_BITMAPS: u32 = 1;
@@ -141,15 +142,38 @@ pub fn super_offset(i: usize) -> u64 {
     }
 }
 
-impl Trans {
+pub fn block_group_type_name(ty: u64) -> &'static str {
+    if ty & BLOCK_GROUP_DATA != 0 && ty & BLOCK_GROUP_METADATA != 0 {
+        "mixed"
+    } else if ty & BLOCK_GROUP_DATA != 0 {
+        "data"
+    } else if ty & BLOCK_GROUP_SYSTEM != 0 {
+        "system"
+    } else {
+        "metadata"
+    }
+}
+
+/// The tree holding BLOCK_GROUP_ITEMs: the block-group tree if the filesystem has one,
+/// else the extent tree.
+pub(crate) fn bg_tree_id(info: &FsInfo) -> u64 {
+    if info.sb.compat_ro_flags & FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0 {
+        BLOCK_GROUP_TREE_OBJECTID
+    } else {
+        EXTENT_TREE_OBJECTID
+    }
+}
+
+impl Allocator {
     /// Loads every block group's item (not its free space) at open.
-    pub(crate) fn load_block_groups(&mut self) -> Result<()> {
-        let tree = self.bg_tree_id();
-        let entries: Vec<MapEntry> = self.fs.info.chunk_map.iter().cloned().collect();
-        for e in entries {
+    pub(crate) fn load_block_groups(&mut self, info: &FsInfo) -> Result<()> {
+        let tree = bg_tree_id(info);
+        let ptr = info
+            .tree_ptr(tree)
+            .ok_or_else(|| Error::corrupt(format!("tree {tree} (block groups) not found")))?;
+        for e in info.chunk_map.iter() {
             let key = Key::new(e.start, BLOCK_GROUP_ITEM_KEY, e.length);
-            let ptr = self.root_ptr(tree)?;
-            let item = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)?.ok_or_else(|| {
+            let item = crate::tree::ctree::lookup_exact(info, &ptr, &key)?.ok_or_else(|| {
                 Error::corrupt(format!(
                     "chunk at logical {} has no block group item",
                     e.start
@@ -182,14 +206,6 @@ impl Trans {
         Ok(())
     }
 
-    pub(crate) fn bg_tree_id(&self) -> u64 {
-        if self.fs.info.sb.compat_ro_flags & FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0 {
-            BLOCK_GROUP_TREE_OBJECTID
-        } else {
-            EXTENT_TREE_OBJECTID
-        }
-    }
-
     pub(crate) fn bg_of(&self, bytenr: u64) -> Result<u64> {
         self.bgs
             .range(..=bytenr)
@@ -200,7 +216,7 @@ impl Trans {
     }
 
     /// Reads a block group's free space from the free-space tree.
-    pub(crate) fn ensure_loaded(&mut self, start: u64) -> Result<()> {
+    pub(crate) fn ensure_loaded(&mut self, info: &FsInfo, start: u64) -> Result<()> {
         let (length, loaded) = match self.bgs.get(&start) {
             Some(b) => (b.length, b.loaded),
             None => return Err(Error::corrupt(format!("no block group at {start}"))),
@@ -208,7 +224,7 @@ impl Trans {
         if loaded {
             return Ok(());
         }
-        let ranges = self.read_fst_ranges(start, length)?;
+        let ranges = super::free_space_tree::read_fst_ranges(info, start, length)?;
         let bg = self.bgs.get_mut(&start).expect("checked above");
         let mut free = FreeSpaceIndex::new();
         let mut bitmaps = false;
@@ -244,7 +260,7 @@ impl Trans {
 
     /// Creates a new chunk and block group of type `ty` (DATA, METADATA or SYSTEM).
     /// Its items are written at commit; the space is usable at once.
-    pub(crate) fn alloc_chunk(&mut self, ty: u64, min_bytes: u64) -> Result<u64> {
+    pub(crate) fn alloc_chunk(&mut self, info: &mut FsInfo, ty: u64, min_bytes: u64) -> Result<u64> {
         let profile = self.profile_for(ty);
         let ncopies = match profile {
             0 => 1,
@@ -258,7 +274,7 @@ impl Trans {
                 )))
             }
         };
-        let total = self.fs.info.sb.total_bytes;
+        let total = info.sb.total_bytes;
         let max_stripe: u64 = match ty {
             BLOCK_GROUP_DATA => 1 << 30,
             BLOCK_GROUP_SYSTEM => 32 << 20,
@@ -387,9 +403,7 @@ impl Trans {
                 block_group_type_name(ty)
             )));
         }
-        let logical = self
-            .fs
-            .info
+        let logical = info
             .chunk_map
             .iter()
             .map(|e| e.start + e.length)
@@ -420,7 +434,7 @@ impl Trans {
             ty: flags,
             io_align: STRIPE_LEN as u32,
             io_width: STRIPE_LEN as u32,
-            sector_size: self.fs.info.sectorsize,
+            sector_size: info.sectorsize,
             num_stripes: stripes.len() as u16,
             sub_stripes: 1,
             stripes: chunk_stripes,
@@ -436,7 +450,7 @@ impl Trans {
                 .map(|&(devid, physical)| MapStripe { devid, physical })
                 .collect(),
         };
-        self.fs.info.chunk_map.insert(entry.clone())?;
+        info.chunk_map.insert(entry.clone())?;
         self.add_new_block_group(&entry)?;
         self.pending_chunks.push(PendingChunk { logical, chunk });
         Ok(logical)
@@ -467,147 +481,5 @@ impl Trans {
             },
         );
         Ok(())
-    }
-
-    /// Shrinks the (single) device to the end of its last device extent (mkfs
-    /// --shrink); returns the new size. Commit afterwards.
-    pub fn shrink_to_fit(&mut self) -> Result<u64> {
-        if self.dev_space.len() != 1 {
-            return Err(Error::Unsupported(
-                "shrinking a multi-device filesystem".into(),
-            ));
-        }
-        let (&devid, ds) = self.dev_space.iter_mut().next().expect("one device");
-        let end = ds.used.iter().map(|(s, l)| s + l).max().unwrap_or(1 << 20);
-        let end = end.next_multiple_of(self.fs.info.sectorsize as u64);
-        ds.total_bytes = end;
-        self.fs.info.sb.total_bytes = end;
-        self.fs.info.sb.dev_item.total_bytes = end;
-        let key = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid);
-        self.update_item(CHUNK_TREE_OBJECTID, &key, |d| {
-            if d.len() >= 16 {
-                d[8..16].copy_from_slice(&end.to_le_bytes());
-            }
-        })?;
-        Ok(end)
-    }
-
-    /// Inserts the items of chunks allocated in this transaction.
-    pub(crate) fn create_pending_chunks(&mut self) -> Result<()> {
-        let pending = std::mem::take(&mut self.pending_chunks);
-        if pending.is_empty() {
-            return Ok(());
-        }
-        let chunk_uuid = self.chunk_tree_uuid;
-        for p in &pending {
-            let key = Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, p.logical);
-            let bytes = p.chunk.to_bytes();
-            self.insert_item(CHUNK_TREE_OBJECTID, &key, &bytes)?;
-            for st in &p.chunk.stripes {
-                let de = ubtrfs_format::items::DevExtent {
-                    chunk_tree: CHUNK_TREE_OBJECTID,
-                    chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
-                    chunk_offset: p.logical,
-                    length: p.chunk.length,
-                    chunk_tree_uuid: chunk_uuid,
-                };
-                let k = Key::new(st.devid, DEV_EXTENT_KEY, st.offset);
-                self.insert_item(DEV_TREE_OBJECTID, &k, &de.to_bytes())?;
-            }
-            if p.chunk.ty & BLOCK_GROUP_SYSTEM != 0 {
-                self.append_sys_chunk(&key, &bytes)?;
-            }
-        }
-        self.update_dev_items()?;
-        Ok(())
-    }
-
-    fn append_sys_chunk(&mut self, key: &Key, chunk: &[u8]) -> Result<()> {
-        let sb = &mut self.fs.info.sb;
-        let need = DISK_KEY_SIZE + chunk.len();
-        if sb.sys_chunk_array_size as usize + need > SYSTEM_CHUNK_ARRAY_SIZE {
-            return Err(Error::NoSpace(
-                "superblock sys_chunk_array is full (too many system chunks)".into(),
-            ));
-        }
-        let mut arr = sb.sys_chunk_array[..sb.sys_chunk_array_size as usize].to_vec();
-        arr.extend_from_slice(&key.to_bytes());
-        arr.extend_from_slice(chunk);
-        sb.sys_chunk_array_size = arr.len() as u32;
-        arr.resize(SYSTEM_CHUNK_ARRAY_SIZE, 0);
-        sb.sys_chunk_array = arr;
-        Ok(())
-    }
-
-    /// Writes bytes_used of every device into its DEV_ITEM and the superblock copy.
-    pub(crate) fn update_dev_items(&mut self) -> Result<()> {
-        let devs: Vec<(u64, u64)> = self
-            .dev_space
-            .iter()
-            .map(|(d, s)| (*d, s.bytes_used))
-            .collect();
-        for (devid, used) in devs {
-            let key = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid);
-            self.update_item(CHUNK_TREE_OBJECTID, &key, |d| {
-                // bytes_used follows devid and total_bytes.
-                if d.len() >= 24 {
-                    d[16..24].copy_from_slice(&used.to_le_bytes());
-                }
-            })?;
-            if self.fs.info.sb.dev_item.devid == devid {
-                self.fs.info.sb.dev_item.bytes_used = used;
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes the BLOCK_GROUP_ITEM of every dirty block group.
-    pub(crate) fn write_dirty_block_groups(&mut self) -> Result<bool> {
-        let tree = self.bg_tree_id();
-        let dirty: Vec<(u64, u64, u64, u64, bool)> = self
-            .bgs
-            .values()
-            .filter(|b| b.dirty)
-            .map(|b| (b.start, b.length, b.flags, b.used, b.new))
-            .collect();
-        let mut changed = false;
-        for (start, length, flags, used, new) in dirty {
-            let key = Key::new(start, BLOCK_GROUP_ITEM_KEY, length);
-            let item = BlockGroupItem {
-                used,
-                chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
-                flags,
-            }
-            .to_bytes();
-            if new {
-                self.insert_item(tree, &key, &item)?;
-                changed = true;
-            } else {
-                let mut same = true;
-                self.update_item(tree, &key, |d| {
-                    if d[..] != item[..] {
-                        same = false;
-                        d.copy_from_slice(&item);
-                    }
-                })?;
-                changed |= !same;
-            }
-            if let Some(b) = self.bgs.get_mut(&start) {
-                b.new = false;
-            }
-        }
-        Ok(changed)
-    }
-}
-
-pub fn block_group_type_name(ty: u64) -> &'static str {
-    if ty & BLOCK_GROUP_DATA != 0 && ty & BLOCK_GROUP_METADATA != 0 {
-        "mixed"
-    } else if ty & BLOCK_GROUP_DATA != 0 {
-        "data"
-    } else if ty & BLOCK_GROUP_SYSTEM != 0 {
-        "system"
-    } else {
-        "metadata"
     }
 }

@@ -8,3 +8,238 @@
 pub(crate) mod block_group;
 pub(crate) mod delayed_ref;
 pub(crate) mod free_space_cache;
+
+use crate::error::{Error, Result};
+use crate::io::disk_io::FsInfo;
+use block_group::{BlockGroup, DevSpace, PendingChunk};
+use free_space_cache::{SearchMode, SearchStats};
+use std::collections::{BTreeMap, HashMap};
+use ubtrfs_format::consts::*;
+
+pub(crate) mod free_space_tree;
+
+/// Allocation statistics (the allocator benchmark reads them).
+#[derive(Debug, Default, Clone)]
+pub struct AllocStats {
+    pub searches: u64,
+    pub entries_visited: u64,
+    /// Wall time spent finding free space, per search, in nanoseconds.
+    pub latencies_ns: Vec<u64>,
+    pub record_latency: bool,
+}
+
+/// The allocator's state for one transaction handle (the kernel keeps it in
+/// btrfs_fs_info: block group cache, free-space caches, pinned extents). The
+/// transaction owns it; it reads trees but never edits one.
+#[derive(Debug)]
+pub(crate) struct Allocator {
+    /// Every block group by logical start.
+    pub(crate) bgs: BTreeMap<u64, BlockGroup>,
+    /// Profiles for new chunks by type (set by mkfs; else taken from existing groups).
+    pub(crate) profiles: HashMap<u64, u64>,
+    /// Allocated and free device space, per devid.
+    pub(crate) dev_space: BTreeMap<u64, DevSpace>,
+    pub(crate) dev_uuids: HashMap<u64, [u8; 16]>,
+    /// Chunks created in this transaction; their items are inserted at commit.
+    pub(crate) pending_chunks: Vec<PendingChunk>,
+    /// Space freed in this transaction: reusable only once the commit is durable.
+    pub(crate) pinned: Vec<(u64, u64)>,
+    /// End of the last allocation per type: the next search starts there (locality).
+    pub(crate) last_alloc: HashMap<u64, u64>,
+    pub(crate) search_mode: SearchMode,
+    pub(crate) stats: AllocStats,
+    /// Upper bound of new chunks' size (mkfs --shrink).
+    pub(crate) chunk_size_max: Option<u64>,
+}
+
+impl Allocator {
+    /// An allocator with no block groups yet (they are loaded or created by the caller).
+    pub(crate) fn new() -> Allocator {
+        Allocator {
+            bgs: BTreeMap::new(),
+            profiles: HashMap::new(),
+            dev_space: BTreeMap::new(),
+            dev_uuids: HashMap::new(),
+            pending_chunks: Vec::new(),
+            pinned: Vec::new(),
+            last_alloc: HashMap::new(),
+            search_mode: SearchMode::SizeIndex,
+            stats: AllocStats::default(),
+            chunk_size_max: None,
+        }
+    }
+
+    /// Returns the pinned space to the free indexes: the commit that stopped
+    /// referencing it is on disk.
+    pub(crate) fn unpin_all(&mut self) -> Result<()> {
+        for (b, l) in std::mem::take(&mut self.pinned) {
+            let s = self.bg_of(b)?;
+            self.bgs
+                .get_mut(&s)
+                .ok_or_else(|| Error::corrupt(format!("unpinning {b}: no block group")))?
+                .free
+                .add(b, l)
+                .map_err(|e| Error::corrupt(format!("unpinning {b}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    fn type_matches(bg_flags: u64, ty: u64) -> bool {
+        bg_flags & ty != 0
+    }
+
+    /// Finds and takes `len` bytes of type `ty` (DATA, METADATA or SYSTEM), trying the
+    /// block group of `hint` first. Allocates a new chunk when nothing fits.
+    pub(crate) fn alloc_extent(&mut self, info: &mut FsInfo, ty: u64, len: u64, hint: u64) -> Result<u64> {
+        if let Some(b) = self.find_free(info, ty, len, hint)? {
+            return Ok(b);
+        }
+        self.alloc_chunk(info, ty, len)?;
+        self.find_free(info, ty, len, hint)?.ok_or_else(|| {
+            Error::NoSpace(format!(
+                "no {len} bytes free for {}",
+                block_group::block_group_type_name(ty)
+            ))
+        })
+    }
+
+    pub(crate) fn find_free(&mut self, info: &FsInfo, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
+        let t0 = self
+            .stats
+            .record_latency
+            .then(std::time::Instant::now);
+        let found = self.find_free_inner(info, ty, len, hint)?;
+        // Every search counts, failed ones too (as funclatency counts every call).
+        self.stats.searches += 1;
+        if let Some(t0) = t0 {
+            self.stats
+                .latencies_ns
+                .push(t0.elapsed().as_nanos() as u64);
+        }
+        Ok(found)
+    }
+
+    /// Mixed groups serve both; pure data groups never hold tree blocks.
+    fn serves(bg_flags: u64, ty: u64) -> bool {
+        Self::type_matches(bg_flags, ty)
+            && (ty == BLOCK_GROUP_DATA
+                || bg_flags & BLOCK_GROUP_DATA == 0
+                || bg_flags & BLOCK_GROUP_METADATA != 0)
+    }
+
+    fn try_group(
+        &mut self,
+        info: &FsInfo,
+        ty: u64,
+        start: u64,
+        len: u64,
+        hint: u64,
+        align: u64,
+    ) -> Result<Option<u64>> {
+        self.ensure_loaded(info, start)?;
+        let mode = self.search_mode;
+        let bg = self.bgs.get_mut(&start).expect("caller checked");
+        // The size index knows the largest entry at once; the offset-only search (the
+        // kernel before seed 001) has to walk to find out.
+        if mode == SearchMode::SizeIndex && bg.free.largest() < len {
+            return Ok(None);
+        }
+        // Hint 0: no locality wanted, so the size index may take the largest entry.
+        let h = if bg.contains(hint) && hint != bg.start {
+            hint
+        } else {
+            0
+        };
+        let mut stats = SearchStats::default();
+        let found = bg.free.find(h, len, align, mode, &mut stats);
+        self.stats.entries_visited += stats.entries_visited;
+        if let Some(off) = found {
+            bg.free
+                .remove(off, len)
+                .map_err(|e| Error::corrupt(format!("allocator: {e}")))?;
+            self.last_alloc.insert(ty, off + len);
+        }
+        Ok(found)
+    }
+
+    fn find_free_inner(&mut self, info: &FsInfo, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
+        let align = if ty & BLOCK_GROUP_DATA != 0 {
+            info.sectorsize as u64
+        } else {
+            info.nodesize as u64
+        };
+        // The hint's group first (locality), then the others in address order.
+        let hint_bg = self
+            .bgs
+            .range(..=hint)
+            .next_back()
+            .filter(|(_, b)| b.contains(hint) && Self::serves(b.flags, ty))
+            .map(|(s, _)| *s);
+        if let Some(h) = hint_bg {
+            if let Some(off) = self.try_group(info, ty, h, len, hint, align)? {
+                return Ok(Some(off));
+            }
+        }
+        let mut next = 0u64;
+        loop {
+            let cand = self
+                .bgs
+                .range(next..)
+                .find(|(s, b)| Some(**s) != hint_bg && Self::serves(b.flags, ty))
+                .map(|(s, _)| *s);
+            let Some(start) = cand else { return Ok(None) };
+            if let Some(off) = self.try_group(info, ty, start, len, hint, align)? {
+                return Ok(Some(off));
+            }
+            next = start + 1;
+        }
+    }
+
+    /// Allocates a data extent of up to `len` bytes (less when space is fragmented);
+    /// returns (bytenr, length).
+    pub(crate) fn alloc_data(&mut self, info: &mut FsInfo, len: u64) -> Result<(u64, u64)> {
+        let hint = self.last_alloc.get(&BLOCK_GROUP_DATA).copied().unwrap_or(0);
+        if let Some(b) = self.find_free(info, BLOCK_GROUP_DATA, len, hint)? {
+            return Ok((b, len));
+        }
+        match self.alloc_chunk(info, BLOCK_GROUP_DATA, len) {
+            Ok(_) => {
+                if let Some(b) = self.find_free(info, BLOCK_GROUP_DATA, len, hint)? {
+                    return Ok((b, len));
+                }
+            }
+            Err(Error::NoSpace(_)) => {}
+            Err(e) => return Err(e),
+        }
+        // Fragmented: take the largest piece there is.
+        let ss = info.sectorsize as u64;
+        let starts: Vec<u64> = self
+            .bgs
+            .values()
+            .filter(|b| b.flags & BLOCK_GROUP_DATA != 0)
+            .map(|b| b.start)
+            .collect();
+        let mut best = 0u64;
+        for s in starts {
+            self.ensure_loaded(info, s)?;
+            best = best.max(self.bgs[&s].free.largest());
+        }
+        let take = (best.min(len) / ss) * ss;
+        if take == 0 {
+            return Err(Error::NoSpace("data space exhausted".into()));
+        }
+        let b = self
+            .find_free(info, BLOCK_GROUP_DATA, take, hint)?
+            .ok_or_else(|| Error::NoSpace("data space exhausted".into()))?;
+        Ok((b, take))
+    }
+
+    /// Returns unreferenced space allocated in this transaction (e.g. a failed write).
+    pub(crate) fn release_unused(&mut self, bytenr: u64, len: u64) -> Result<()> {
+        let s = self.bg_of(bytenr)?;
+        let bg = self.bgs.get_mut(&s).expect("found above");
+        bg.free
+            .add(bytenr, len)
+            .map_err(|e| Error::corrupt(format!("allocator: {e}")))
+    }
+}

@@ -14,7 +14,8 @@
 //! per-path cache made exact and global.
 
 use crate::tree::ctree::{next_item, read_root, search_forward, Path};
-use crate::io::disk_io::{FsInfo, RootPtr};
+use crate::io::disk_io::FsInfo;
+use crate::tree::RootPtr;
 use crate::error::{Error, Result};
 use crate::tree::tree_checker::Expect;
 use std::collections::HashMap;
@@ -473,7 +474,7 @@ impl RefGraph for FsRefGraph<'_> {
     }
 }
 
-fn slot_for(node: &crate::io::disk_io::TreeBlock, key: &Key) -> Result<usize> {
+fn slot_for(node: &crate::tree::TreeBlock, key: &Key) -> Result<usize> {
     let v = node.view();
     let (mut lo, mut hi) = (0usize, node.nritems());
     while lo < hi {

@@ -16,7 +16,9 @@
 //! hang or an unbounded allocation is a bug in the engine.
 
 use crate::io::dev::Device;
-use crate::io::disk_io::{root_ptr_of, FsInfo, OpenOptions, RootPtr};
+use crate::io::disk_io::{FsInfo, OpenOptions};
+use crate::io::root_tree::root_ptr_of;
+use crate::tree::RootPtr;
 use crate::fs::{Filesystem, Node, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::fuzzing::sparse_dev::{decode, SparseDevice, SPARSE_BLOCK_SIZE};
 use std::collections::HashSet;

@@ -827,7 +827,7 @@ impl Trans {
         }
         while pos < aligned_len {
             let want = (aligned_len - pos).min(MAX_EXTENT_SIZE);
-            let (bytenr, got) = self.alloc_data(want)?;
+            let (bytenr, got) = self.alloc.alloc_data(&mut self.fs.info, want)?;
             let chunk = &buf[pos as usize..(pos + got) as usize];
             let fo = buf_start + pos;
             // Bytes of this piece that came from the caller (the rest is padding).
@@ -916,7 +916,7 @@ impl Trans {
             let mut p = hs;
             while p < he {
                 let want = (he - p).min(MAX_EXTENT_SIZE);
-                let (bytenr, got) = match self.alloc_data(want) {
+                let (bytenr, got) = match self.alloc.alloc_data(&mut self.fs.info, want) {
                     Ok(x) => x,
                     Err(e) => {
                         // Keep the inode consistent with what was allocated so far.
@@ -977,9 +977,9 @@ impl Trans {
             };
             let disk_len = (c.len() as u64).next_multiple_of(ss);
             c.resize(disk_len as usize, 0);
-            let (bytenr, got) = self.alloc_data(disk_len)?;
+            let (bytenr, got) = self.alloc.alloc_data(&mut self.fs.info, disk_len)?;
             if got != disk_len {
-                self.release_unused(bytenr, got)?;
+                self.alloc.release_unused(bytenr, got)?;
                 break;
             }
             self.write_logical(bytenr, &c)?;
@@ -1183,9 +1183,9 @@ impl Trans {
         let mut buf = data;
         buf.resize(len.next_multiple_of(ss).max(ss) as usize, 0);
         let got_len = buf.len() as u64;
-        let (bytenr, got) = self.alloc_data(got_len)?;
+        let (bytenr, got) = self.alloc.alloc_data(&mut self.fs.info, got_len)?;
         if got != got_len {
-            self.release_unused(bytenr, got)?;
+            self.alloc.release_unused(bytenr, got)?;
             return Err(Error::NoSpace("converting an inline extent".into()));
         }
         self.write_logical(bytenr, &buf)?;

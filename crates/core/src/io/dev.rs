@@ -252,3 +252,24 @@ pub fn lock_exclusive(path: &Path) -> io::Result<File> {
         Err(std::fs::TryLockError::Error(e)) => Err(e),
     }
 }
+
+/// A random (version 4) UUID from /dev/urandom, for fsids, device, chunk-tree and
+/// subvolume UUIDs.
+pub fn random_uuid() -> [u8; 16] {
+    let mut u = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        let _ = f.read_exact(&mut u);
+    }
+    if u == [0u8; 16] {
+        // No urandom: derive from the clock and pid (uniqueness, not secrecy).
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        u[..8].copy_from_slice(&(t.as_nanos() as u64).to_le_bytes());
+        u[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+    }
+    u[6] = (u[6] & 0x0f) | 0x40;
+    u[8] = (u[8] & 0x3f) | 0x80;
+    u
+}

@@ -3,52 +3,17 @@
 
 use crate::io::dev::{Device, FileDevice};
 use crate::error::{Error, Result};
+use crate::tree::{BlockSource, TreeBlock};
 use crate::tree::tree_checker::{check_block, check_header, CheckCtx, Expect};
-use crate::io::volumes::{ChunkMap, MapEntry};
+use crate::io::volumes::ChunkMap;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use ubtrfs_format::bytes::uuid_string;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::CsumType;
-use ubtrfs_format::items::{Chunk, RootItem};
-use ubtrfs_format::key::Key;
+use ubtrfs_format::items::RootItem;
 use ubtrfs_format::superblock::SuperBlock;
-use ubtrfs_format::tree::BlockView;
-
-/// A validated tree block.
-#[derive(Debug, Clone)]
-pub struct TreeBlock {
-    pub bytenr: u64,
-    pub data: Vec<u8>,
-}
-
-impl TreeBlock {
-    pub fn view(&self) -> BlockView<'_> {
-        BlockView::new(&self.data)
-    }
-    pub fn level(&self) -> u8 {
-        self.view().level()
-    }
-    pub fn nritems(&self) -> usize {
-        self.view().nritems() as usize
-    }
-    pub fn generation(&self) -> u64 {
-        self.view().generation()
-    }
-    pub fn owner(&self) -> u64 {
-        self.view().owner()
-    }
-}
-
-/// Where a tree's root block is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RootPtr {
-    pub id: u64,
-    pub bytenr: u64,
-    pub level: u8,
-    pub generation: u64,
-}
 
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
@@ -261,7 +226,7 @@ impl FsInfo {
             tree_roots: BTreeMap::new(),
             dirty: Mutex::new(HashMap::new()),
         };
-        fs.bootstrap_chunks()?;
+        fs.read_chunk_tree()?;
         fs.load_tree_roots()?;
         Ok(fs)
     }
@@ -297,135 +262,6 @@ impl FsInfo {
             super_generation: self.sb.generation,
             fsid: self.sb.metadata_fsid(),
         }
-    }
-
-    fn add_chunk(&mut self, key: &Key, chunk: &Chunk) -> Result<()> {
-        if key.objectid != FIRST_CHUNK_TREE_OBJECTID {
-            return Err(Error::corrupt(format!(
-                "chunk item with objectid {}",
-                key.objectid
-            )));
-        }
-        let e = MapEntry::from_chunk(key.offset, chunk, self.sectorsize)?;
-        self.chunk_map.insert(e)
-    }
-
-    fn bootstrap_chunks(&mut self) -> Result<()> {
-        let sys = self
-            .sb
-            .sys_chunks()
-            .map_err(|e| Error::corrupt(format!("superblock sys_chunk_array: {e}")))?;
-        if sys.is_empty() {
-            return Err(Error::corrupt("superblock sys_chunk_array holds no chunk"));
-        }
-        for (k, c) in &sys {
-            self.add_chunk(k, c)?;
-        }
-        let chunk_root = RootPtr {
-            id: CHUNK_TREE_OBJECTID,
-            bytenr: self.sb.chunk_root,
-            level: self.sb.chunk_root_level,
-            generation: self.sb.chunk_root_generation,
-        };
-        let mut chunks = Vec::new();
-        let mut dev_items = Vec::new();
-        crate::tree::ctree::walk_items(self, &chunk_root, Key::MIN, |k, data| {
-            match k.ty {
-                CHUNK_ITEM_KEY => {
-                    let c = Chunk::parse(data)
-                        .map_err(|e| Error::corrupt(format!("chunk tree item {k}: {e}")))?;
-                    chunks.push((*k, c));
-                }
-                DEV_ITEM_KEY => {
-                    let d = ubtrfs_format::items::DevItem::parse(data)
-                        .map_err(|e| Error::corrupt(format!("chunk tree item {k}: {e}")))?;
-                    dev_items.push(d);
-                }
-                _ => {}
-            }
-            Ok(true)
-        })?;
-        for (k, c) in &chunks {
-            self.add_chunk(k, c)?;
-        }
-        let missing: Vec<u64> = dev_items
-            .iter()
-            .map(|d| d.devid)
-            .filter(|id| !self.devices.contains_key(id))
-            .collect();
-        if !missing.is_empty() {
-            self.warn(format!(
-                "devices missing: devid {} (reads that need them will fail)",
-                missing
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        Ok(())
-    }
-
-    fn load_tree_roots(&mut self) -> Result<()> {
-        let root = self.root_tree_ptr();
-        let mut roots = BTreeMap::new();
-        crate::tree::ctree::walk_items(self, &root, Key::MIN, |k, data| {
-            if k.ty == ROOT_ITEM_KEY
-                && (k.objectid < FIRST_FREE_OBJECTID || k.objectid == DATA_RELOC_TREE_OBJECTID)
-            {
-                let r = RootItem::parse(data)
-                    .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
-                roots.insert(k.objectid, r);
-            }
-            // Subvolume root items (>= 256) come after; stop at the first of them.
-            Ok(k.objectid < FIRST_FREE_OBJECTID)
-        })?;
-        // The data reloc tree's item sorts last; look it up directly.
-        if let Some((k, data)) = crate::tree::ctree::lookup_prev(
-            self,
-            &root,
-            Key::new(DATA_RELOC_TREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
-        )? {
-            if k.objectid == DATA_RELOC_TREE_OBJECTID && k.ty == ROOT_ITEM_KEY {
-                let r = RootItem::parse(&data)
-                    .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
-                roots.insert(DATA_RELOC_TREE_OBJECTID, r);
-            }
-        }
-        for id in [EXTENT_TREE_OBJECTID, DEV_TREE_OBJECTID, FS_TREE_OBJECTID] {
-            if !roots.contains_key(&id) {
-                return Err(Error::corrupt(format!(
-                    "root tree has no ROOT_ITEM for tree {id}"
-                )));
-            }
-        }
-        self.tree_roots = roots;
-        Ok(())
-    }
-
-    pub fn root_tree_ptr(&self) -> RootPtr {
-        RootPtr {
-            id: ROOT_TREE_OBJECTID,
-            bytenr: self.sb.root,
-            level: self.sb.root_level,
-            generation: self.sb.generation,
-        }
-    }
-
-    /// The root pointer of a well-known tree, if it exists.
-    pub fn tree_ptr(&self, id: u64) -> Option<RootPtr> {
-        if id == ROOT_TREE_OBJECTID {
-            return Some(self.root_tree_ptr());
-        }
-        if id == CHUNK_TREE_OBJECTID {
-            return Some(RootPtr {
-                id,
-                bytenr: self.sb.chunk_root,
-                level: self.sb.chunk_root_level,
-                generation: self.sb.chunk_root_generation,
-            });
-        }
-        self.tree_roots.get(&id).map(|r| root_ptr_of(id, r))
     }
 
     pub fn warn(&self, msg: String) {
@@ -602,36 +438,10 @@ impl FsInfo {
             c.bytes += sz;
         }
     }
-
-    /// Finds the ROOT_ITEM of any tree (subvolume ids included).
-    pub fn read_root_item(&self, id: u64) -> Result<Option<RootItem>> {
-        if let Some(r) = self.tree_roots.get(&id) {
-            return Ok(Some(r.clone()));
-        }
-        let root = self.root_tree_ptr();
-        // Snapshots key their ROOT_ITEM by creation transid: search (id, ROOT_ITEM, -1)
-        // and step back to the last item of that id.
-        match crate::tree::ctree::lookup_prev(self, &root, Key::new(id, ROOT_ITEM_KEY, u64::MAX))? {
-            Some((k, data)) if k.objectid == id && k.ty == ROOT_ITEM_KEY => {
-                let r = RootItem::parse(&data)
-                    .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
-                Ok(Some(r))
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// Root pointer of a subvolume (or any tree) by id.
-    pub fn subvol_ptr(&self, id: u64) -> Result<Option<RootPtr>> {
-        Ok(self.read_root_item(id)?.map(|r| root_ptr_of(id, &r)))
-    }
 }
 
-pub fn root_ptr_of(id: u64, r: &RootItem) -> RootPtr {
-    RootPtr {
-        id,
-        bytenr: r.bytenr,
-        level: r.level,
-        generation: r.generation,
+impl BlockSource for FsInfo {
+    fn read_tree_block(&self, bytenr: u64, expect: &Expect) -> Result<Arc<TreeBlock>> {
+        FsInfo::read_tree_block(self, bytenr, expect)
     }
 }

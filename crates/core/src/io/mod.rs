@@ -7,4 +7,5 @@
 
 pub(crate) mod dev;
 pub(crate) mod disk_io;
+pub(crate) mod root_tree;
 pub(crate) mod volumes;

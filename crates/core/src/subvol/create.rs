@@ -53,7 +53,7 @@ impl Trans {
         let ns = self.fs.info.nodesize as u64;
         let (b, d) = self.new_block(id, 0, None, 0)?;
         self.put_dirty(b, d)?;
-        let uuid = crate::tools::mkfs::random_uuid();
+        let uuid = crate::io::dev::random_uuid();
         let item = RootItem {
             inode: InodeItem {
                 generation: 1,

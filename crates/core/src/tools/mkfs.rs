@@ -64,24 +64,6 @@ impl Default for MkfsOptions {
     }
 }
 
-pub fn random_uuid() -> [u8; 16] {
-    let mut u = [0u8; 16];
-    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
-        use std::io::Read;
-        let _ = f.read_exact(&mut u);
-    }
-    if u == [0u8; 16] {
-        // No urandom: derive from the clock and pid (uniqueness, not secrecy).
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        u[..8].copy_from_slice(&(t.as_nanos() as u64).to_le_bytes());
-        u[8..12].copy_from_slice(&std::process::id().to_le_bytes());
-    }
-    u[6] = (u[6] & 0x0f) | 0x40;
-    u[8] = (u[8] & 0x3f) | 0x80;
-    u
-}
 
 fn mib(x: u64) -> u64 {
     x << 20
@@ -122,8 +104,8 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
         )));
     }
     let fsid = opts.fsid.unwrap_or_else(random_uuid);
-    let dev_uuid = random_uuid();
-    let chunk_tree_uuid = random_uuid();
+    let dev_uuid = crate::io::dev::random_uuid();
+    let chunk_tree_uuid = crate::io::dev::random_uuid();
     let copies = |p: u64| if p == BLOCK_GROUP_DUP { 2u64 } else { 1 };
     let sys_len = mib(8);
     let meta_len = if opts.shrink {
@@ -254,12 +236,12 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
         },
     );
     let mut t = Trans::bare(crate::fs::Filesystem::from_info(info), chunk_tree_uuid);
-    t.profiles.insert(BLOCK_GROUP_DATA, opts.data_profile);
-    t.profiles
+    t.alloc.profiles.insert(BLOCK_GROUP_DATA, opts.data_profile);
+    t.alloc.profiles
         .insert(BLOCK_GROUP_METADATA, opts.metadata_profile);
-    t.profiles.insert(BLOCK_GROUP_SYSTEM, opts.metadata_profile);
+    t.alloc.profiles.insert(BLOCK_GROUP_SYSTEM, opts.metadata_profile);
     if opts.shrink {
-        t.chunk_size_max = Some(mib(64));
+        t.alloc.chunk_size_max = Some(mib(64));
     }
     let mut ds = DevSpace {
         total_bytes: size,
@@ -272,11 +254,11 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
             ds.bytes_used += e.length;
         }
     }
-    t.dev_space.insert(1, ds);
-    t.dev_uuids.insert(1, dev_uuid);
+    t.alloc.dev_space.insert(1, ds);
+    t.alloc.dev_uuids.insert(1, dev_uuid);
     for e in &entries {
-        t.add_new_block_group(e)?;
-        t.pending_chunks.push(crate::alloc::block_group::PendingChunk {
+        t.alloc.add_new_block_group(e)?;
+        t.alloc.pending_chunks.push(crate::alloc::block_group::PendingChunk {
             logical: e.start,
             chunk: chunk_of(e, dev_uuid, opts.sectorsize),
         });
@@ -388,7 +370,7 @@ impl Trans {
             };
             let mut item = tree_root_item(b, transid, ns, dirid);
             if id == FS_TREE_OBJECTID {
-                item.uuid = crate::tools::mkfs::random_uuid();
+                item.uuid = crate::io::dev::random_uuid();
                 item.ctime = time;
                 item.otime = time;
             }

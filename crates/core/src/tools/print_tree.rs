@@ -11,7 +11,8 @@
 //! [`print_item`] for one leaf item, [`parse_tree_name`] for `-t NAME`.
 
 use crate::tree::ctree::walk_items;
-use crate::io::disk_io::{FsInfo, TreeBlock};
+use crate::io::disk_io::FsInfo;
+use crate::tree::TreeBlock;
 use crate::error::{Error, Result};
 use crate::tree::tree_checker::Expect;
 use std::fmt::Write as _;
@@ -1538,7 +1539,7 @@ impl Dumper<'_> {
 
     /// Every ROOT_ITEM of the tree rooted at `root` (the root tree or the log root
     /// tree), in key order: (key, bytenr, level).
-    fn root_items(&mut self, root: &crate::io::disk_io::RootPtr) -> Result<Vec<(Key, u64, u8)>> {
+    fn root_items(&mut self, root: &crate::tree::RootPtr) -> Result<Vec<(Key, u64, u8)>> {
         let mut v = Vec::new();
         walk_items(self.fs, root, Key::new(0, ROOT_ITEM_KEY, 0), |k, d| {
             if k.ty == ROOT_ITEM_KEY {
@@ -1552,7 +1553,7 @@ impl Dumper<'_> {
         Ok(v)
     }
 
-    fn scan_roots(&mut self, root: &crate::io::disk_io::RootPtr, o: &DumpTreeOptions) -> Result<()> {
+    fn scan_roots(&mut self, root: &crate::tree::RootPtr, o: &DumpTreeOptions) -> Result<()> {
         let items = match self.root_items(root) {
             Ok(v) => v,
             Err(e) if root.id != ROOT_TREE_OBJECTID => {
@@ -1710,9 +1711,9 @@ impl Dumper<'_> {
         self.write(&s)
     }
 
-    fn log_root(&self) -> Option<crate::io::disk_io::RootPtr> {
+    fn log_root(&self) -> Option<crate::tree::RootPtr> {
         let sb = &self.fs.sb;
-        (sb.log_root != 0).then_some(crate::io::disk_io::RootPtr {
+        (sb.log_root != 0).then_some(crate::tree::RootPtr {
             id: TREE_LOG_OBJECTID,
             bytenr: sb.log_root,
             level: sb.log_root_level,

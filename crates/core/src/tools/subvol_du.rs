@@ -15,7 +15,8 @@
 //! interned sets.
 
 use crate::tree::ctree::{read_root, TreeIter};
-use crate::io::disk_io::{root_ptr_of, FsInfo};
+use crate::io::disk_io::FsInfo;
+use crate::io::root_tree::root_ptr_of;
 use crate::error::{Error, Result};
 use crate::tree::tree_checker::Expect;
 use serde::Serialize;

@@ -5,7 +5,7 @@
 //! and shrink. Blocks touched in a transaction live in `FsInfo::dirty` until commit and
 //! are modified in place there; a block is CoWed at most once per transaction.
 
-use crate::io::disk_io::TreeBlock;
+use crate::tree::TreeBlock;
 use crate::error::{Error, Result};
 use crate::tree::block_edit as eb;
 use crate::transaction::Trans;

@@ -5,10 +5,10 @@
 //! descending, as the tree checker demands) and keyed refs when inline space runs out.
 
 use crate::alloc::delayed_ref::{Head, NewTreeBlock, RefKey};
-use crate::io::disk_io::TreeBlock;
+use crate::tree::TreeBlock;
 use crate::error::{Error, Result};
 use crate::tree::block_edit as eb;
-use crate::alloc::free_space_cache::{SearchMode, SearchStats};
+
 use crate::transaction::Trans;
 use ubtrfs_format::bytes::{le32, le64};
 use ubtrfs_format::consts::*;
@@ -111,127 +111,7 @@ fn keyed_bytes(r: &RefKey, count: u64) -> Vec<u8> {
     }
 }
 
-/// Allocation statistics (the allocator benchmark reads them).
-#[derive(Debug, Default, Clone)]
-pub struct AllocStats {
-    pub searches: u64,
-    pub entries_visited: u64,
-    /// Wall time spent finding free space, per search, in nanoseconds.
-    pub latencies_ns: Vec<u64>,
-    pub record_latency: bool,
-}
-
 impl Trans {
-    fn type_matches(bg_flags: u64, ty: u64) -> bool {
-        bg_flags & ty != 0
-    }
-
-    /// Finds and takes `len` bytes of type `ty` (DATA, METADATA or SYSTEM), trying the
-    /// block group of `hint` first. Allocates a new chunk when nothing fits.
-    pub(crate) fn alloc_extent(&mut self, ty: u64, len: u64, hint: u64) -> Result<u64> {
-        if let Some(b) = self.find_free(ty, len, hint)? {
-            return Ok(b);
-        }
-        self.alloc_chunk(ty, len)?;
-        self.find_free(ty, len, hint)?.ok_or_else(|| {
-            Error::NoSpace(format!(
-                "no {len} bytes free for {}",
-                crate::alloc::block_group::block_group_type_name(ty)
-            ))
-        })
-    }
-
-    pub(crate) fn find_free(&mut self, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
-        let t0 = self
-            .alloc_stats
-            .record_latency
-            .then(std::time::Instant::now);
-        let found = self.find_free_inner(ty, len, hint)?;
-        // Every search counts, failed ones too (as funclatency counts every call).
-        self.alloc_stats.searches += 1;
-        if let Some(t0) = t0 {
-            self.alloc_stats
-                .latencies_ns
-                .push(t0.elapsed().as_nanos() as u64);
-        }
-        Ok(found)
-    }
-
-    /// Mixed groups serve both; pure data groups never hold tree blocks.
-    fn serves(bg_flags: u64, ty: u64) -> bool {
-        Self::type_matches(bg_flags, ty)
-            && (ty == BLOCK_GROUP_DATA
-                || bg_flags & BLOCK_GROUP_DATA == 0
-                || bg_flags & BLOCK_GROUP_METADATA != 0)
-    }
-
-    fn try_group(
-        &mut self,
-        ty: u64,
-        start: u64,
-        len: u64,
-        hint: u64,
-        align: u64,
-    ) -> Result<Option<u64>> {
-        self.ensure_loaded(start)?;
-        let mode = self.search_mode;
-        let bg = self.bgs.get_mut(&start).expect("caller checked");
-        // The size index knows the largest entry at once; the offset-only search (the
-        // kernel before seed 001) has to walk to find out.
-        if mode == SearchMode::SizeIndex && bg.free.largest() < len {
-            return Ok(None);
-        }
-        // Hint 0: no locality wanted, so the size index may take the largest entry.
-        let h = if bg.contains(hint) && hint != bg.start {
-            hint
-        } else {
-            0
-        };
-        let mut stats = SearchStats::default();
-        let found = bg.free.find(h, len, align, mode, &mut stats);
-        self.alloc_stats.entries_visited += stats.entries_visited;
-        if let Some(off) = found {
-            bg.free
-                .remove(off, len)
-                .map_err(|e| Error::corrupt(format!("allocator: {e}")))?;
-            self.last_alloc.insert(ty, off + len);
-        }
-        Ok(found)
-    }
-
-    fn find_free_inner(&mut self, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
-        let align = if ty & BLOCK_GROUP_DATA != 0 {
-            self.fs.info.sectorsize as u64
-        } else {
-            self.fs.info.nodesize as u64
-        };
-        // The hint's group first (locality), then the others in address order.
-        let hint_bg = self
-            .bgs
-            .range(..=hint)
-            .next_back()
-            .filter(|(_, b)| b.contains(hint) && Self::serves(b.flags, ty))
-            .map(|(s, _)| *s);
-        if let Some(h) = hint_bg {
-            if let Some(off) = self.try_group(ty, h, len, hint, align)? {
-                return Ok(Some(off));
-            }
-        }
-        let mut next = 0u64;
-        loop {
-            let cand = self
-                .bgs
-                .range(next..)
-                .find(|(s, b)| Some(**s) != hint_bg && Self::serves(b.flags, ty))
-                .map(|(s, _)| *s);
-            let Some(start) = cand else { return Ok(None) };
-            if let Some(off) = self.try_group(ty, start, len, hint, align)? {
-                return Ok(Some(off));
-            }
-            next = start + 1;
-        }
-    }
-
     pub(crate) fn alloc_tree_block(
         &mut self,
         root_id: u64,
@@ -244,9 +124,9 @@ impl Trans {
         } else {
             BLOCK_GROUP_METADATA
         };
-        let hint = self.last_alloc.get(&ty).copied().unwrap_or(0);
+        let hint = self.alloc.last_alloc.get(&ty).copied().unwrap_or(0);
         let ns = self.fs.info.nodesize as u64;
-        let bytenr = self.alloc_extent(ty, ns, hint)?;
+        let bytenr = self.alloc.alloc_extent(&mut self.fs.info, ty, ns, hint)?;
         self.fs.info.cache_forget(bytenr);
         self.delayed.add_new(
             bytenr,
@@ -260,54 +140,6 @@ impl Trans {
         );
         *self.root_bytes_delta.entry(root_id).or_insert(0) += ns as i64;
         Ok(bytenr)
-    }
-
-    /// Allocates a data extent of up to `len` bytes (less when space is fragmented);
-    /// returns (bytenr, length).
-    pub(crate) fn alloc_data(&mut self, len: u64) -> Result<(u64, u64)> {
-        let hint = self.last_alloc.get(&BLOCK_GROUP_DATA).copied().unwrap_or(0);
-        if let Some(b) = self.find_free(BLOCK_GROUP_DATA, len, hint)? {
-            return Ok((b, len));
-        }
-        match self.alloc_chunk(BLOCK_GROUP_DATA, len) {
-            Ok(_) => {
-                if let Some(b) = self.find_free(BLOCK_GROUP_DATA, len, hint)? {
-                    return Ok((b, len));
-                }
-            }
-            Err(Error::NoSpace(_)) => {}
-            Err(e) => return Err(e),
-        }
-        // Fragmented: take the largest piece there is.
-        let ss = self.fs.info.sectorsize as u64;
-        let starts: Vec<u64> = self
-            .bgs
-            .values()
-            .filter(|b| b.flags & BLOCK_GROUP_DATA != 0)
-            .map(|b| b.start)
-            .collect();
-        let mut best = 0u64;
-        for s in starts {
-            self.ensure_loaded(s)?;
-            best = best.max(self.bgs[&s].free.largest());
-        }
-        let take = (best.min(len) / ss) * ss;
-        if take == 0 {
-            return Err(Error::NoSpace("data space exhausted".into()));
-        }
-        let b = self
-            .find_free(BLOCK_GROUP_DATA, take, hint)?
-            .ok_or_else(|| Error::NoSpace("data space exhausted".into()))?;
-        Ok((b, take))
-    }
-
-    /// Returns unreferenced space allocated in this transaction (e.g. a failed write).
-    pub(crate) fn release_unused(&mut self, bytenr: u64, len: u64) -> Result<()> {
-        let s = self.bg_of(bytenr)?;
-        let bg = self.bgs.get_mut(&s).expect("found above");
-        bg.free
-            .add(bytenr, len)
-            .map_err(|e| Error::corrupt(format!("allocator: {e}")))
     }
 
     /// Drops tree `root_id`'s reference to a tree block it no longer uses.
@@ -600,7 +432,7 @@ impl Trans {
                 if head.is_data {
                     self.del_csums(bytenr, head.num_bytes)?;
                 }
-                return self.release_unused(bytenr, head.num_bytes);
+                return self.alloc.release_unused(bytenr, head.num_bytes);
             }
             let tree = head.tree;
             let (key, tree_info) = match (head.is_data, tree) {
@@ -726,7 +558,7 @@ impl Trans {
             if head.is_data || rec.flags & EXTENT_FLAG_DATA != 0 {
                 self.del_csums(bytenr, len)?;
             }
-            self.pinned.push((bytenr, len));
+            self.alloc.pinned.push((bytenr, len));
             return self.account_extent(bytenr, len, false);
         }
         self.replace_item(EXTENT_TREE_OBJECTID, &old_key, &rec.to_bytes())?;
@@ -773,9 +605,9 @@ impl Trans {
     /// Extent-tree view of space changes: block group `used`, superblock bytes_used,
     /// and what the free-space tree must say.
     fn account_extent(&mut self, bytenr: u64, len: u64, alloc: bool) -> Result<()> {
-        let s = self.bg_of(bytenr)?;
-        self.ensure_loaded(s)?;
-        let bg = self.bgs.get_mut(&s).expect("found above");
+        let s = self.alloc.bg_of(bytenr)?;
+        self.alloc.ensure_loaded(&self.fs.info, s)?;
+        let bg = self.alloc.bgs.get_mut(&s).expect("found above");
         if alloc {
             bg.used += len;
             self.fs.info.sb.bytes_used += len;
@@ -827,9 +659,5 @@ impl Trans {
             None,
             RefKey::Data { root, ino, offset },
         );
-    }
-
-    pub fn set_search_mode(&mut self, m: SearchMode) {
-        self.search_mode = m;
     }
 }

@@ -5,104 +5,18 @@
 //! wanted items against the stored ones, so an unchanged group costs one search.
 
 use crate::alloc::block_group::{FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
-use crate::tree::ctree::TreeIter;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::transaction::Trans;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::key::Key;
 
 impl Trans {
-    fn fst_items(&self, start: u64, length: u64) -> Result<Vec<(Key, Vec<u8>)>> {
-        let ptr = self.root_ptr(FREE_SPACE_TREE_OBJECTID)?;
-        let mut out = Vec::new();
-        let it = TreeIter::new(
-            &self.fs.info,
-            &ptr,
-            Key::new(start, FREE_SPACE_INFO_KEY, 0),
-            Key::new(start + length, 0, 0),
-        )?;
-        for item in it {
-            let item = item?;
-            out.push((item.key(), item.data().to_vec()));
-        }
-        Ok(out)
-    }
-
-    /// Free ranges of a block group per the free-space tree, and whether it is stored
-    /// as bitmaps.
-    pub(crate) fn read_fst_ranges(
-        &self,
-        start: u64,
-        length: u64,
-    ) -> Result<(Vec<(u64, u64)>, bool)> {
-        if self.fs.info.sb.compat_ro_flags & FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0 {
-            return Err(Error::Unsupported(
-                "writing needs the free-space tree (space_cache=v2)".into(),
-            ));
-        }
-        let items = self.fst_items(start, length)?;
-        let bad = |m: String| Error::corrupt(format!("free space tree, block group {start}: {m}"));
-        let Some((k0, info)) = items.first() else {
-            return Err(bad("no FREE_SPACE_INFO item".into()));
-        };
-        if k0.ty != FREE_SPACE_INFO_KEY
-            || k0.objectid != start
-            || k0.offset != length
-            || info.len() < 8
-        {
-            return Err(bad(format!("expected FREE_SPACE_INFO first, found {k0}")));
-        }
-        let flags = u32::from_le_bytes([info[4], info[5], info[6], info[7]]);
-        let bitmaps = flags & FREE_SPACE_USING_BITMAPS != 0;
-        let ss = self.fs.info.sectorsize as u64;
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
-        let push = |s: u64, l: u64, ranges: &mut Vec<(u64, u64)>| {
-            if let Some(last) = ranges.last_mut() {
-                if last.0 + last.1 == s {
-                    last.1 += l;
-                    return;
-                }
-            }
-            ranges.push((s, l));
-        };
-        for (k, data) in &items[1..] {
-            if k.objectid < start || k.objectid + k.offset > start + length {
-                return Err(bad(format!("item {k} outside the block group")));
-            }
-            match k.ty {
-                FREE_SPACE_EXTENT_KEY => push(k.objectid, k.offset, &mut ranges),
-                FREE_SPACE_BITMAP_KEY => {
-                    let bits = k.offset / ss;
-                    if (data.len() as u64) * 8 < bits {
-                        return Err(bad(format!("bitmap {k} too short")));
-                    }
-                    let mut run: Option<u64> = None;
-                    for i in 0..bits {
-                        let set = data[(i / 8) as usize] & (1 << (i % 8)) != 0;
-                        match (set, run) {
-                            (true, None) => run = Some(i),
-                            (false, Some(r)) => {
-                                push(k.objectid + r * ss, (i - r) * ss, &mut ranges);
-                                run = None;
-                            }
-                            _ => {}
-                        }
-                    }
-                    if let Some(r) = run {
-                        push(k.objectid + r * ss, (bits - r) * ss, &mut ranges);
-                    }
-                }
-                _ => return Err(bad(format!("unexpected item {k}"))),
-            }
-        }
-        Ok((ranges, bitmaps))
-    }
-
     /// Rewrites the free-space tree of dirty block groups; returns whether anything
     /// changed (more CoW, so the commit loop must run again).
     pub(crate) fn write_free_space_tree(&mut self) -> Result<bool> {
         let has_fst = self.fs.info.sb.compat_ro_flags & FEATURE_COMPAT_RO_FREE_SPACE_TREE != 0;
         let dirty: Vec<u64> = self
+            .alloc
             .bgs
             .values()
             .filter(|b| b.dirty)
@@ -111,13 +25,13 @@ impl Trans {
         let mut changed = false;
         for start in dirty {
             if !has_fst {
-                if let Some(b) = self.bgs.get_mut(&start) {
+                if let Some(b) = self.alloc.bgs.get_mut(&start) {
                     b.dirty = false;
                 }
                 continue;
             }
             let (length, ranges, was_bitmaps, thresholds) = {
-                let b = &self.bgs[&start];
+                let b = &self.alloc.bgs[&start];
                 (
                     b.length,
                     b.fst_free.iter().collect::<Vec<_>>(),
@@ -132,9 +46,9 @@ impl Trans {
                 count > thresholds.0
             };
             let want = self.fst_wanted(start, length, &ranges, bitmaps);
-            let have = self.fst_items(start, length)?;
+            let have = crate::alloc::free_space_tree::fst_items(&self.fs.info, start, length)?;
             changed |= self.apply_diff(FREE_SPACE_TREE_OBJECTID, &have, &want)?;
-            if let Some(b) = self.bgs.get_mut(&start) {
+            if let Some(b) = self.alloc.bgs.get_mut(&start) {
                 b.fst_bitmaps = bitmaps;
                 b.dirty = false;
             }

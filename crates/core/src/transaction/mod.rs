@@ -15,16 +15,18 @@
 //! block it references was overwritten, because freed space stays pinned until then.
 
 
+pub(crate) mod block_group;
 pub(crate) mod cow;
 pub(crate) mod extent_tree;
 pub(crate) mod free_space_tree;
 
-use crate::alloc::block_group::{super_offset, BlockGroup, DevSpace, PendingChunk};
+use crate::alloc::block_group::{super_offset, DevSpace};
+use crate::alloc::{AllocStats, Allocator};
 use crate::tree::ctree::TreeIter;
 use crate::alloc::delayed_ref::DelayedRefs;
-use crate::io::disk_io::{FsInfo, OpenOptions, RootPtr};
+use crate::io::disk_io::{FsInfo, OpenOptions};
+use crate::tree::RootPtr;
 use crate::error::{Error, Result};
-use crate::transaction::extent_tree::AllocStats;
 use crate::alloc::free_space_cache::SearchMode;
 use crate::tree::tree_checker::{check_block, check_header, Expect};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -41,29 +43,19 @@ pub struct Trans {
     /// Generation being written.
     pub transid: u64,
     pub(crate) delayed: DelayedRefs,
-    pub(crate) bgs: BTreeMap<u64, BlockGroup>,
-    /// Profiles for new chunks by type (set by mkfs; else taken from existing groups).
-    pub(crate) profiles: HashMap<u64, u64>,
-    pub(crate) dev_space: BTreeMap<u64, DevSpace>,
-    pub(crate) dev_uuids: HashMap<u64, [u8; 16]>,
-    pub(crate) pending_chunks: Vec<PendingChunk>,
-    pub(crate) pinned: Vec<(u64, u64)>,
+    /// Free space, block groups, device space and pinned extents.
+    pub(crate) alloc: Allocator,
     pub(crate) chunk_tree_uuid: [u8; 16],
     /// ROOT_ITEM keys and current items of trees touched (subvolumes included).
     pub(crate) root_keys: HashMap<u64, Key>,
     pub(crate) dirty_roots: BTreeSet<u64>,
     pub(crate) root_bytes_delta: HashMap<u64, i64>,
-    pub(crate) last_alloc: HashMap<u64, u64>,
-    pub(crate) search_mode: SearchMode,
-    pub alloc_stats: AllocStats,
     /// Inode numbers handed out per tree in this transaction.
     pub(crate) next_ino: HashMap<u64, u64>,
     _lock: Vec<std::fs::File>,
     pub commits: u64,
     /// Compress file data on write (mkfs --compress, mount -o compress).
     pub compress: Option<(ubtrfs_compress::Compression, Option<i32>)>,
-    /// Upper bound of new chunks' size (mkfs --shrink).
-    pub chunk_size_max: Option<u64>,
     /// While set, `write` shares the data from this file (same offsets) instead of
     /// writing it, where it can (mkfs --reflink).
     pub reflink_source: Option<Arc<std::fs::File>>,
@@ -161,7 +153,7 @@ impl Trans {
         let mut t = Trans::bare(fs, chunk_tree_uuid);
         t.refuse_unfinished_work()?;
         t.load_devices()?;
-        t.load_block_groups()?;
+        t.alloc.load_block_groups(&t.fs.info)?;
         Ok(t)
     }
 
@@ -172,24 +164,15 @@ impl Trans {
             fs,
             transid,
             delayed: DelayedRefs::default(),
-            bgs: BTreeMap::new(),
-            profiles: HashMap::new(),
-            dev_space: BTreeMap::new(),
-            dev_uuids: HashMap::new(),
-            pending_chunks: Vec::new(),
-            pinned: Vec::new(),
+            alloc: Allocator::new(),
             chunk_tree_uuid,
             root_keys: HashMap::new(),
             dirty_roots: BTreeSet::new(),
             root_bytes_delta: HashMap::new(),
-            last_alloc: HashMap::new(),
-            search_mode: SearchMode::SizeIndex,
-            alloc_stats: AllocStats::default(),
             next_ino: HashMap::new(),
             _lock: Vec::new(),
             commits: 0,
             compress: None,
-            chunk_size_max: None,
             reflink_source: None,
             reflink_failed: false,
         }
@@ -263,8 +246,8 @@ impl Trans {
                     .map_err(|e| Error::corrupt(format!("device extent {}: {e}", item.key())))?;
                 ds.used.insert(item.key().offset, de.length);
             }
-            self.dev_uuids.insert(d.devid, d.uuid);
-            self.dev_space.insert(d.devid, ds);
+            self.alloc.dev_uuids.insert(d.devid, d.uuid);
+            self.alloc.dev_space.insert(d.devid, ds);
         }
         Ok(())
     }
@@ -428,15 +411,15 @@ impl Trans {
 
     fn has_pending_work(&self) -> bool {
         !self.delayed.is_empty()
-            || !self.pending_chunks.is_empty()
+            || !self.alloc.pending_chunks.is_empty()
             || !self.dirty_roots.is_empty()
             || self.root_bytes_delta.values().any(|&d| d != 0)
-            || self.bgs.values().any(|b| b.dirty)
+            || self.alloc.bgs.values().any(|b| b.dirty)
     }
 
     /// Writes the transaction durably (see the module comment) and starts the next.
     pub fn commit(&mut self) -> Result<()> {
-        if !self.has_pending_work() && self.dirty_bytes() == 0 && self.pinned.is_empty() {
+        if !self.has_pending_work() && self.dirty_bytes() == 0 && self.alloc.pinned.is_empty() {
             // Nothing changed: like the kernel, an empty transaction writes nothing.
             return Ok(());
         }
@@ -466,15 +449,7 @@ impl Trans {
         self.write_supers()?;
         self.flush_devices()?;
         // Durable: the pinned space is no longer referenced by any committed tree.
-        for (b, l) in std::mem::take(&mut self.pinned) {
-            let s = self.bg_of(b)?;
-            self.bgs
-                .get_mut(&s)
-                .expect("found above")
-                .free
-                .add(b, l)
-                .map_err(|e| Error::corrupt(format!("unpinning {b}: {e}")))?;
-        }
+        self.alloc.unpin_all()?;
         self.fs.info.sb.generation = self.transid;
         self.fs.clear_data_caches();
         self.transid += 1;
@@ -483,7 +458,7 @@ impl Trans {
     }
 
     fn write_dirty_blocks(&mut self) -> Result<()> {
-        let blocks: Vec<Arc<crate::io::disk_io::TreeBlock>> = {
+        let blocks: Vec<Arc<crate::tree::TreeBlock>> = {
             let mut d = self
                 .fs
                 .info
@@ -510,7 +485,7 @@ impl Trans {
             self.write_logical(b.bytenr, &data)?;
             self.fs
                 .info
-                .cache_insert(Arc::new(crate::io::disk_io::TreeBlock {
+                .cache_insert(Arc::new(crate::tree::TreeBlock {
                     bytenr: b.bytenr,
                     data,
                 }));
@@ -589,11 +564,11 @@ impl Trans {
             .collect();
         for (devid, dev) in devs {
             let mut sb = self.fs.info.sb.clone();
-            if let Some(ds) = self.dev_space.get(&devid) {
+            if let Some(ds) = self.alloc.dev_space.get(&devid) {
                 sb.dev_item.bytes_used = ds.bytes_used;
                 sb.dev_item.devid = devid;
                 sb.dev_item.total_bytes = ds.total_bytes;
-                if let Some(u) = self.dev_uuids.get(&devid) {
+                if let Some(u) = self.alloc.dev_uuids.get(&devid) {
                     sb.dev_item.uuid = *u;
                 }
             }
@@ -650,6 +625,26 @@ impl Trans {
 
     /// Tree ids of the subvolume-like roots touched (for callers updating times).
     pub fn allocation_mode(&self) -> SearchMode {
-        self.search_mode
+        self.alloc.search_mode
+    }
+
+    /// Chooses how free space is searched (the allocator benchmark compares them).
+    pub fn set_search_mode(&mut self, m: SearchMode) {
+        self.alloc.search_mode = m;
+    }
+
+    /// Allocator counters (searches, entries visited, latencies).
+    pub fn alloc_stats(&self) -> &AllocStats {
+        &self.alloc.stats
+    }
+
+    /// Records the wall time of every free-space search in [`AllocStats`].
+    pub fn record_alloc_latency(&mut self, on: bool) {
+        self.alloc.stats.record_latency = on;
+    }
+
+    /// Caps the size of new chunks (mkfs --shrink).
+    pub fn set_chunk_size_max(&mut self, max_bytes: Option<u64>) {
+        self.alloc.chunk_size_max = max_bytes;
     }
 }

@@ -2,7 +2,7 @@
 //! root down to a leaf, like the kernel's btrfs_path; iteration moves the leaf slot and
 //! climbs only when a leaf is exhausted, so a forward walk reads each block once.
 
-use crate::io::disk_io::{FsInfo, RootPtr, TreeBlock};
+use crate::tree::{BlockSource, RootPtr, TreeBlock};
 use crate::error::{Error, Result};
 use crate::tree::tree_checker::Expect;
 use std::sync::Arc;
@@ -77,12 +77,12 @@ fn child_expect(parent: &TreeBlock, slot: usize) -> Result<(u64, Expect)> {
     ))
 }
 
-fn read_child(fs: &FsInfo, parent: &TreeBlock, slot: usize) -> Result<Arc<TreeBlock>> {
+fn read_child(fs: &dyn BlockSource, parent: &TreeBlock, slot: usize) -> Result<Arc<TreeBlock>> {
     let (bytenr, expect) = child_expect(parent, slot)?;
     fs.read_tree_block(bytenr, &expect)
 }
 
-pub fn read_root(fs: &FsInfo, root: &RootPtr) -> Result<Arc<TreeBlock>> {
+pub fn read_root(fs: &dyn BlockSource, root: &RootPtr) -> Result<Arc<TreeBlock>> {
     fs.read_tree_block(
         root.bytenr,
         &Expect {
@@ -99,7 +99,7 @@ pub fn read_root(fs: &FsInfo, root: &RootPtr) -> Result<Arc<TreeBlock>> {
 
 /// Positions a path at the first item >= `key` in its leaf (the slot may equal
 /// nritems when every key in that leaf is smaller; see [`search_forward`]).
-pub fn search_slot(fs: &FsInfo, root: &RootPtr, key: &Key) -> Result<Path> {
+pub fn search_slot(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<Path> {
     let top = read_root(fs, root)?;
     let levels = top.level() as usize + 1;
     let mut nodes: Vec<Option<(Arc<TreeBlock>, usize)>> = vec![None; levels];
@@ -148,7 +148,7 @@ pub fn search_slot(fs: &FsInfo, root: &RootPtr, key: &Key) -> Result<Path> {
 }
 
 /// Moves to the next leaf when the slot is past the end; false when the tree ends.
-fn fixup_forward(fs: &FsInfo, path: &mut Path) -> Result<bool> {
+fn fixup_forward(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
     if path.valid() {
         return Ok(true);
     }
@@ -160,7 +160,7 @@ fn fixup_forward(fs: &FsInfo, path: &mut Path) -> Result<bool> {
 /// Keys must grow from leaf to leaf: a hostile tree that links one block from several
 /// nodes (the first-key check cannot tell the copies apart when their parents differ)
 /// would otherwise be walked again and again, exponentially in its height.
-pub fn next_leaf(fs: &FsInfo, path: &mut Path) -> Result<bool> {
+pub fn next_leaf(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
     let leaf = path.leaf();
     let mut floor = match leaf.nritems() {
         0 => None,
@@ -212,14 +212,14 @@ fn key_of(b: &TreeBlock, slot: usize) -> Result<Key> {
 }
 
 /// Advances to the next item. False at the end of the tree.
-pub fn next_item(fs: &FsInfo, path: &mut Path) -> Result<bool> {
+pub fn next_item(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
     path.nodes[0].1 += 1;
     fixup_forward(fs, path)
 }
 
 /// Steps back to the previous item. False at the start of the tree. Keys must shrink
 /// from leaf to leaf (see [`next_leaf`]).
-pub fn prev_item(fs: &FsInfo, path: &mut Path) -> Result<bool> {
+pub fn prev_item(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
     if path.nodes[0].1 > 0 {
         path.nodes[0].1 -= 1;
         return Ok(true);
@@ -267,7 +267,7 @@ pub fn prev_item(fs: &FsInfo, path: &mut Path) -> Result<bool> {
 }
 
 /// A path at the first item >= key, or None when no such item exists.
-pub fn search_forward(fs: &FsInfo, root: &RootPtr, key: &Key) -> Result<Option<Path>> {
+pub fn search_forward(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<Option<Path>> {
     let mut p = search_slot(fs, root, key)?;
     if fixup_forward(fs, &mut p)? {
         Ok(Some(p))
@@ -277,7 +277,7 @@ pub fn search_forward(fs: &FsInfo, root: &RootPtr, key: &Key) -> Result<Option<P
 }
 
 /// The item with exactly this key.
-pub fn lookup_exact(fs: &FsInfo, root: &RootPtr, key: &Key) -> Result<Option<ItemRef>> {
+pub fn lookup_exact(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<Option<ItemRef>> {
     let p = search_slot(fs, root, key)?;
     if p.valid() && p.key()? == *key {
         Ok(Some(p.item()))
@@ -287,7 +287,7 @@ pub fn lookup_exact(fs: &FsInfo, root: &RootPtr, key: &Key) -> Result<Option<Ite
 }
 
 /// The last item with key <= `key`.
-pub fn lookup_prev(fs: &FsInfo, root: &RootPtr, key: Key) -> Result<Option<(Key, Vec<u8>)>> {
+pub fn lookup_prev(fs: &dyn BlockSource, root: &RootPtr, key: Key) -> Result<Option<(Key, Vec<u8>)>> {
     let mut p = search_slot(fs, root, &key)?;
     if p.valid() && p.key()? == key {
         return Ok(Some((key, p.data()?.to_vec())));
@@ -299,7 +299,7 @@ pub fn lookup_prev(fs: &FsInfo, root: &RootPtr, key: Key) -> Result<Option<(Key,
 }
 
 /// The last item with key <= `key`, as a path (for walking on from there).
-pub fn search_prev(fs: &FsInfo, root: &RootPtr, key: &Key) -> Result<Option<Path>> {
+pub fn search_prev(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<Option<Path>> {
     let mut p = search_slot(fs, root, key)?;
     if p.valid() && p.key()? == *key {
         return Ok(Some(p));
@@ -313,7 +313,7 @@ pub fn search_prev(fs: &FsInfo, root: &RootPtr, key: &Key) -> Result<Option<Path
 
 /// Calls `f` for every item from `start` on, in key order, until it returns false.
 pub fn walk_items(
-    fs: &FsInfo,
+    fs: &dyn BlockSource,
     root: &RootPtr,
     start: Key,
     mut f: impl FnMut(&Key, &[u8]) -> Result<bool>,
@@ -336,14 +336,14 @@ pub fn walk_items(
 
 /// Iterates items in [start, end] in key order.
 pub struct TreeIter<'a> {
-    fs: &'a FsInfo,
+    fs: &'a dyn BlockSource,
     path: Option<Path>,
     end: Key,
     started: bool,
 }
 
 impl<'a> TreeIter<'a> {
-    pub fn new(fs: &'a FsInfo, root: &RootPtr, start: Key, end: Key) -> Result<TreeIter<'a>> {
+    pub fn new(fs: &'a dyn BlockSource, root: &RootPtr, start: Key, end: Key) -> Result<TreeIter<'a>> {
         Ok(TreeIter {
             fs,
             path: search_forward(fs, root, &start)?,

@@ -7,3 +7,51 @@
 pub(crate) mod block_edit;
 pub(crate) mod ctree;
 pub(crate) mod tree_checker;
+
+use crate::error::Result;
+use std::sync::Arc;
+use tree_checker::Expect;
+use ubtrfs_format::tree::BlockView;
+
+/// Where tree blocks come from. [`crate::FsInfo`] reads them from the devices, verified
+/// and cached; the b-tree code needs nothing else of the I/O layer.
+pub trait BlockSource {
+    /// Reads the tree block at logical `bytenr`, checked against what its parent
+    /// says of it (`expect`).
+    fn read_tree_block(&self, bytenr: u64, expect: &Expect) -> Result<Arc<TreeBlock>>;
+}
+
+/// A validated tree block.
+#[derive(Debug, Clone)]
+pub struct TreeBlock {
+    pub bytenr: u64,
+    pub data: Vec<u8>,
+}
+
+impl TreeBlock {
+    pub fn view(&self) -> BlockView<'_> {
+        BlockView::new(&self.data)
+    }
+    pub fn level(&self) -> u8 {
+        self.view().level()
+    }
+    pub fn nritems(&self) -> usize {
+        self.view().nritems() as usize
+    }
+    pub fn generation(&self) -> u64 {
+        self.view().generation()
+    }
+    pub fn owner(&self) -> u64 {
+        self.view().owner()
+    }
+}
+
+/// Where a tree's root block is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RootPtr {
+    pub id: u64,
+    pub bytenr: u64,
+    pub level: u8,
+    pub generation: u64,
+}
+

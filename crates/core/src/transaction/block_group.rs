@@ -1,0 +1,140 @@
+//! Block groups, written (the write half of the kernel's block-group.c and volumes.c):
+//! the chunk, device-extent and device items of chunks the allocator created in this
+//! transaction, the superblock's sys_chunk_array, and BLOCK_GROUP_ITEMs of dirty groups.
+
+use crate::alloc::block_group::bg_tree_id;
+use crate::error::{Error, Result};
+use crate::transaction::Trans;
+use ubtrfs_format::consts::*;
+use ubtrfs_format::items::BlockGroupItem;
+use ubtrfs_format::key::Key;
+
+impl Trans {
+    /// Shrinks the (single) device to the end of its last device extent (mkfs
+    /// --shrink); returns the new size. Commit afterwards.
+    pub fn shrink_to_fit(&mut self) -> Result<u64> {
+        if self.alloc.dev_space.len() != 1 {
+            return Err(Error::Unsupported(
+                "shrinking a multi-device filesystem".into(),
+            ));
+        }
+        let (&devid, ds) = self.alloc.dev_space.iter_mut().next().expect("one device");
+        let end = ds.used.iter().map(|(s, l)| s + l).max().unwrap_or(1 << 20);
+        let end = end.next_multiple_of(self.fs.info.sectorsize as u64);
+        ds.total_bytes = end;
+        self.fs.info.sb.total_bytes = end;
+        self.fs.info.sb.dev_item.total_bytes = end;
+        let key = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid);
+        self.update_item(CHUNK_TREE_OBJECTID, &key, |d| {
+            if d.len() >= 16 {
+                d[8..16].copy_from_slice(&end.to_le_bytes());
+            }
+        })?;
+        Ok(end)
+    }
+
+    /// Inserts the items of chunks allocated in this transaction.
+    pub(crate) fn create_pending_chunks(&mut self) -> Result<()> {
+        let pending = std::mem::take(&mut self.alloc.pending_chunks);
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let chunk_uuid = self.chunk_tree_uuid;
+        for p in &pending {
+            let key = Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, p.logical);
+            let bytes = p.chunk.to_bytes();
+            self.insert_item(CHUNK_TREE_OBJECTID, &key, &bytes)?;
+            for st in &p.chunk.stripes {
+                let de = ubtrfs_format::items::DevExtent {
+                    chunk_tree: CHUNK_TREE_OBJECTID,
+                    chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
+                    chunk_offset: p.logical,
+                    length: p.chunk.length,
+                    chunk_tree_uuid: chunk_uuid,
+                };
+                let k = Key::new(st.devid, DEV_EXTENT_KEY, st.offset);
+                self.insert_item(DEV_TREE_OBJECTID, &k, &de.to_bytes())?;
+            }
+            if p.chunk.ty & BLOCK_GROUP_SYSTEM != 0 {
+                self.append_sys_chunk(&key, &bytes)?;
+            }
+        }
+        self.update_dev_items()?;
+        Ok(())
+    }
+
+    fn append_sys_chunk(&mut self, key: &Key, chunk: &[u8]) -> Result<()> {
+        let sb = &mut self.fs.info.sb;
+        let need = DISK_KEY_SIZE + chunk.len();
+        if sb.sys_chunk_array_size as usize + need > SYSTEM_CHUNK_ARRAY_SIZE {
+            return Err(Error::NoSpace(
+                "superblock sys_chunk_array is full (too many system chunks)".into(),
+            ));
+        }
+        let mut arr = sb.sys_chunk_array[..sb.sys_chunk_array_size as usize].to_vec();
+        arr.extend_from_slice(&key.to_bytes());
+        arr.extend_from_slice(chunk);
+        sb.sys_chunk_array_size = arr.len() as u32;
+        arr.resize(SYSTEM_CHUNK_ARRAY_SIZE, 0);
+        sb.sys_chunk_array = arr;
+        Ok(())
+    }
+
+    /// Writes bytes_used of every device into its DEV_ITEM and the superblock copy.
+    pub(crate) fn update_dev_items(&mut self) -> Result<()> {
+        let devs: Vec<(u64, u64)> = self.alloc.dev_space
+            .iter()
+            .map(|(d, s)| (*d, s.bytes_used))
+            .collect();
+        for (devid, used) in devs {
+            let key = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid);
+            self.update_item(CHUNK_TREE_OBJECTID, &key, |d| {
+                // bytes_used follows devid and total_bytes.
+                if d.len() >= 24 {
+                    d[16..24].copy_from_slice(&used.to_le_bytes());
+                }
+            })?;
+            if self.fs.info.sb.dev_item.devid == devid {
+                self.fs.info.sb.dev_item.bytes_used = used;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the BLOCK_GROUP_ITEM of every dirty block group.
+    pub(crate) fn write_dirty_block_groups(&mut self) -> Result<bool> {
+        let tree = bg_tree_id(&self.fs.info);
+        let dirty: Vec<(u64, u64, u64, u64, bool)> = self.alloc.bgs
+            .values()
+            .filter(|b| b.dirty)
+            .map(|b| (b.start, b.length, b.flags, b.used, b.new))
+            .collect();
+        let mut changed = false;
+        for (start, length, flags, used, new) in dirty {
+            let key = Key::new(start, BLOCK_GROUP_ITEM_KEY, length);
+            let item = BlockGroupItem {
+                used,
+                chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
+                flags,
+            }
+            .to_bytes();
+            if new {
+                self.insert_item(tree, &key, &item)?;
+                changed = true;
+            } else {
+                let mut same = true;
+                self.update_item(tree, &key, |d| {
+                    if d[..] != item[..] {
+                        same = false;
+                        d.copy_from_slice(&item);
+                    }
+                })?;
+                changed |= !same;
+            }
+            if let Some(b) = self.alloc.bgs.get_mut(&start) {
+                b.new = false;
+            }
+        }
+        Ok(changed)
+    }
+}
