@@ -14,8 +14,8 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use ubtrfs_core::free_space_cache::SearchMode;
-use ubtrfs_core::inode_ops::{now, NewInode};
+use ubtrfs_core::SearchMode;
+use ubtrfs_core::{now, NewInode};
 use ubtrfs_core::{Error, Trans};
 
 const ROOT: u64 = 5;
@@ -202,7 +202,7 @@ fn ubtrfs(img: &Path, mode: SearchMode, len: u64) -> Result<(), Error> {
     let mut t = Trans::open_paths(&[img])?;
     let open_ns = t0.elapsed().as_nanos() as u64;
     t.set_search_mode(mode);
-    t.alloc_stats.record_latency = true;
+    t.record_alloc_latency(true);
     let mut n = 0u64;
     let mut bytes = 0u64;
     let mut extents = 0u64;
@@ -234,7 +234,7 @@ fn ubtrfs(img: &Path, mode: SearchMode, len: u64) -> Result<(), Error> {
     let t3 = Instant::now();
     t.commit()?;
     let commit_ns = t3.elapsed().as_nanos() as u64;
-    let s = &t.alloc_stats;
+    let s = t.alloc_stats();
     println!("ubtrfs ({mode:?}): latency per allocator search (find_free, successful searches):");
     histogram("nsecs", &s.latencies_ns);
     let lat_total: u64 = s.latencies_ns.iter().sum();

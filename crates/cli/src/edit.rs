@@ -13,9 +13,9 @@ use std::sync::Arc;
 use ubtrfs_core::format::consts::*;
 use ubtrfs_core::format::csum::CsumType;
 use ubtrfs_core::format::items::Timespec;
-use ubtrfs_core::inode_ops::{now, NewInode, MAX_EXTENT_SIZE};
-use ubtrfs_core::mkfs::{make_filesystem, MkfsOptions};
+use ubtrfs_core::tools::mkfs::{make_filesystem, MkfsOptions};
 use ubtrfs_core::Trans;
+use ubtrfs_core::{now, NewInode, MAX_EXTENT_SIZE};
 
 /// Commit when this much metadata is dirty, so memory stays bounded on big copies.
 const DIRTY_BYTES_COMMIT: usize = 256 << 20;
@@ -173,8 +173,7 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         }
     }
     if exists {
-        ubtrfs_core::dev::refuse_if_mounted(&a.image)
-            .with_context(|| a.image.display().to_string())?;
+        ubtrfs_core::refuse_if_mounted(&a.image).with_context(|| a.image.display().to_string())?;
     }
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -183,7 +182,7 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         .truncate(false)
         .open(&a.image)
         .with_context(|| format!("opening {}", a.image.display()))?;
-    let lock = ubtrfs_core::dev::lock_exclusive(&a.image)?;
+    let lock = ubtrfs_core::lock_exclusive(&a.image)?;
     if let Some(s) = &a.size {
         let size = parse_size(s)?;
         file.set_len(size)
@@ -204,8 +203,8 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         opts.root_gid = md.gid();
         opts.root_mode = md.mode();
     }
-    let dev: Arc<dyn ubtrfs_core::dev::Device> = Arc::new(
-        ubtrfs_core::dev::FileDevice::open(&a.image, true)
+    let dev: Arc<dyn ubtrfs_core::Device> = Arc::new(
+        ubtrfs_core::FileDevice::open(&a.image, true)
             .with_context(|| a.image.display().to_string())?,
     );
     let mut t = make_filesystem(dev, &opts)?;

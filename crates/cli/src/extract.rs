@@ -13,8 +13,8 @@ use std::io::{IsTerminal, Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{lchown, PermissionsExt};
 use std::path::{Path, PathBuf};
-use ubtrfs_core::fs::*;
-use ubtrfs_core::inode::Stat;
+use ubtrfs_core::mode::*;
+use ubtrfs_core::Stat;
 use ubtrfs_core::{Filesystem, Node};
 use ubtrfs_format::items::{InodeItem, Timespec};
 

@@ -1,6 +1,6 @@
 //! Text formatting shared by the commands: modes like ls, times like GNU stat.
 
-use ubtrfs_core::fs::*;
+use ubtrfs_core::mode::*;
 use ubtrfs_format::items::Timespec;
 
 /// "drwxr-xr-x" for a st_mode.

@@ -12,9 +12,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use ubtrfs_core::dir::DirEntry;
-use ubtrfs_core::fs::{S_IFBLK, S_IFCHR, S_IFLNK, S_IFMT};
-use ubtrfs_core::inode::Stat;
+use ubtrfs_core::mode::{S_IFBLK, S_IFCHR, S_IFLNK, S_IFMT};
+use ubtrfs_core::DirEntry;
+use ubtrfs_core::Stat;
 use ubtrfs_core::{Filesystem, Node, OpenOptions};
 
 #[derive(Parser)]
@@ -388,11 +388,11 @@ fn run(cli: Cli) -> Result<()> {
                         t.parse::<i64>()
                             .map(|v| v as u64)
                             .ok()
-                            .or_else(|| ubtrfs_core::print_tree::parse_tree_name(&t))
+                            .or_else(|| ubtrfs_core::tools::print_tree::parse_tree_name(&t))
                             .with_context(|| format!("unknown tree {t:?}"))?,
                     ),
                 };
-                let r = ubtrfs_core::print_tree::dump_tree(&fs.info, tree, block, &mut out);
+                let r = ubtrfs_core::tools::print_tree::dump_tree(&fs.info, tree, block, &mut out);
                 flush_warnings(&fs);
                 r?;
             }
@@ -493,7 +493,7 @@ fn cmd_ls(
     let node = fs.resolve(path)?;
     let st = fs.stat(node)?;
     let mut json = Vec::new();
-    if st.mode & S_IFMT != ubtrfs_core::fs::S_IFDIR {
+    if st.mode & S_IFMT != ubtrfs_core::mode::S_IFDIR {
         if format == Format::Json {
             json.push(stat_json(fs, path, node, &st)?);
             serde_json::to_writer_pretty(&mut *out, &json)?;
@@ -534,7 +534,7 @@ fn cmd_ls(
             } else {
                 writeln!(out, "{}", ls_line(fs, &e.name, e.node, &st, long)?)?;
             }
-            if recursive && st.mode & S_IFMT == ubtrfs_core::fs::S_IFDIR {
+            if recursive && st.mode & S_IFMT == ubtrfs_core::mode::S_IFDIR {
                 subdirs.push((p, e.node));
             }
         }
@@ -551,7 +551,7 @@ fn cmd_ls(
 fn cmd_cat(fs: &Filesystem, path: &str, out: &mut dyn Write) -> Result<()> {
     let node = fs.resolve(path)?;
     let inode = fs.inode_item(node)?;
-    if inode.mode & S_IFMT == ubtrfs_core::fs::S_IFDIR {
+    if inode.mode & S_IFMT == ubtrfs_core::mode::S_IFDIR {
         bail!("{path}: Is a directory");
     }
     const CHUNK: usize = 1 << 20;
@@ -654,7 +654,7 @@ fn cmd_subvol_list(
 }
 
 fn cmd_dump_super(img: &Image, full: bool, mirror: usize, out: &mut dyn Write) -> Result<()> {
-    use ubtrfs_core::dev::{Device, FileDevice};
+    use ubtrfs_core::{Device, FileDevice};
     use ubtrfs_format::consts::*;
     use ubtrfs_format::superblock::SuperBlock;
     if mirror >= SUPER_MIRROR_MAX {
@@ -671,7 +671,7 @@ fn cmd_dump_super(img: &Image, full: bool, mirror: usize, out: &mut dyn Write) -
     dev.read_at(off, &mut buf)
         .with_context(|| format!("{path}: reading superblock at {off}"))?;
     let sb = SuperBlock::parse(&buf).with_context(|| format!("{path}: superblock at {off}"))?;
-    let text = ubtrfs_core::print_tree::dump_super_with(&sb, off, path, full);
+    let text = ubtrfs_core::tools::print_tree::dump_super_with(&sb, off, path, full);
     out.write_all(text.as_bytes())?;
     Ok(())
 }

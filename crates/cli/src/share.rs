@@ -4,11 +4,11 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use std::io::Write;
-use ubtrfs_core::backref::ShareCtx;
-use ubtrfs_core::du::pretty_size;
-use ubtrfs_core::fiemap::{flag_names, FiemapExtent, FIEMAP_EXTENT_DATA_INLINE};
-use ubtrfs_core::fs::{S_IFMT, S_IFREG};
+use ubtrfs_core::mode::{S_IFMT, S_IFREG};
+use ubtrfs_core::tools::du::pretty_size;
+use ubtrfs_core::tools::fiemap::{flag_names, FiemapExtent, FIEMAP_EXTENT_DATA_INLINE};
 use ubtrfs_core::Filesystem;
+use ubtrfs_core::ShareCtx;
 
 #[derive(Args)]
 pub struct FiemapArgs {
@@ -243,7 +243,7 @@ pub fn cmd_du(fs: &Filesystem, a: &DuArgs, out: &mut dyn Write) -> Result<()> {
             "{:<10} {:>5} {:>12} {:>12} {:>12}",
             "Type", "Perc", "Disk Usage", "Uncompressed", "Referenced"
         )?;
-        let row = |name: &str, r: &ubtrfs_core::du::FootprintRow, out: &mut dyn Write| {
+        let row = |name: &str, r: &ubtrfs_core::tools::du::FootprintRow, out: &mut dyn Write| {
             let perc = (r.disk * 100).checked_div(r.uncompressed).unwrap_or(0);
             writeln!(
                 out,
@@ -281,7 +281,7 @@ pub struct SubvolDuArgs {
 /// `subvolume du`: referenced/exclusive per subvolume (what `btrfs qgroup show`
 /// reports after a rescan), and what deleting the given set together would free.
 pub fn cmd_subvol_du(fs: &Filesystem, a: &SubvolDuArgs, out: &mut dyn Write) -> Result<()> {
-    let sharing = ubtrfs_core::qgroup::compute_sharing(&fs.info)?;
+    let sharing = ubtrfs_core::tools::subvol_du::compute_sharing(&fs.info)?;
     let subs = fs.subvolumes()?;
     let path_of = |id: u64| -> String {
         if id == ubtrfs_format::consts::FS_TREE_OBJECTID {

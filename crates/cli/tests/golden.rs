@@ -11,7 +11,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 use std::process::Command;
-use ubtrfs_core::fs::*;
+use ubtrfs_core::mode::*;
 use ubtrfs_core::{Filesystem, Node, OpenOptions};
 
 mod common;
@@ -394,7 +394,7 @@ fn golden_fiemap_matches_kernel() {
     for (name, m) in manifests() {
         let u = unpack_set(&m);
         let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
-        let mut share = ubtrfs_core::backref::ShareCtx::new(&fs.info).unwrap();
+        let mut share = ubtrfs_core::ShareCtx::new(&fs.info).unwrap();
         for (p, k) in entries(&m) {
             let Some(kf) = k.get("fiemap") else { continue };
             let node = fs.resolve(&p).unwrap();
@@ -428,7 +428,7 @@ fn golden_du_matches_kernel() {
         };
         let u = unpack_set(&m);
         let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
-        let mut share = ubtrfs_core::backref::ShareCtx::new(&fs.info).unwrap();
+        let mut share = ubtrfs_core::ShareCtx::new(&fs.info).unwrap();
         for (p, want) in du {
             let lines = fs
                 .filesystem_du(&mut share, p, true)
@@ -454,7 +454,7 @@ fn golden_subvolume_du_matches_qgroup_rescan() {
         };
         let u = unpack_set(&m);
         let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
-        let sharing = ubtrfs_core::qgroup::compute_sharing(&fs.info).unwrap();
+        let sharing = ubtrfs_core::tools::subvol_du::compute_sharing(&fs.info).unwrap();
         let ours: BTreeMap<String, Value> = sharing
             .numbers()
             .iter()

@@ -14,9 +14,9 @@ use std::collections::BTreeSet;
 use std::io;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use ubtrfs_core::dev::Device;
-use ubtrfs_core::fuzz_harness::{run_device, seed_from_image, Limits, SEED_FLAGS};
-use ubtrfs_core::sparse_dev::{decode, SparseDevice, SPARSE_BLOCK_SIZE};
+use ubtrfs_core::fuzzing::harness::{run_device, seed_from_image, Limits, SEED_FLAGS};
+use ubtrfs_core::fuzzing::sparse_dev::{decode, SparseDevice, SPARSE_BLOCK_SIZE};
+use ubtrfs_core::Device;
 use ubtrfs_core::{FsInfo, OpenOptions};
 
 /// Remembers which 4 KiB blocks were read.

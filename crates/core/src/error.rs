@@ -66,17 +66,17 @@ impl Error {
 
 /// Linux errno values (stable ABI), kept here so the engine needs no libc.
 mod libc_consts {
-    pub const ENOENT: i32 = 2;
-    pub const EBUSY: i32 = 16;
-    pub const EEXIST: i32 = 17;
-    pub const ENOSPC: i32 = 28;
-    pub const ENOTEMPTY: i32 = 39;
-    pub const EIO: i32 = 5;
-    pub const ENOTDIR: i32 = 20;
-    pub const EISDIR: i32 = 21;
-    pub const EINVAL: i32 = 22;
-    pub const ELOOP: i32 = 40;
-    pub const EOPNOTSUPP: i32 = 95;
+    pub(super) const ENOENT: i32 = 2;
+    pub(super) const EBUSY: i32 = 16;
+    pub(super) const EEXIST: i32 = 17;
+    pub(super) const ENOSPC: i32 = 28;
+    pub(super) const ENOTEMPTY: i32 = 39;
+    pub(super) const EIO: i32 = 5;
+    pub(super) const ENOTDIR: i32 = 20;
+    pub(super) const EISDIR: i32 = 21;
+    pub(super) const EINVAL: i32 = 22;
+    pub(super) const ELOOP: i32 = 40;
+    pub(super) const EOPNOTSUPP: i32 = 95;
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

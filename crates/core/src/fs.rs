@@ -1,9 +1,9 @@
 //! The filesystem façade: subvolume-aware nodes, path resolution, and caches shared by
 //! the inode, dir, xattr and file-read modules (each adds its own `impl Filesystem`).
 
+use crate::error::{Error, Result};
 use crate::io::disk_io::{FsInfo, OpenOptions};
 use crate::tree::RootPtr;
-use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -1,21 +1,54 @@
-//! The ubtrfs engine.
+//! The ubtrfs engine: btrfs read and written in userspace, bit-compatible with the
+//! Linux kernel.
+//!
+//! Start here:
+//! - [`Filesystem::open_paths`] opens an image (or several devices) for reading; paths
+//!   resolve to a [`Node`] (subvolume, inode), and `stat`, `read_dir`, `read`,
+//!   `xattrs` answer as a kernel mount would.
+//! - [`Trans::open_paths`] opens an image for writing; file operations (`create`,
+//!   `write`, `rename`, ...) run on the transaction, and [`Trans::commit`] makes them
+//!   durable with the kernel's commit protocol.
+//! - [`tools`] holds what is built on the engine: mkfs, the dump-tree printer, fiemap,
+//!   `filesystem du` and `subvolume du`.
+//!
+//! Every byte goes through a [`Device`]; [`MemDevice`] and test devices substitute for
+//! files. The module map, the layering and the invariants are in ARCHITECTURE.md at the
+//! repository's root.
 
-pub mod alloc;
-pub mod backref;
-pub mod error;
-pub mod fs;
+#![warn(missing_docs)]
+#![warn(unreachable_pub)]
+
+mod alloc;
+mod backref;
+mod error;
+mod fs;
+mod inode;
+mod io;
+mod subvol;
+mod transaction;
+mod tree;
+
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
-pub mod inode;
-pub mod io;
-pub mod subvol;
 pub mod tools;
-pub mod transaction;
-pub mod tree;
 
+pub use alloc::free_space_cache::SearchMode;
+pub use alloc::AllocStats;
+pub use backref::ShareCtx;
 pub use error::{Error, Result};
 pub use fs::{Filesystem, Node};
-pub use io::disk_io::{FsInfo, OpenOptions};
-pub use tree::RootPtr;
+pub use inode::dir::DirEntry;
+pub use inode::inode::{kernel_rdev_to_user, Stat};
+pub use inode::ops::{file_type_of, now, NewInode, MAX_EXTENT_SIZE};
+pub use io::dev::{lock_exclusive, refuse_if_mounted, Device, FileDevice, MemDevice};
+pub use io::disk_io::{read_best_super, FsInfo, OpenOptions};
 pub use transaction::Trans;
+pub use tree::ctree::{lookup_exact, search_slot, walk_items, ItemRef, Path as TreePath, TreeIter};
+pub use tree::{RootPtr, TreeBlock};
 pub use ubtrfs_format as format;
+
+/// File type bits of `st_mode`, as Linux defines them (btrfs stores them in the inode
+/// item's mode).
+pub mod mode {
+    pub use crate::fs::{S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK};
+}

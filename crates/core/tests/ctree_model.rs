@@ -7,13 +7,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use ubtrfs_core::ctree::TreeIter;
-use ubtrfs_core::dev::{Device, MemDevice};
-use ubtrfs_core::disk_io::{FsInfo, OpenOptions};
 use ubtrfs_core::format::consts::*;
 use ubtrfs_core::format::key::Key;
-use ubtrfs_core::mkfs::{make_filesystem, MkfsOptions};
+use ubtrfs_core::tools::mkfs::{make_filesystem, MkfsOptions};
 use ubtrfs_core::Trans;
+use ubtrfs_core::TreeIter;
+use ubtrfs_core::{Device, MemDevice};
+use ubtrfs_core::{FsInfo, OpenOptions};
 
 struct Rng(u64);
 impl Rng {

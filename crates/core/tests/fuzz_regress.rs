@@ -1,4 +1,4 @@
-//! Replays the fuzz harness (`ubtrfs_core::fuzz_harness`) over every input that once
+//! Replays the fuzz harness (`ubtrfs_core::fuzzing::harness`) over every input that once
 //! crashed, hung or exhausted memory (crates/core/tests/fuzz_inputs/) and over every
 //! fuzz seed (fuzz/corpus/image/), on stable `cargo test` and without root. Also builds
 //! a few hostile images by hand and checks that each is refused with an error that
@@ -6,11 +6,11 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use ubtrfs_core::dev::Device;
 use ubtrfs_core::format::consts::*;
 use ubtrfs_core::format::key::Key;
-use ubtrfs_core::fuzz_harness::{self, fix_checksums, run, seed_from_image, FLAG_FIX_CSUMS};
-use ubtrfs_core::sparse_dev::{decode, encode, SparseDevice};
+use ubtrfs_core::fuzzing::harness::{self, fix_checksums, run, seed_from_image, FLAG_FIX_CSUMS};
+use ubtrfs_core::fuzzing::sparse_dev::{decode, encode, SparseDevice};
+use ubtrfs_core::Device;
 use ubtrfs_core::{Filesystem, FsInfo, OpenOptions};
 
 fn manifest_dir() -> PathBuf {
@@ -93,7 +93,7 @@ fn open_and_walk(img: &[u8]) -> Result<(), String> {
     for id in [ROOT_TREE_OBJECTID, EXTENT_TREE_OBJECTID, FS_TREE_OBJECTID] {
         let root = fs.info.tree_ptr(id).expect("tree");
         let mut n = 0;
-        ubtrfs_core::ctree::walk_items(&fs.info, &root, Key::MIN, |_, _| {
+        ubtrfs_core::walk_items(&fs.info, &root, Key::MIN, |_, _| {
             n += 1;
             Ok(n < 1_000_000)
         })
@@ -106,7 +106,7 @@ fn open_and_walk(img: &[u8]) -> Result<(), String> {
         n += 1;
         assert!(n < 100_000, "walk does not end");
         let st = fs.stat(node).map_err(|e| e.to_string())?;
-        if st.mode & ubtrfs_core::fs::S_IFMT == ubtrfs_core::fs::S_IFDIR {
+        if st.mode & ubtrfs_core::mode::S_IFMT == ubtrfs_core::mode::S_IFDIR {
             for e in fs.readdir(node).map_err(|e| e.to_string())? {
                 stack.push(e.node);
             }
@@ -279,7 +279,7 @@ fn encoding_round_trips_a_seed() {
     let enc = encode(&img);
     let dev = decode(&enc).expect("decodes");
     assert_eq!(dev.size(), img.len() as u64);
-    fuzz_harness::fuzz_one(&seed_from_image(&img));
+    harness::fuzz_one(&seed_from_image(&img));
 }
 
 /// Logical addresses of `n` unused (all-zero in every copy) metadata blocks.
@@ -359,7 +359,7 @@ fn leaves_reached_twice_are_refused() {
     // The fs tree's ROOT_ITEM: bytenr at 176, level at 238.
     let rt = info.root_tree_ptr();
     let key = Key::new(FS_TREE_OBJECTID, ROOT_ITEM_KEY, 0);
-    let path = ubtrfs_core::ctree::search_slot(&info, &rt, &key).expect("search");
+    let path = ubtrfs_core::search_slot(&info, &rt, &key).expect("search");
     assert_eq!(path.key().expect("key"), key);
     let leaf = path.leaf();
     let item = leaf.view().item(path.slot()).expect("item");

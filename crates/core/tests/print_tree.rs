@@ -12,7 +12,7 @@
 use std::fs::File;
 use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
 use ubtrfs_core::format::superblock::SuperBlock;
-use ubtrfs_core::print_tree::{
+use ubtrfs_core::tools::print_tree::{
     dump_super_with, dump_tree, dump_tree_with, parse_tree_name, DumpTreeOptions,
 };
 use ubtrfs_core::FsInfo;

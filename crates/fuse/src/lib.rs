@@ -28,7 +28,7 @@ pub use session::{Session, Tuning};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use ubtrfs_core::ctree::lookup_exact;
+use ubtrfs_core::lookup_exact;
 use ubtrfs_core::{Filesystem, Node};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;

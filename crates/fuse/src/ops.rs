@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
-use ubtrfs_core::inode::Stat;
+use ubtrfs_core::Stat;
 use ubtrfs_core::{Error, Filesystem, Node};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::InodeItem;

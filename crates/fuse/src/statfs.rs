@@ -31,7 +31,7 @@
 //! to a read-only mount and is not modelled. Block groups the kernel holds
 //! read-only (mid-balance) are not subtracted.
 
-use ubtrfs_core::ctree::{lookup_exact, walk_items};
+use ubtrfs_core::{lookup_exact, walk_items};
 use ubtrfs_core::{Filesystem, Result};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{BlockGroupItem, DevItem};

@@ -17,7 +17,7 @@ use std::fmt;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use ubtrfs_core::dev::Device;
+use ubtrfs_core::Device;
 
 use crate::rng::Rng;
 

@@ -25,14 +25,15 @@ use std::io;
 use std::sync::Arc;
 
 use ubtrfs_compress::Compression;
-use ubtrfs_core::dev::Device;
 use ubtrfs_core::format::csum::CsumType;
 use ubtrfs_core::format::items::Timespec;
-use ubtrfs_core::fs::{Filesystem, Node, S_IFDIR, S_IFMT, S_IFREG};
-use ubtrfs_core::inode::kernel_rdev_to_user;
-use ubtrfs_core::inode_ops::NewInode;
-use ubtrfs_core::mkfs::{make_filesystem, MkfsOptions};
+use ubtrfs_core::kernel_rdev_to_user;
+use ubtrfs_core::mode::{S_IFDIR, S_IFMT, S_IFREG};
+use ubtrfs_core::tools::mkfs::{make_filesystem, MkfsOptions};
+use ubtrfs_core::Device;
+use ubtrfs_core::NewInode;
 use ubtrfs_core::{Error, FsInfo, OpenOptions, Trans};
+use ubtrfs_core::{Filesystem, Node};
 
 use crate::rng::Rng;
 
@@ -1421,7 +1422,7 @@ pub fn apply_engine(
 }
 
 fn ftype_of_mode(mode: u32) -> u8 {
-    ubtrfs_core::inode_ops::file_type_of(mode)
+    ubtrfs_core::file_type_of(mode)
 }
 
 /// Compares one engine node with a model node: type, mode, nlink, size, content or

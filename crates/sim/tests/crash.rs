@@ -28,13 +28,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use ubtrfs_core::dev::{Device, MemDevice};
-use ubtrfs_core::disk_io::read_best_super;
 use ubtrfs_core::format::consts::{
     super_mirror_offset, BTRFS_MAGIC, SUPER_INFO_OFFSET, SUPER_INFO_SIZE, SUPER_MIRROR_MAX,
 };
 use ubtrfs_core::format::superblock::SuperBlock;
-use ubtrfs_core::inode::kernel_rdev_to_user;
+use ubtrfs_core::kernel_rdev_to_user;
+use ubtrfs_core::read_best_super;
+use ubtrfs_core::{Device, MemDevice};
 use ubtrfs_sim::fault_dev::RecordingDevice;
 use ubtrfs_sim::model::{
     btrfs_check_image, compare_tree, gen_op, have_btrfs, open_ro, show, FsConfig, Harness, Id,

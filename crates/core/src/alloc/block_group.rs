@@ -10,21 +10,21 @@
 //! - `fst_free`: the complement of the extent tree's items, i.e. exactly what the
 //!   free-space tree must hold after the commit. Running delayed refs updates it.
 
-use crate::error::{Error, Result};
+use super::Allocator;
 use crate::alloc::free_space_cache::FreeSpaceIndex;
+use crate::error::{Error, Result};
 use crate::io::disk_io::FsInfo;
 use crate::io::volumes::{MapEntry, MapStripe};
 use std::collections::BTreeMap;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{BlockGroupItem, Chunk, Stripe};
-use super::Allocator;
 use ubtrfs_format::key::Key;
 
-pub const FREE_SPACE_USING_BITMAPS: u32 = 1;
-pub const FREE_SPACE_BITMAP_BITS: u64 = 256 * 8;
+pub(crate) const FREE_SPACE_USING_BITMAPS: u32 = 1;
+pub(crate) const FREE_SPACE_BITMAP_BITS: u64 = 256 * 8;
 
 #[derive(Debug)]
-pub struct BlockGroup {
+pub(crate) struct BlockGroup {
     pub start: u64,
     pub length: u64,
     pub flags: u64,
@@ -41,15 +41,15 @@ pub struct BlockGroup {
 }
 
 impl BlockGroup {
-    pub fn end(&self) -> u64 {
+    pub(crate) fn end(&self) -> u64 {
         self.start + self.length
     }
-    pub fn contains(&self, bytenr: u64) -> bool {
+    pub(crate) fn contains(&self, bytenr: u64) -> bool {
         bytenr >= self.start && bytenr < self.end()
     }
     /// Bitmap conversion thresholds, the kernel's rule: switch to bitmaps when the
     /// extent form would need more item space than all bitmaps, back below 100 fewer.
-    pub fn bitmap_thresholds(&self, sectorsize: u32) -> (u64, u64) {
+    pub(crate) fn bitmap_thresholds(&self, sectorsize: u32) -> (u64, u64) {
         let range = sectorsize as u64 * FREE_SPACE_BITMAP_BITS;
         let num_bitmaps = self.length.div_ceil(range);
         let total = num_bitmaps * (ITEM_SIZE as u64 + 256);
@@ -61,7 +61,7 @@ impl BlockGroup {
 
 /// Physical free ranges of one device, derived from its device extents.
 #[derive(Debug, Default, Clone)]
-pub struct DevSpace {
+pub(crate) struct DevSpace {
     pub total_bytes: u64,
     pub bytes_used: u64,
     /// Allocated physical ranges: start -> length.
@@ -70,7 +70,7 @@ pub struct DevSpace {
 
 impl DevSpace {
     /// Free holes from 1 MiB (the kernel never allocates below) to the device end.
-    pub fn holes(&self) -> Vec<(u64, u64)> {
+    pub(crate) fn holes(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         let mut pos = 1u64 << 20;
         for (&s, &l) in &self.used {
@@ -88,7 +88,7 @@ impl DevSpace {
 
 /// A chunk allocated in this transaction whose items are inserted at commit.
 #[derive(Debug, Clone)]
-pub struct PendingChunk {
+pub(crate) struct PendingChunk {
     pub logical: u64,
     pub chunk: Chunk,
 }
@@ -96,7 +96,7 @@ pub struct PendingChunk {
 /// Logical ranges of a chunk that hold superblock copies on some stripe: never free,
 /// never extents (the kernel's and progs' exclude_super_stripes: a whole 64 KiB stripe
 /// unit around each copy).
-pub fn super_stripes(e: &MapEntry) -> Vec<(u64, u64)> {
+pub(crate) fn super_stripes(e: &MapEntry) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let rmap_len = STRIPE_LEN;
     let profile = e.ty & BLOCK_GROUP_PROFILE_MASK;
@@ -134,7 +134,7 @@ pub fn super_stripes(e: &MapEntry) -> Vec<(u64, u64)> {
     out
 }
 
-pub fn super_offset(i: usize) -> u64 {
+pub(crate) fn super_offset(i: usize) -> u64 {
     if i == 0 {
         SUPER_INFO_OFFSET
     } else {
@@ -142,7 +142,7 @@ pub fn super_offset(i: usize) -> u64 {
     }
 }
 
-pub fn block_group_type_name(ty: u64) -> &'static str {
+pub(crate) fn block_group_type_name(ty: u64) -> &'static str {
     if ty & BLOCK_GROUP_DATA != 0 && ty & BLOCK_GROUP_METADATA != 0 {
         "mixed"
     } else if ty & BLOCK_GROUP_DATA != 0 {
@@ -260,7 +260,12 @@ impl Allocator {
 
     /// Creates a new chunk and block group of type `ty` (DATA, METADATA or SYSTEM).
     /// Its items are written at commit; the space is usable at once.
-    pub(crate) fn alloc_chunk(&mut self, info: &mut FsInfo, ty: u64, min_bytes: u64) -> Result<u64> {
+    pub(crate) fn alloc_chunk(
+        &mut self,
+        info: &mut FsInfo,
+        ty: u64,
+        min_bytes: u64,
+    ) -> Result<u64> {
         let profile = self.profile_for(ty);
         let ncopies = match profile {
             0 => 1,

@@ -9,7 +9,7 @@ use ubtrfs_format::key::Key;
 /// One backref of an extent, in the extent tree's sort order (TREE_BLOCK_REF 176 <
 /// EXTENT_DATA_REF 178 < SHARED_BLOCK_REF 182 < SHARED_DATA_REF 184).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum RefKey {
+pub(crate) enum RefKey {
     /// TREE_BLOCK_REF: referenced by tree `root` (the owner's implicit ref).
     TreeRoot(u64),
     /// EXTENT_DATA_REF: file extent of (root, inode, file offset - extent offset).
@@ -22,13 +22,13 @@ pub enum RefKey {
 
 /// The first key and level of a new tree block (non-skinny items store them).
 #[derive(Clone, Copy, Debug)]
-pub struct NewTreeBlock {
+pub(crate) struct NewTreeBlock {
     pub level: u8,
     pub key: Key,
 }
 
 #[derive(Clone, Debug, Default)]
-pub struct Head {
+pub(crate) struct Head {
     pub num_bytes: u64,
     pub is_data: bool,
     pub refs: BTreeMap<RefKey, i64>,
@@ -40,18 +40,18 @@ pub struct Head {
 }
 
 impl Head {
-    pub fn ref_mod(&self) -> i64 {
+    pub(crate) fn ref_mod(&self) -> i64 {
         self.refs.values().sum()
     }
 }
 
 #[derive(Debug, Default)]
-pub struct DelayedRefs {
+pub(crate) struct DelayedRefs {
     pub heads: BTreeMap<u64, Head>,
 }
 
 impl DelayedRefs {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.heads.is_empty()
     }
     fn head(&mut self, bytenr: u64, num_bytes: u64, is_data: bool) -> &mut Head {
@@ -62,7 +62,14 @@ impl DelayedRefs {
         }
         h
     }
-    pub fn add(&mut self, bytenr: u64, num_bytes: u64, is_data: bool, r: RefKey, delta: i64) {
+    pub(crate) fn add(
+        &mut self,
+        bytenr: u64,
+        num_bytes: u64,
+        is_data: bool,
+        r: RefKey,
+        delta: i64,
+    ) {
         let h = self.head(bytenr, num_bytes, is_data);
         let e = h.refs.entry(r).or_insert(0);
         *e += delta;
@@ -71,7 +78,7 @@ impl DelayedRefs {
         }
     }
     /// Records a newly allocated extent with its first reference.
-    pub fn add_new(
+    pub(crate) fn add_new(
         &mut self,
         bytenr: u64,
         num_bytes: u64,
@@ -84,13 +91,13 @@ impl DelayedRefs {
         h.tree = tree;
         self.add(bytenr, num_bytes, is_data, r, 1);
     }
-    pub fn set_flags(&mut self, bytenr: u64, num_bytes: u64, flags: u64) {
+    pub(crate) fn set_flags(&mut self, bytenr: u64, num_bytes: u64, flags: u64) {
         self.head(bytenr, num_bytes, false).set_flags |= flags;
     }
-    pub fn get(&self, bytenr: u64) -> Option<&Head> {
+    pub(crate) fn get(&self, bytenr: u64) -> Option<&Head> {
         self.heads.get(&bytenr)
     }
-    pub fn pop_first(&mut self) -> Option<(u64, Head)> {
+    pub(crate) fn pop_first(&mut self) -> Option<(u64, Head)> {
         self.heads.pop_first()
     }
 }

@@ -24,7 +24,7 @@ use std::ops::Bound;
 /// Errors from [`FreeSpaceIndex::add`] and [`FreeSpaceIndex::remove`]. On error
 /// the index is left unchanged.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FreeSpaceError {
+pub(crate) enum FreeSpaceError {
     /// `add` of a range that overlaps space that is already free.
     #[error("free space [{offset}, +{len}) overlaps existing free space")]
     Overlap { offset: u64, len: u64 },
@@ -51,14 +51,14 @@ pub enum SearchMode {
 /// Counters filled in by [`FreeSpaceIndex::find`]. They accumulate across
 /// calls; reset with `SearchStats::default()`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SearchStats {
+pub(crate) struct SearchStats {
     /// Free-space entries examined.
     pub entries_visited: u64,
 }
 
 /// The free space of one block group, indexed by offset and by size.
 #[derive(Debug, Clone, Default)]
-pub struct FreeSpaceIndex {
+pub(crate) struct FreeSpaceIndex {
     /// offset -> len; entries never overlap nor touch.
     by_offset: BTreeMap<u64, u64>,
     /// (len, Reverse(offset)): iterating in reverse yields the largest entry
@@ -84,7 +84,7 @@ fn fit_in(off: u64, elen: u64, from: u64, len: u64, align: u64) -> Option<u64> {
 
 impl FreeSpaceIndex {
     /// An empty index.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
@@ -118,7 +118,7 @@ impl FreeSpaceIndex {
 
     /// Mark `[offset, offset + len)` free, merging with adjacent free entries.
     /// Fails with [`FreeSpaceError::Overlap`] if any byte of it is already free.
-    pub fn add(&mut self, offset: u64, len: u64) -> Result<(), FreeSpaceError> {
+    pub(crate) fn add(&mut self, offset: u64, len: u64) -> Result<(), FreeSpaceError> {
         let end = match offset.checked_add(len) {
             Some(end) if len > 0 => end,
             _ => return Err(FreeSpaceError::InvalidRange { offset, len }),
@@ -163,7 +163,7 @@ impl FreeSpaceIndex {
     /// Mark `[offset, offset + len)` used. The whole range must be free (and
     /// therefore inside one entry); the entry is split around it. Fails with
     /// [`FreeSpaceError::NotFree`] otherwise.
-    pub fn remove(&mut self, offset: u64, len: u64) -> Result<(), FreeSpaceError> {
+    pub(crate) fn remove(&mut self, offset: u64, len: u64) -> Result<(), FreeSpaceError> {
         let end = match offset.checked_add(len) {
             Some(end) if len > 0 => end,
             _ => return Err(FreeSpaceError::InvalidRange { offset, len }),
@@ -187,7 +187,7 @@ impl FreeSpaceIndex {
 
     /// Whether every byte of `[offset, offset + len)` is free. An empty range
     /// is free; a range overflowing `u64` is not.
-    pub fn is_free(&self, offset: u64, len: u64) -> bool {
+    pub(crate) fn is_free(&self, offset: u64, len: u64) -> bool {
         if len == 0 {
             return true;
         }
@@ -213,7 +213,7 @@ impl FreeSpaceIndex {
     /// walked from the largest entry down until an entry is smaller than `len`.
     ///
     /// `stats.entries_visited` is incremented by the number of entries examined.
-    pub fn find(
+    pub(crate) fn find(
         &self,
         hint: u64,
         len: u64,
@@ -303,22 +303,22 @@ impl FreeSpaceIndex {
     }
 
     /// Total free bytes.
-    pub fn total_free(&self) -> u64 {
+    pub(crate) fn total_free(&self) -> u64 {
         self.total
     }
 
     /// Length of the largest free entry (0 when empty).
-    pub fn largest(&self) -> u64 {
+    pub(crate) fn largest(&self) -> u64 {
         self.by_size.last().map_or(0, |&(len, _)| len)
     }
 
     /// Number of free entries (maximal free extents).
-    pub fn entries(&self) -> usize {
+    pub(crate) fn entries(&self) -> usize {
         self.by_offset.len()
     }
 
     /// `(offset, len)` of every free entry, by ascending offset.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
         self.by_offset.iter().map(|(&o, &l)| (o, l))
     }
 }

@@ -44,10 +44,7 @@ pub(crate) fn read_fst_ranges(
     let Some((k0, info)) = items.first() else {
         return Err(bad("no FREE_SPACE_INFO item".into()));
     };
-    if k0.ty != FREE_SPACE_INFO_KEY
-        || k0.objectid != start
-        || k0.offset != length
-        || info.len() < 8
+    if k0.ty != FREE_SPACE_INFO_KEY || k0.objectid != start || k0.offset != length || info.len() < 8
     {
         return Err(bad(format!("expected FREE_SPACE_INFO first, found {k0}")));
     }

@@ -90,7 +90,13 @@ impl Allocator {
 
     /// Finds and takes `len` bytes of type `ty` (DATA, METADATA or SYSTEM), trying the
     /// block group of `hint` first. Allocates a new chunk when nothing fits.
-    pub(crate) fn alloc_extent(&mut self, info: &mut FsInfo, ty: u64, len: u64, hint: u64) -> Result<u64> {
+    pub(crate) fn alloc_extent(
+        &mut self,
+        info: &mut FsInfo,
+        ty: u64,
+        len: u64,
+        hint: u64,
+    ) -> Result<u64> {
         if let Some(b) = self.find_free(info, ty, len, hint)? {
             return Ok(b);
         }
@@ -103,18 +109,19 @@ impl Allocator {
         })
     }
 
-    pub(crate) fn find_free(&mut self, info: &FsInfo, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
-        let t0 = self
-            .stats
-            .record_latency
-            .then(std::time::Instant::now);
+    pub(crate) fn find_free(
+        &mut self,
+        info: &FsInfo,
+        ty: u64,
+        len: u64,
+        hint: u64,
+    ) -> Result<Option<u64>> {
+        let t0 = self.stats.record_latency.then(std::time::Instant::now);
         let found = self.find_free_inner(info, ty, len, hint)?;
         // Every search counts, failed ones too (as funclatency counts every call).
         self.stats.searches += 1;
         if let Some(t0) = t0 {
-            self.stats
-                .latencies_ns
-                .push(t0.elapsed().as_nanos() as u64);
+            self.stats.latencies_ns.push(t0.elapsed().as_nanos() as u64);
         }
         Ok(found)
     }
@@ -162,7 +169,13 @@ impl Allocator {
         Ok(found)
     }
 
-    fn find_free_inner(&mut self, info: &FsInfo, ty: u64, len: u64, hint: u64) -> Result<Option<u64>> {
+    fn find_free_inner(
+        &mut self,
+        info: &FsInfo,
+        ty: u64,
+        len: u64,
+        hint: u64,
+    ) -> Result<Option<u64>> {
         let align = if ty & BLOCK_GROUP_DATA != 0 {
             info.sectorsize as u64
         } else {

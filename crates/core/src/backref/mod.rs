@@ -13,11 +13,11 @@
 //! for the whole run (the image does not change under us), which is the kernel's
 //! per-path cache made exact and global.
 
-use crate::tree::ctree::{next_item, read_root, search_forward, Path};
-use crate::io::disk_io::FsInfo;
-use crate::tree::RootPtr;
 use crate::error::{Error, Result};
+use crate::io::disk_io::FsInfo;
+use crate::tree::ctree::{next_item, read_root, search_forward, Path};
 use crate::tree::tree_checker::Expect;
+use crate::tree::RootPtr;
 use std::collections::HashMap;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{ExtentDataRef, ExtentItem, FileExtentBody, FileExtentItem, InlineRef};
@@ -60,14 +60,14 @@ impl ExtentRefs {
 
 /// A forward cursor over the extent tree that re-uses its position: lookups in
 /// ascending bytenr order mostly stay in the current leaf (no search from the root).
-pub struct ExtentCursor<'a> {
+pub(crate) struct ExtentCursor<'a> {
     fs: &'a FsInfo,
     root: RootPtr,
     path: Option<Path>,
 }
 
 impl<'a> ExtentCursor<'a> {
-    pub fn new(fs: &'a FsInfo) -> Result<ExtentCursor<'a>> {
+    pub(crate) fn new(fs: &'a FsInfo) -> Result<ExtentCursor<'a>> {
         let root = fs
             .tree_ptr(EXTENT_TREE_OBJECTID)
             .ok_or_else(|| Error::corrupt("no extent tree"))?;
@@ -111,7 +111,7 @@ impl<'a> ExtentCursor<'a> {
     }
 
     /// The extent item at `bytenr` and every reference to it.
-    pub fn lookup(&mut self, bytenr: u64) -> Result<Option<ExtentRefs>> {
+    pub(crate) fn lookup(&mut self, bytenr: u64) -> Result<Option<ExtentRefs>> {
         if !self.seek(&Key::new(bytenr, 0, 0))? {
             return Ok(None);
         }

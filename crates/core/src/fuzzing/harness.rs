@@ -15,12 +15,12 @@
 //! dump-tree output. Everything the engine returns must be `Ok` or `Err`; a panic, a
 //! hang or an unbounded allocation is a bug in the engine.
 
+use crate::fs::{Filesystem, Node, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::fuzzing::sparse_dev::{decode, SparseDevice, SPARSE_BLOCK_SIZE};
 use crate::io::dev::Device;
 use crate::io::disk_io::{FsInfo, OpenOptions};
 use crate::io::root_tree::root_ptr_of;
 use crate::tree::RootPtr;
-use crate::fs::{Filesystem, Node, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
-use crate::fuzzing::sparse_dev::{decode, SparseDevice, SPARSE_BLOCK_SIZE};
 use std::collections::HashSet;
 use std::io::Write;
 use std::sync::Arc;

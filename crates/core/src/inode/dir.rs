@@ -1,9 +1,9 @@
 //! Directories: lookup by name hash (DIR_ITEM) and listing in DIR_INDEX order, with
 //! subvolume entries resolved the way the kernel does (ROOT_REF must agree).
 
-use crate::tree::ctree::{lookup_exact, TreeIter};
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
+use crate::tree::ctree::{lookup_exact, TreeIter};
 use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;

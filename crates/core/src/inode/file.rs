@@ -2,9 +2,9 @@
 //! by NO_HOLES), compressed extents (zlib, lzo, zstd; possibly referenced only in
 //! part), with data checksums verified against the csum tree.
 
-use crate::tree::ctree::{next_item, search_forward, search_prev, Path};
 use crate::error::{Error, Result};
 use crate::fs::{DecompressedExtent, Filesystem, Node, DECOMPRESSED_CACHE_ENTRIES_MAX};
+use crate::tree::ctree::{next_item, search_forward, search_prev, Path};
 use std::sync::Arc;
 use ubtrfs_compress::Compression;
 use ubtrfs_format::consts::*;

@@ -1,9 +1,9 @@
 //! Data checksums: the csum tree holds, per data sector, the checksum of its on-disk
 //! bytes, in items keyed (EXTENT_CSUM, EXTENT_CSUM, first bytenr).
 
-use crate::tree::ctree::{next_item, search_forward, search_prev};
-use crate::io::disk_io::FsInfo;
 use crate::error::{Error, Result};
+use crate::io::disk_io::FsInfo;
+use crate::tree::ctree::{next_item, search_forward, search_prev};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::key::Key;
 

@@ -1,8 +1,8 @@
 //! Inodes: reading INODE_ITEMs and presenting them as stat(2) does on a kernel mount.
 
-use crate::tree::ctree::lookup_exact;
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node, S_IFDIR};
+use crate::tree::ctree::lookup_exact;
 use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{InodeItem, Timespec};

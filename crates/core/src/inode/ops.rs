@@ -4,9 +4,9 @@
 //! (or INODE_EXTREF), DIR_ITEM, DIR_INDEX, nlink, i_size and nbytes as the kernel does,
 //! and drops data references of file extents it removes.
 
-use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
 use crate::error::{Error, Result};
 use crate::transaction::Trans;
+use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::{extref_hash, name_hash};
 use ubtrfs_format::items::{
@@ -18,7 +18,7 @@ use ubtrfs_format::key::Key;
 /// Largest data extent the kernel writes.
 pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 /// Default max_inline mount option.
-pub const MAX_INLINE: u64 = 2048;
+pub(crate) const MAX_INLINE: u64 = 2048;
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NewInode {
@@ -68,7 +68,7 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-pub fn file_extent_bytes(
+pub(crate) fn file_extent_bytes(
     generation: u64,
     ram_bytes: u64,
     compression: u8,

@@ -1,9 +1,9 @@
 //! Extended attributes (XATTR_ITEM, keyed by name hash). ACLs are ordinary xattrs
 //! (system.posix_acl_access / _default) and are returned raw.
 
-use crate::tree::ctree::{lookup_exact, TreeIter};
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
+use crate::tree::ctree::{lookup_exact, TreeIter};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
 use ubtrfs_format::items::parse_dir_items;

@@ -255,7 +255,7 @@ pub fn lock_exclusive(path: &Path) -> io::Result<File> {
 
 /// A random (version 4) UUID from /dev/urandom, for fsids, device, chunk-tree and
 /// subvolume UUIDs.
-pub fn random_uuid() -> [u8; 16] {
+pub(crate) fn random_uuid() -> [u8; 16] {
     let mut u = [0u8; 16];
     if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
         use std::io::Read;

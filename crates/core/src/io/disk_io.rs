@@ -1,11 +1,11 @@
 //! Opening a filesystem: superblocks, device matching, the chunk-tree bootstrap, tree
 //! block reads (checksum, tree checker, mirror retry) and the tree-block cache.
 
-use crate::io::dev::{Device, FileDevice};
 use crate::error::{Error, Result};
-use crate::tree::{BlockSource, TreeBlock};
-use crate::tree::tree_checker::{check_block, check_header, CheckCtx, Expect};
+use crate::io::dev::{Device, FileDevice};
 use crate::io::volumes::ChunkMap;
+use crate::tree::tree_checker::{check_block, check_header, CheckCtx, Expect};
+use crate::tree::{BlockSource, TreeBlock};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -143,7 +143,7 @@ pub fn read_best_super(dev: &dyn Device) -> Result<(SuperBlock, Vec<String>)> {
     }
 }
 
-pub fn hex(b: &[u8]) -> String {
+pub(crate) fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 

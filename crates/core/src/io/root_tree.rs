@@ -98,7 +98,7 @@ impl FsInfo {
     }
 }
 
-pub fn root_ptr_of(id: u64, r: &RootItem) -> RootPtr {
+pub(crate) fn root_ptr_of(id: u64, r: &RootItem) -> RootPtr {
     RootPtr {
         id,
         bytenr: r.bytenr,

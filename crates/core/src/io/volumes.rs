@@ -8,10 +8,10 @@
 use crate::error::{Error, Result};
 use crate::io::disk_io::FsInfo;
 use crate::tree::RootPtr;
-use ubtrfs_format::key::Key;
 use std::collections::BTreeMap;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::Chunk;
+use ubtrfs_format::key::Key;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MapStripe {

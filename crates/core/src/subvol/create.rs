@@ -2,9 +2,9 @@
 //! directory, the ROOT_ITEM, ROOT_REF/ROOT_BACKREF, the directory entry in the parent
 //! (location = the new tree's ROOT_ITEM, no INODE_REF) and the UUID tree entry.
 
-use crate::tree::ctree::lookup_prev;
 use crate::error::{Error, Result};
 use crate::transaction::Trans;
+use crate::tree::ctree::lookup_prev;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
 use ubtrfs_format::items::{InodeItem, RootItem, RootRef, Timespec};

@@ -1,8 +1,8 @@
 //! Subvolumes and snapshots: ROOT_ITEMs, ROOT_REF/ROOT_BACKREF links and their paths.
 
-use crate::tree::ctree::{lookup_exact, TreeIter};
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
+use crate::tree::ctree::{lookup_exact, TreeIter};
 use serde::Serialize;
 use std::collections::HashMap;
 use ubtrfs_format::consts::*;

@@ -6,8 +6,8 @@
 
 use crate::backref::ShareCtx;
 use crate::error::Result;
-use crate::tools::fiemap::*;
 use crate::fs::{Filesystem, Node, S_IFDIR, S_IFMT, S_IFREG};
+use crate::tools::fiemap::*;
 use serde::Serialize;
 use std::collections::HashSet;
 use ubtrfs_format::consts::*;

@@ -8,12 +8,12 @@
 //! system chunk's copies, the metadata chunk's copies, the data chunk.
 
 use crate::alloc::block_group::DevSpace;
-use crate::io::dev::Device;
-use crate::io::disk_io::{FsInfo, OpenOptions};
 use crate::error::{Error, Result};
 use crate::inode::ops::{now, NewInode};
-use crate::transaction::Trans;
+use crate::io::dev::Device;
+use crate::io::disk_io::{FsInfo, OpenOptions};
 use crate::io::volumes::{ChunkMap, MapEntry, MapStripe};
+use crate::transaction::Trans;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use ubtrfs_format::consts::*;
@@ -64,7 +64,6 @@ impl Default for MkfsOptions {
     }
 }
 
-
 fn mib(x: u64) -> u64 {
     x << 20
 }
@@ -103,7 +102,7 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
             min_size(opts)
         )));
     }
-    let fsid = opts.fsid.unwrap_or_else(random_uuid);
+    let fsid = opts.fsid.unwrap_or_else(crate::io::dev::random_uuid);
     let dev_uuid = crate::io::dev::random_uuid();
     let chunk_tree_uuid = crate::io::dev::random_uuid();
     let copies = |p: u64| if p == BLOCK_GROUP_DUP { 2u64 } else { 1 };
@@ -237,9 +236,12 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     );
     let mut t = Trans::bare(crate::fs::Filesystem::from_info(info), chunk_tree_uuid);
     t.alloc.profiles.insert(BLOCK_GROUP_DATA, opts.data_profile);
-    t.alloc.profiles
+    t.alloc
+        .profiles
         .insert(BLOCK_GROUP_METADATA, opts.metadata_profile);
-    t.alloc.profiles.insert(BLOCK_GROUP_SYSTEM, opts.metadata_profile);
+    t.alloc
+        .profiles
+        .insert(BLOCK_GROUP_SYSTEM, opts.metadata_profile);
     if opts.shrink {
         t.alloc.chunk_size_max = Some(mib(64));
     }
@@ -258,10 +260,12 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     t.alloc.dev_uuids.insert(1, dev_uuid);
     for e in &entries {
         t.alloc.add_new_block_group(e)?;
-        t.alloc.pending_chunks.push(crate::alloc::block_group::PendingChunk {
-            logical: e.start,
-            chunk: chunk_of(e, dev_uuid, opts.sectorsize),
-        });
+        t.alloc
+            .pending_chunks
+            .push(crate::alloc::block_group::PendingChunk {
+                logical: e.start,
+                chunk: chunk_of(e, dev_uuid, opts.sectorsize),
+            });
     }
     let time = opts.time.unwrap_or_else(now);
     t.bootstrap_trees(opts, time)?;

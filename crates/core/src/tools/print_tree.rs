@@ -10,11 +10,11 @@
 //! [`dump_tree_with`] for trees, [`print_block`] for one tree block already in memory,
 //! [`print_item`] for one leaf item, [`parse_tree_name`] for `-t NAME`.
 
-use crate::tree::ctree::walk_items;
-use crate::io::disk_io::FsInfo;
-use crate::tree::TreeBlock;
 use crate::error::{Error, Result};
+use crate::io::disk_io::FsInfo;
+use crate::tree::ctree::walk_items;
 use crate::tree::tree_checker::Expect;
+use crate::tree::TreeBlock;
 use std::fmt::Write as _;
 use std::io::Write;
 use std::sync::Arc;

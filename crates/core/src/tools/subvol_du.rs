@@ -14,10 +14,10 @@
 //! Memory: one entry per tree block and per data extent (~40 bytes each) plus the
 //! interned sets.
 
-use crate::tree::ctree::{read_root, TreeIter};
+use crate::error::{Error, Result};
 use crate::io::disk_io::FsInfo;
 use crate::io::root_tree::root_ptr_of;
-use crate::error::{Error, Result};
+use crate::tree::ctree::{read_root, TreeIter};
 use crate::tree::tree_checker::Expect;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};

@@ -82,7 +82,9 @@ impl Trans {
 
     /// Writes bytes_used of every device into its DEV_ITEM and the superblock copy.
     pub(crate) fn update_dev_items(&mut self) -> Result<()> {
-        let devs: Vec<(u64, u64)> = self.alloc.dev_space
+        let devs: Vec<(u64, u64)> = self
+            .alloc
+            .dev_space
             .iter()
             .map(|(d, s)| (*d, s.bytes_used))
             .collect();
@@ -104,7 +106,9 @@ impl Trans {
     /// Writes the BLOCK_GROUP_ITEM of every dirty block group.
     pub(crate) fn write_dirty_block_groups(&mut self) -> Result<bool> {
         let tree = bg_tree_id(&self.fs.info);
-        let dirty: Vec<(u64, u64, u64, u64, bool)> = self.alloc.bgs
+        let dirty: Vec<(u64, u64, u64, u64, bool)> = self
+            .alloc
+            .bgs
             .values()
             .filter(|b| b.dirty)
             .map(|b| (b.start, b.length, b.flags, b.used, b.new))

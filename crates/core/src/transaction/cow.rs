@@ -5,26 +5,26 @@
 //! and shrink. Blocks touched in a transaction live in `FsInfo::dirty` until commit and
 //! are modified in place there; a block is CoWed at most once per transaction.
 
-use crate::tree::TreeBlock;
 use crate::error::{Error, Result};
-use crate::tree::block_edit as eb;
 use crate::transaction::Trans;
+use crate::tree::block_edit as eb;
 use crate::tree::tree_checker::Expect;
+use crate::tree::TreeBlock;
 use std::sync::Arc;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::key::Key;
 
 /// A path from the root to a leaf: `nodes[level] = (bytenr, slot)`.
 #[derive(Clone, Debug)]
-pub struct WPath {
+pub(crate) struct WPath {
     pub nodes: Vec<(u64, usize)>,
 }
 
 impl WPath {
-    pub fn leaf(&self) -> u64 {
+    pub(crate) fn leaf(&self) -> u64 {
         self.nodes[0].0
     }
-    pub fn slot(&self) -> usize {
+    pub(crate) fn slot(&self) -> usize {
         self.nodes[0].1
     }
 }

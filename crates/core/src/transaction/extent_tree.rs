@@ -5,9 +5,9 @@
 //! descending, as the tree checker demands) and keyed refs when inline space runs out.
 
 use crate::alloc::delayed_ref::{Head, NewTreeBlock, RefKey};
-use crate::tree::TreeBlock;
 use crate::error::{Error, Result};
 use crate::tree::block_edit as eb;
+use crate::tree::TreeBlock;
 
 use crate::transaction::Trans;
 use ubtrfs_format::bytes::{le32, le64};

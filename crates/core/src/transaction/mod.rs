@@ -14,21 +14,20 @@
 //! Until step 4 completes the previous superblock describes an intact filesystem: no
 //! block it references was overwritten, because freed space stays pinned until then.
 
-
 pub(crate) mod block_group;
 pub(crate) mod cow;
 pub(crate) mod extent_tree;
 pub(crate) mod free_space_tree;
 
 use crate::alloc::block_group::{super_offset, DevSpace};
-use crate::alloc::{AllocStats, Allocator};
-use crate::tree::ctree::TreeIter;
 use crate::alloc::delayed_ref::DelayedRefs;
-use crate::io::disk_io::{FsInfo, OpenOptions};
-use crate::tree::RootPtr;
-use crate::error::{Error, Result};
 use crate::alloc::free_space_cache::SearchMode;
+use crate::alloc::{AllocStats, Allocator};
+use crate::error::{Error, Result};
+use crate::io::disk_io::{FsInfo, OpenOptions};
+use crate::tree::ctree::TreeIter;
 use crate::tree::tree_checker::{check_block, check_header, Expect};
+use crate::tree::RootPtr;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
@@ -483,12 +482,10 @@ impl Trans {
                     Error::corrupt(format!("refusing to write an invalid block (a bug): {e}"))
                 })?;
             self.write_logical(b.bytenr, &data)?;
-            self.fs
-                .info
-                .cache_insert(Arc::new(crate::tree::TreeBlock {
-                    bytenr: b.bytenr,
-                    data,
-                }));
+            self.fs.info.cache_insert(Arc::new(crate::tree::TreeBlock {
+                bytenr: b.bytenr,
+                data,
+            }));
         }
         Ok(())
     }

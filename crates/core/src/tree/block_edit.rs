@@ -17,16 +17,16 @@ use ubtrfs_format::key::Key;
 const NRITEMS_OFF: usize = 0x60;
 const LEVEL_OFF: usize = 0x64;
 
-pub fn nritems(b: &[u8]) -> usize {
+pub(crate) fn nritems(b: &[u8]) -> usize {
     le32(b, NRITEMS_OFF, "header").unwrap_or(0) as usize
 }
-pub fn set_nritems(b: &mut [u8], n: usize) {
+pub(crate) fn set_nritems(b: &mut [u8], n: usize) {
     put32(b, NRITEMS_OFF, n as u32);
 }
-pub fn level(b: &[u8]) -> u8 {
+pub(crate) fn level(b: &[u8]) -> u8 {
     b[LEVEL_OFF]
 }
-pub fn set_header(
+pub(crate) fn set_header(
     b: &mut [u8],
     bytenr: u64,
     generation: u64,
@@ -43,32 +43,32 @@ pub fn set_header(
     put64(b, 0x58, owner);
     b[LEVEL_OFF] = level;
 }
-pub fn set_bytenr(b: &mut [u8], v: u64) {
+pub(crate) fn set_bytenr(b: &mut [u8], v: u64) {
     put64(b, 0x30, v)
 }
-pub fn set_generation(b: &mut [u8], v: u64) {
+pub(crate) fn set_generation(b: &mut [u8], v: u64) {
     put64(b, 0x50, v)
 }
-pub fn set_owner(b: &mut [u8], v: u64) {
+pub(crate) fn set_owner(b: &mut [u8], v: u64) {
     put64(b, 0x58, v)
 }
-pub fn flags(b: &[u8]) -> u64 {
+pub(crate) fn flags(b: &[u8]) -> u64 {
     le64(b, 0x38, "header").unwrap_or(0)
 }
-pub fn set_flags(b: &mut [u8], v: u64) {
+pub(crate) fn set_flags(b: &mut [u8], v: u64) {
     put64(b, 0x38, v)
 }
 
 fn item_off(slot: usize) -> usize {
     HEADER_SIZE + slot * ITEM_SIZE
 }
-pub fn item_key(b: &[u8], slot: usize) -> Key {
+pub(crate) fn item_key(b: &[u8], slot: usize) -> Key {
     read_key(b, item_off(slot))
 }
-pub fn item_offset(b: &[u8], slot: usize) -> usize {
+pub(crate) fn item_offset(b: &[u8], slot: usize) -> usize {
     le32(b, item_off(slot) + DISK_KEY_SIZE, "item").unwrap_or(0) as usize
 }
-pub fn item_size(b: &[u8], slot: usize) -> usize {
+pub(crate) fn item_size(b: &[u8], slot: usize) -> usize {
     le32(b, item_off(slot) + DISK_KEY_SIZE + 4, "item").unwrap_or(0) as usize
 }
 fn set_item_offset(b: &mut [u8], slot: usize, v: usize) {
@@ -77,37 +77,37 @@ fn set_item_offset(b: &mut [u8], slot: usize, v: usize) {
 fn set_item_size(b: &mut [u8], slot: usize, v: usize) {
     put32(b, item_off(slot) + DISK_KEY_SIZE + 4, v as u32)
 }
-pub fn set_item_key(b: &mut [u8], slot: usize, k: &Key) {
+pub(crate) fn set_item_key(b: &mut [u8], slot: usize, k: &Key) {
     write_key(b, item_off(slot), k)
 }
 /// Byte range of item `slot`'s data within the block.
-pub fn item_range(b: &[u8], slot: usize) -> std::ops::Range<usize> {
+pub(crate) fn item_range(b: &[u8], slot: usize) -> std::ops::Range<usize> {
     let s = HEADER_SIZE + item_offset(b, slot);
     s..s + item_size(b, slot)
 }
-pub fn item_data(b: &[u8], slot: usize) -> &[u8] {
+pub(crate) fn item_data(b: &[u8], slot: usize) -> &[u8] {
     &b[item_range(b, slot)]
 }
-pub fn item_data_mut(b: &mut [u8], slot: usize) -> &mut [u8] {
+pub(crate) fn item_data_mut(b: &mut [u8], slot: usize) -> &mut [u8] {
     let r = item_range(b, slot);
     &mut b[r]
 }
 
-pub fn read_key(b: &[u8], off: usize) -> Key {
+pub(crate) fn read_key(b: &[u8], off: usize) -> Key {
     Key::new(
         le64(b, off, "key").unwrap_or(0),
         b[off + 8],
         le64(b, off + 9, "key").unwrap_or(0),
     )
 }
-pub fn write_key(b: &mut [u8], off: usize, k: &Key) {
+pub(crate) fn write_key(b: &mut [u8], off: usize, k: &Key) {
     put64(b, off, k.objectid);
     b[off + 8] = k.ty;
     put64(b, off + 9, k.offset);
 }
 
 /// Data area size of a leaf (block size minus header).
-pub fn leaf_data_size(b: &[u8]) -> usize {
+pub(crate) fn leaf_data_size(b: &[u8]) -> usize {
     b.len() - HEADER_SIZE
 }
 /// Offset (relative to the header end) where the packed data area starts.
@@ -120,7 +120,7 @@ fn leaf_data_end(b: &[u8]) -> usize {
     }
 }
 /// Bytes used by items `start..start+nr` (headers and data).
-pub fn leaf_space_used(b: &[u8], start: usize, nr: usize) -> usize {
+pub(crate) fn leaf_space_used(b: &[u8], start: usize, nr: usize) -> usize {
     if nr == 0 {
         return 0;
     }
@@ -128,7 +128,7 @@ pub fn leaf_space_used(b: &[u8], start: usize, nr: usize) -> usize {
     let last = item_offset(b, start + nr - 1);
     first_end - last + nr * ITEM_SIZE
 }
-pub fn leaf_free_space(b: &[u8]) -> usize {
+pub(crate) fn leaf_free_space(b: &[u8]) -> usize {
     let n = nritems(b);
     leaf_data_size(b).saturating_sub(leaf_space_used(b, 0, n))
 }
@@ -136,7 +136,7 @@ pub fn leaf_free_space(b: &[u8]) -> usize {
 /// Opens `sizes.len()` items at `slot` with the given keys and data sizes (data
 /// uninitialised: zeroes are not promised). One memmove shifts the data of the items
 /// after `slot`, one memmove shifts their headers.
-pub fn leaf_insert_empty(b: &mut [u8], slot: usize, keys: &[Key], sizes: &[usize]) {
+pub(crate) fn leaf_insert_empty(b: &mut [u8], slot: usize, keys: &[Key], sizes: &[usize]) {
     let n = nritems(b);
     let total: usize = sizes.iter().sum();
     let add = keys.len();
@@ -167,7 +167,7 @@ pub fn leaf_insert_empty(b: &mut [u8], slot: usize, keys: &[Key], sizes: &[usize
 }
 
 /// Deletes items `slot..slot+nr`, closing the gap in the data area with one memmove.
-pub fn leaf_del_items(b: &mut [u8], slot: usize, nr: usize) {
+pub(crate) fn leaf_del_items(b: &mut [u8], slot: usize, nr: usize) {
     let n = nritems(b);
     if nr == 0 {
         return;
@@ -191,7 +191,7 @@ pub fn leaf_del_items(b: &mut [u8], slot: usize, nr: usize) {
 
 /// Changes item `slot`'s data size, keeping its leading bytes (extension bytes at the
 /// end are not initialised).
-pub fn leaf_resize_item(b: &mut [u8], slot: usize, new_size: usize) {
+pub(crate) fn leaf_resize_item(b: &mut [u8], slot: usize, new_size: usize) {
     let n = nritems(b);
     let old = item_size(b, slot);
     if new_size == old {
@@ -227,7 +227,13 @@ pub fn leaf_resize_item(b: &mut [u8], slot: usize, new_size: usize) {
 /// Copies items `start..start+nr` of leaf `src` into leaf `dst` at `dst_slot` (which must
 /// be 0 or dst's item count): one copy for the headers' keys/sizes via insert, one copy
 /// for all their data, since both runs are contiguous and laid out alike.
-pub fn leaf_copy_items(dst: &mut [u8], dst_slot: usize, src: &[u8], start: usize, nr: usize) {
+pub(crate) fn leaf_copy_items(
+    dst: &mut [u8],
+    dst_slot: usize,
+    src: &[u8],
+    start: usize,
+    nr: usize,
+) {
     if nr == 0 {
         return;
     }
@@ -245,26 +251,26 @@ pub fn leaf_copy_items(dst: &mut [u8], dst_slot: usize, src: &[u8], start: usize
 fn ptr_off(slot: usize) -> usize {
     HEADER_SIZE + slot * KEY_PTR_SIZE
 }
-pub fn node_key(b: &[u8], slot: usize) -> Key {
+pub(crate) fn node_key(b: &[u8], slot: usize) -> Key {
     read_key(b, ptr_off(slot))
 }
-pub fn node_blockptr(b: &[u8], slot: usize) -> u64 {
+pub(crate) fn node_blockptr(b: &[u8], slot: usize) -> u64 {
     le64(b, ptr_off(slot) + DISK_KEY_SIZE, "ptr").unwrap_or(0)
 }
-pub fn node_ptr_gen(b: &[u8], slot: usize) -> u64 {
+pub(crate) fn node_ptr_gen(b: &[u8], slot: usize) -> u64 {
     le64(b, ptr_off(slot) + DISK_KEY_SIZE + 8, "ptr").unwrap_or(0)
 }
-pub fn set_node_key(b: &mut [u8], slot: usize, k: &Key) {
+pub(crate) fn set_node_key(b: &mut [u8], slot: usize, k: &Key) {
     write_key(b, ptr_off(slot), k)
 }
-pub fn set_node_ptr(b: &mut [u8], slot: usize, bytenr: u64, generation: u64) {
+pub(crate) fn set_node_ptr(b: &mut [u8], slot: usize, bytenr: u64, generation: u64) {
     put64(b, ptr_off(slot) + DISK_KEY_SIZE, bytenr);
     put64(b, ptr_off(slot) + DISK_KEY_SIZE + 8, generation);
 }
-pub fn node_ptrs_max(b: &[u8]) -> usize {
+pub(crate) fn node_ptrs_max(b: &[u8]) -> usize {
     (b.len() - HEADER_SIZE) / KEY_PTR_SIZE
 }
-pub fn node_insert_ptr(b: &mut [u8], slot: usize, k: &Key, bytenr: u64, generation: u64) {
+pub(crate) fn node_insert_ptr(b: &mut [u8], slot: usize, k: &Key, bytenr: u64, generation: u64) {
     let n = nritems(b);
     if slot < n {
         b.copy_within(ptr_off(slot)..ptr_off(n), ptr_off(slot + 1));
@@ -273,7 +279,7 @@ pub fn node_insert_ptr(b: &mut [u8], slot: usize, k: &Key, bytenr: u64, generati
     set_node_ptr(b, slot, bytenr, generation);
     set_nritems(b, n + 1);
 }
-pub fn node_del_ptrs(b: &mut [u8], slot: usize, nr: usize) {
+pub(crate) fn node_del_ptrs(b: &mut [u8], slot: usize, nr: usize) {
     let n = nritems(b);
     if slot + nr < n {
         b.copy_within(ptr_off(slot + nr)..ptr_off(n), ptr_off(slot));
@@ -281,7 +287,7 @@ pub fn node_del_ptrs(b: &mut [u8], slot: usize, nr: usize) {
     set_nritems(b, n - nr);
 }
 /// Copies pointers `start..start+nr` of `src` into `dst` at `dst_slot` in one copy.
-pub fn node_copy_ptrs(dst: &mut [u8], dst_slot: usize, src: &[u8], start: usize, nr: usize) {
+pub(crate) fn node_copy_ptrs(dst: &mut [u8], dst_slot: usize, src: &[u8], start: usize, nr: usize) {
     let n = nritems(dst);
     if dst_slot < n {
         dst.copy_within(ptr_off(dst_slot)..ptr_off(n), ptr_off(dst_slot + nr));
@@ -292,7 +298,7 @@ pub fn node_copy_ptrs(dst: &mut [u8], dst_slot: usize, src: &[u8], start: usize,
 }
 
 /// First key of a leaf or node (None when empty).
-pub fn first_key(b: &[u8]) -> Option<Key> {
+pub(crate) fn first_key(b: &[u8]) -> Option<Key> {
     if nritems(b) == 0 {
         None
     } else if level(b) == 0 {
@@ -303,7 +309,7 @@ pub fn first_key(b: &[u8]) -> Option<Key> {
 }
 
 /// Binary search: Ok(slot) when `key` is present, else Err(slot where it would go).
-pub fn bin_search(b: &[u8], key: &Key) -> Result<usize, usize> {
+pub(crate) fn bin_search(b: &[u8], key: &Key) -> Result<usize, usize> {
     let n = nritems(b);
     let leaf = level(b) == 0;
     let (mut lo, mut hi) = (0usize, n);

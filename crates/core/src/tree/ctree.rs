@@ -2,9 +2,9 @@
 //! root down to a leaf, like the kernel's btrfs_path; iteration moves the leaf slot and
 //! climbs only when a leaf is exhausted, so a forward walk reads each block once.
 
-use crate::tree::{BlockSource, RootPtr, TreeBlock};
 use crate::error::{Error, Result};
 use crate::tree::tree_checker::Expect;
+use crate::tree::{BlockSource, RootPtr, TreeBlock};
 use std::sync::Arc;
 use ubtrfs_format::key::Key;
 
@@ -82,7 +82,7 @@ fn read_child(fs: &dyn BlockSource, parent: &TreeBlock, slot: usize) -> Result<A
     fs.read_tree_block(bytenr, &expect)
 }
 
-pub fn read_root(fs: &dyn BlockSource, root: &RootPtr) -> Result<Arc<TreeBlock>> {
+pub(crate) fn read_root(fs: &dyn BlockSource, root: &RootPtr) -> Result<Arc<TreeBlock>> {
     fs.read_tree_block(
         root.bytenr,
         &Expect {
@@ -160,7 +160,7 @@ fn fixup_forward(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
 /// Keys must grow from leaf to leaf: a hostile tree that links one block from several
 /// nodes (the first-key check cannot tell the copies apart when their parents differ)
 /// would otherwise be walked again and again, exponentially in its height.
-pub fn next_leaf(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
+pub(crate) fn next_leaf(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
     let leaf = path.leaf();
     let mut floor = match leaf.nritems() {
         0 => None,
@@ -212,14 +212,14 @@ fn key_of(b: &TreeBlock, slot: usize) -> Result<Key> {
 }
 
 /// Advances to the next item. False at the end of the tree.
-pub fn next_item(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
+pub(crate) fn next_item(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
     path.nodes[0].1 += 1;
     fixup_forward(fs, path)
 }
 
 /// Steps back to the previous item. False at the start of the tree. Keys must shrink
 /// from leaf to leaf (see [`next_leaf`]).
-pub fn prev_item(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
+pub(crate) fn prev_item(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
     if path.nodes[0].1 > 0 {
         path.nodes[0].1 -= 1;
         return Ok(true);
@@ -267,7 +267,11 @@ pub fn prev_item(fs: &dyn BlockSource, path: &mut Path) -> Result<bool> {
 }
 
 /// A path at the first item >= key, or None when no such item exists.
-pub fn search_forward(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<Option<Path>> {
+pub(crate) fn search_forward(
+    fs: &dyn BlockSource,
+    root: &RootPtr,
+    key: &Key,
+) -> Result<Option<Path>> {
     let mut p = search_slot(fs, root, key)?;
     if fixup_forward(fs, &mut p)? {
         Ok(Some(p))
@@ -287,7 +291,11 @@ pub fn lookup_exact(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<O
 }
 
 /// The last item with key <= `key`.
-pub fn lookup_prev(fs: &dyn BlockSource, root: &RootPtr, key: Key) -> Result<Option<(Key, Vec<u8>)>> {
+pub(crate) fn lookup_prev(
+    fs: &dyn BlockSource,
+    root: &RootPtr,
+    key: Key,
+) -> Result<Option<(Key, Vec<u8>)>> {
     let mut p = search_slot(fs, root, &key)?;
     if p.valid() && p.key()? == key {
         return Ok(Some((key, p.data()?.to_vec())));
@@ -299,7 +307,7 @@ pub fn lookup_prev(fs: &dyn BlockSource, root: &RootPtr, key: Key) -> Result<Opt
 }
 
 /// The last item with key <= `key`, as a path (for walking on from there).
-pub fn search_prev(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<Option<Path>> {
+pub(crate) fn search_prev(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<Option<Path>> {
     let mut p = search_slot(fs, root, key)?;
     if p.valid() && p.key()? == *key {
         return Ok(Some(p));
@@ -343,7 +351,12 @@ pub struct TreeIter<'a> {
 }
 
 impl<'a> TreeIter<'a> {
-    pub fn new(fs: &'a dyn BlockSource, root: &RootPtr, start: Key, end: Key) -> Result<TreeIter<'a>> {
+    pub fn new(
+        fs: &'a dyn BlockSource,
+        root: &RootPtr,
+        start: Key,
+        end: Key,
+    ) -> Result<TreeIter<'a>> {
         Ok(TreeIter {
             fs,
             path: search_forward(fs, root, &start)?,

@@ -54,4 +54,3 @@ pub struct RootPtr {
     pub level: u8,
     pub generation: u64,
 }
-

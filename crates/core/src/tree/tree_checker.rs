@@ -16,7 +16,7 @@ pub struct Expect {
     pub first_key: Option<Key>,
 }
 
-pub struct CheckCtx {
+pub(crate) struct CheckCtx {
     pub nodesize: u32,
     pub sectorsize: u32,
     pub csum_size: usize,
@@ -29,7 +29,7 @@ fn corrupt(bytenr: u64, msg: String) -> Error {
 }
 
 /// Header rules: where it claims to live, which filesystem, level and generation.
-pub fn check_header(ctx: &CheckCtx, bytenr: u64, buf: &[u8], expect: &Expect) -> Result<()> {
+pub(crate) fn check_header(ctx: &CheckCtx, bytenr: u64, buf: &[u8], expect: &Expect) -> Result<()> {
     let v = BlockView::new(buf);
     let h = v.header().map_err(|e| corrupt(bytenr, e.to_string()))?;
     if h.bytenr != bytenr {
@@ -73,7 +73,7 @@ pub fn check_header(ctx: &CheckCtx, bytenr: u64, buf: &[u8], expect: &Expect) ->
 }
 
 /// Full structural check of a block whose header already passed [`check_header`].
-pub fn check_block(ctx: &CheckCtx, bytenr: u64, buf: &[u8], expect: &Expect) -> Result<()> {
+pub(crate) fn check_block(ctx: &CheckCtx, bytenr: u64, buf: &[u8], expect: &Expect) -> Result<()> {
     let v = BlockView::new(buf);
     let n = v.nritems() as usize;
     if v.level() == 0 {
