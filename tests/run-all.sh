@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 if [ "$(id -u)" != 0 ]; then
     if [ "${UBTRFS_NO_ROOT:-}" = 1 ]; then
         echo "run-all: UBTRFS_NO_ROOT=1: skipping every test that needs root (NOT a full run)" >&2
-        UBTRFS_NO_ROOT=1 cargo test --workspace -- --skip golden_extract --skip text_output_matches_kernel_tools
+        UBTRFS_NO_ROOT=1 cargo test --workspace --features ubtrfs-core/fuzzing -- --skip golden_extract --skip text_output_matches_kernel_tools
         exit 0
     fi
     echo "run-all: the kernel oracle tests need root (loop devices); run as root" >&2
@@ -22,7 +22,8 @@ for tool in mkfs.btrfs btrfs zstd python3 losetup; do
     command -v "$tool" >/dev/null || { echo "run-all: $tool is missing" >&2; exit 1; }
 done
 
-cargo test --workspace
+# The fuzzing feature adds the fuzz regression test (crates/core/tests/fuzz_regress.rs).
+cargo test --workspace --features ubtrfs-core/fuzzing
 
 fresh=$(mktemp -d /tmp/ubtrfs-fresh-golden.XXXXXX)
 trap 'rm -rf "$fresh"' EXIT

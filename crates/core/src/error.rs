@@ -4,42 +4,63 @@
 
 use std::io;
 
+/// What can go wrong in the engine; each variant's message names the block, file or
+/// item concerned, so one line tells the user what is wrong and where.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The message carries the cause (no `#[source]`, so chains do not repeat it).
+    /// A device read, write or flush failed. The message carries the cause (no
+    /// `#[source]`, so chains do not repeat it).
     #[error("I/O error: {what}: {err}")]
-    Io { what: String, err: io::Error },
+    Io {
+        /// The device or file.
+        what: String,
+        /// What the operating system said.
+        err: io::Error,
+    },
     #[error("corrupt filesystem: {0}")]
+    /// The image is wrong: names the block or item and what was wrong with it.
     Corrupt(String),
     #[error("unsupported: {0}")]
+    /// Valid btrfs, but beyond what ubtrfs implements (names the feature).
     Unsupported(String),
     /// A data checksum mismatch: an I/O error for the file that hit it.
     #[error("checksum mismatch: {0}")]
     DataCsum(String),
     #[error("{0}: No such file or directory")]
+    /// ENOENT: a path or item that is not there.
     NotFound(String),
     #[error("{0}: Not a directory")]
+    /// ENOTDIR: a path component that is not a directory.
     NotDir(String),
     #[error("{0}: Is a directory")]
+    /// EISDIR: a directory where a file was expected.
     IsDir(String),
     #[error("{0}: Invalid argument")]
+    /// EINVAL: an argument the operation does not accept.
     Invalid(String),
     #[error("{0}: Too many levels of symbolic links")]
+    /// ELOOP: too many symlinks, or a loop in the tree structure.
     Loop(String),
     #[error("{0}: No space left on device")]
+    /// ENOSPC: no data, metadata or device space left.
     NoSpace(String),
     #[error("{0}: File exists")]
+    /// EEXIST: the name is taken.
     Exists(String),
     #[error("{0}: Directory not empty")]
+    /// ENOTEMPTY: a directory that still has entries.
     NotEmpty(String),
     #[error("{0}: Device or resource busy")]
+    /// EBUSY: the device is mounted or locked by another writer.
     Busy(String),
 }
 
 impl Error {
+    /// A [`Error::Corrupt`] with this message.
     pub fn corrupt(msg: impl Into<String>) -> Self {
         Error::Corrupt(msg.into())
     }
+    /// An [`Error::Io`] on `what` (a device or file name).
     pub fn io(what: impl Into<String>, source: io::Error) -> Self {
         Error::Io {
             what: what.into(),
@@ -79,4 +100,5 @@ mod libc_consts {
     pub(super) const EOPNOTSUPP: i32 = 95;
 }
 
+/// The engine's result type.
 pub type Result<T> = std::result::Result<T, Error>;

@@ -14,12 +14,16 @@ use ubtrfs_format::consts::*;
 /// directory with inode 2 (`parent_dir` names the directory it was found in).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 pub struct Node {
+    /// The subvolume (tree id) holding the inode.
     pub root: u64,
+    /// The inode number inside that subvolume.
     pub ino: u64,
+    /// For a placeholder: the directory inode it was found in (else 0).
     pub parent_dir: u64,
 }
 
 impl Node {
+    /// The inode `ino` of subvolume `root`.
     pub fn new(root: u64, ino: u64) -> Node {
         Node {
             root,
@@ -27,6 +31,8 @@ impl Node {
             parent_dir: 0,
         }
     }
+    /// True for the empty directory (inode 2) the kernel shows for a subvolume seen
+    /// inside a snapshot of its parent.
     pub fn is_placeholder(&self) -> bool {
         self.ino == EMPTY_SUBVOL_DIR_OBJECTID
     }
@@ -40,7 +46,11 @@ pub(crate) struct DecompressedExtent {
 }
 
 #[derive(Debug)]
+/// An opened filesystem, read side: path resolution, stat, directories, xattrs and
+/// file data, as a kernel mount shows them. The write side is [`crate::Trans`], which
+/// owns one of these and sees its own uncommitted changes through it.
 pub struct Filesystem {
+    /// The opened devices, superblock, chunk map and tree-block cache.
     pub info: FsInfo,
     roots: Mutex<HashMap<u64, Option<RootPtr>>>,
     pub(crate) decompressed: Mutex<Vec<DecompressedExtent>>,
@@ -50,10 +60,12 @@ pub struct Filesystem {
 pub(crate) const DECOMPRESSED_CACHE_ENTRIES_MAX: usize = 16;
 
 impl Filesystem {
+    /// Opens image files or block devices (all devices of a multi-device filesystem).
     pub fn open_paths(paths: &[impl AsRef<Path>], opts: OpenOptions) -> Result<Filesystem> {
         Ok(Filesystem::from_info(FsInfo::open_paths(paths, opts)?))
     }
 
+    /// Wraps an already opened [`FsInfo`].
     pub fn from_info(info: FsInfo) -> Filesystem {
         Filesystem {
             info,
@@ -87,6 +99,7 @@ impl Filesystem {
             .ok_or_else(|| Error::NotFound(format!("subvolume {id}")))
     }
 
+    /// Root pointer of a subvolume or tree, `None` if it does not exist (cached).
     pub fn try_root(&self, id: u64) -> Result<Option<RootPtr>> {
         if let Some(r) = self.roots.lock().ok().and_then(|m| m.get(&id).copied()) {
             return Ok(r);
@@ -104,6 +117,7 @@ impl Filesystem {
         self.resolve_bytes(path.as_bytes())
     }
 
+    /// [`Filesystem::resolve`] for a path that need not be UTF-8.
     pub fn resolve_bytes(&self, path: &[u8]) -> Result<Node> {
         let mut cur = self.top();
         let mut stack: Vec<Node> = Vec::new();
@@ -134,11 +148,19 @@ impl Filesystem {
     }
 }
 
+/// Mask of the file type bits.
 pub const S_IFMT: u32 = 0o170000;
+/// Directory.
 pub const S_IFDIR: u32 = 0o040000;
+/// Regular file.
 pub const S_IFREG: u32 = 0o100000;
+/// Symbolic link.
 pub const S_IFLNK: u32 = 0o120000;
+/// Character device.
 pub const S_IFCHR: u32 = 0o020000;
+/// Block device.
 pub const S_IFBLK: u32 = 0o060000;
+/// FIFO.
 pub const S_IFIFO: u32 = 0o010000;
+/// Socket.
 pub const S_IFSOCK: u32 = 0o140000;

@@ -15,8 +15,8 @@
 //! files. The module map, the layering and the invariants are in ARCHITECTURE.md at the
 //! repository's root.
 
-#![warn(missing_docs)]
-#![warn(unreachable_pub)]
+#![deny(missing_docs)]
+#![deny(unreachable_pub)]
 
 mod alloc;
 mod backref;

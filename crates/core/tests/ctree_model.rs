@@ -65,7 +65,7 @@ fn run(seed: u64, ops: usize) {
         ..Default::default()
     };
     let mut t = make_filesystem(dev.clone() as Arc<dyn Device>, &opts).expect("mkfs");
-    t.create_tree_for_test(TREE).expect("create tree");
+    t.create_tree(TREE).expect("create tree");
     let mut model: BTreeMap<Key, Vec<u8>> = BTreeMap::new();
     let mut rng = Rng(seed.wrapping_mul(0x9E3779B97F4A7C15) | 1);
     let space = 20_000u64;

@@ -187,6 +187,7 @@ impl FreeSpaceIndex {
 
     /// Whether every byte of `[offset, offset + len)` is free. An empty range
     /// is free; a range overflowing `u64` is not.
+    #[cfg(test)]
     pub(crate) fn is_free(&self, offset: u64, len: u64) -> bool {
         if len == 0 {
             return true;
@@ -303,6 +304,7 @@ impl FreeSpaceIndex {
     }
 
     /// Total free bytes.
+    #[cfg(test)]
     pub(crate) fn total_free(&self) -> u64 {
         self.total
     }
@@ -313,6 +315,7 @@ impl FreeSpaceIndex {
     }
 
     /// Number of free entries (maximal free extents).
+    #[cfg(test)]
     pub(crate) fn entries(&self) -> usize {
         self.by_offset.len()
     }

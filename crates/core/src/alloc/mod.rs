@@ -21,10 +21,13 @@ pub(crate) mod free_space_tree;
 /// Allocation statistics (the allocator benchmark reads them).
 #[derive(Debug, Default, Clone)]
 pub struct AllocStats {
+    /// Free-space searches made (failed ones too).
     pub searches: u64,
+    /// Free-space index entries looked at by those searches.
     pub entries_visited: u64,
     /// Wall time spent finding free space, per search, in nanoseconds.
     pub latencies_ns: Vec<u64>,
+    /// Whether `latencies_ns` is filled (off by default: it costs a clock read).
     pub record_latency: bool,
 }
 

@@ -39,9 +39,13 @@ pub const SEED_FLAGS: u8 = FLAG_FIX_CSUMS | FLAG_VERIFY_DATA;
 /// Bounds of one run.
 #[derive(Clone, Copy, Debug)]
 pub struct Limits {
+    /// Directory entries visited.
     pub entries: usize,
+    /// Bytes read from one file.
     pub file_bytes: usize,
+    /// Bytes read from all files.
     pub total_bytes: u64,
+    /// Bytes of dump-tree output produced.
     pub dump_bytes: u64,
     /// Items visited by the whole-tree walks (every tree, in key order).
     pub tree_items: usize,
@@ -103,6 +107,7 @@ pub fn run(data: &[u8]) -> Outcome {
     run_with(data, Limits::default())
 }
 
+/// Decodes, optionally repairs checksums, opens and walks within `limits`.
 pub fn run_with(data: &[u8], limits: Limits) -> Outcome {
     let Some((&flags, body)) = data.split_first() else {
         return Outcome::default();

@@ -11,8 +11,11 @@ use ubtrfs_format::items::{parse_dir_items, DirItem, RootRef};
 use ubtrfs_format::key::Key;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One directory entry, in readdir (DIR_INDEX) order.
 pub struct DirEntry {
+    /// The name, raw bytes as stored.
     pub name: Vec<u8>,
+    /// What the entry points at (a subvolume entry points at its root, 256).
     pub node: Node,
     /// FT_* file type from the entry.
     pub ty: u8,

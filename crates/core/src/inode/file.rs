@@ -112,6 +112,7 @@ impl Filesystem {
         }
     }
 
+    /// Every file extent item of a file, in file offset order.
     pub fn file_extents(&self, node: Node) -> Result<Vec<FileExtent>> {
         let mut v = Vec::new();
         self.for_each_extent(node, 0, u64::MAX, |e| {
@@ -127,6 +128,7 @@ impl Filesystem {
         self.read_inode(node, &inode, offset, len)
     }
 
+    /// [`Filesystem::read`] with the inode item already read.
     pub fn read_inode(
         &self,
         node: Node,

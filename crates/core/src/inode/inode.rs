@@ -13,21 +13,35 @@ use ubtrfs_format::key::Key;
 pub struct Stat {
     /// Subvolume the inode lives in (st_dev differs per subvolume on the kernel).
     pub subvol: u64,
+    /// Inode number.
     pub ino: u64,
+    /// st_mode: file type and permission bits.
     pub mode: u32,
+    /// Hard link count.
     pub nlink: u32,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
     /// Userspace dev_t encoding (glibc makedev), as st_rdev shows it.
     pub rdev: u64,
+    /// Size in bytes.
     pub size: u64,
+    /// 512-byte blocks allocated (from the inode's nbytes, as the kernel computes st_blocks).
     pub blocks: u64,
+    /// Preferred I/O size (the sector size).
     pub blksize: u32,
+    /// Last access.
     pub atime: Timespec,
+    /// Last modification of the contents.
     pub mtime: Timespec,
+    /// Last change of the inode.
     pub ctime: Timespec,
+    /// Birth time (statx stx_btime).
     pub crtime: Timespec,
+    /// Inode generation (FS_IOC_GETVERSION).
     pub generation: u64,
+    /// btrfs inode flags (NODATACOW, COMPRESS, IMMUTABLE, ...).
     pub flags: u64,
 }
 
@@ -43,6 +57,7 @@ pub fn kernel_rdev_to_user(rdev: u64) -> u64 {
 }
 
 impl Filesystem {
+    /// The raw INODE_ITEM of a file.
     pub fn inode_item(&self, node: Node) -> Result<InodeItem> {
         let root = self.root(node.root)?;
         let key = Key::new(node.ino, INODE_ITEM_KEY, 0);
@@ -53,6 +68,7 @@ impl Filesystem {
             .map_err(|e| Error::corrupt(format!("subvolume {} inode {}: {e}", node.root, node.ino)))
     }
 
+    /// stat(2) of a file as a kernel mount answers it.
     pub fn stat(&self, node: Node) -> Result<Stat> {
         if node.is_placeholder() {
             return self.placeholder_stat(node);
@@ -61,6 +77,7 @@ impl Filesystem {
         Ok(self.stat_of(node, &i))
     }
 
+    /// [`Filesystem::stat`] from an inode item already read.
     pub fn stat_of(&self, node: Node, i: &InodeItem) -> Stat {
         let ss = self.info.sectorsize as u64;
         Stat {

@@ -21,14 +21,21 @@ pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 pub(crate) const MAX_INLINE: u64 = 2048;
 
 #[derive(Clone, Copy, Debug, Default)]
+/// Attributes of an inode to create.
 pub struct NewInode {
+    /// st_mode: file type and permissions.
     pub mode: u32,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
+    /// Device number of a device node (userspace encoding), else 0.
     pub rdev: u64,
+    /// Its atime, mtime, ctime and birth time.
     pub time: Timespec,
 }
 
+/// The DIR_ITEM file type (BTRFS_FT_*) of an st_mode.
 pub fn file_type_of(mode: u32) -> u8 {
     match mode & 0o170000 {
         0o040000 => FT_DIR,
@@ -42,6 +49,7 @@ pub fn file_type_of(mode: u32) -> u8 {
     }
 }
 
+/// The current time, as the kernel stamps inodes.
 pub fn now() -> Timespec {
     let d = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -108,6 +116,7 @@ impl Trans {
         self.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES != 0
     }
 
+    /// Reads an INODE_ITEM (seeing this transaction's changes).
     pub fn read_inode(&self, root: u64, ino: u64) -> Result<InodeItem> {
         let ptr = self.root_ptr(root)?;
         let it = lookup_exact(&self.fs.info, &ptr, &Key::new(ino, INODE_ITEM_KEY, 0))?
@@ -116,6 +125,7 @@ impl Trans {
             .map_err(|e| Error::corrupt(format!("inode {ino} in tree {root}: {e}")))
     }
 
+    /// Replaces an INODE_ITEM.
     pub fn write_inode(&mut self, root: u64, ino: u64, i: &InodeItem) -> Result<()> {
         let bytes = i.to_bytes();
         self.update_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), |d| {
@@ -376,6 +386,7 @@ impl Trans {
         self.create_raw(root, dir, name, attr, ty)
     }
 
+    /// Creates symlink `name` in directory `dir` pointing at `target` (an inline extent).
     pub fn symlink(
         &mut self,
         root: u64,
@@ -503,6 +514,7 @@ impl Trans {
         self.touch_root(root, t)
     }
 
+    /// Removes the empty directory `name` from `dir` (ENOTEMPTY otherwise).
     pub fn rmdir(&mut self, root: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
         let (ino, ty, _) = self
             .lookup(root, dir, name)?
@@ -1380,6 +1392,7 @@ impl Trans {
         self.write_inode(root, ino, &i)
     }
 
+    /// Removes an extended attribute (ENODATA as [`Error::NotFound`] if absent).
     pub fn remove_xattr(&mut self, root: u64, ino: u64, name: &[u8], t: Timespec) -> Result<()> {
         if !self.remove_xattr_entry(root, ino, name)? {
             return Err(Error::NotFound(format!(

@@ -33,6 +33,7 @@ impl Filesystem {
         Ok(out)
     }
 
+    /// One extended attribute's value, `None` if it is not set.
     pub fn getxattr(&self, node: Node, name: &[u8]) -> Result<Option<Vec<u8>>> {
         if node.is_placeholder() {
             return Ok(None);

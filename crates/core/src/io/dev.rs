@@ -7,12 +7,16 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+/// A block device or image file: every byte the engine reads or writes goes through
+/// this trait, so tests substitute devices that record, drop or tear writes.
 pub trait Device: Send + Sync + std::fmt::Debug {
     /// Reads exactly `buf.len()` bytes at `offset`; short reads are errors.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes all of `buf` at byte `offset`; durable only after [`Device::flush`].
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
+    /// Size in bytes.
     fn size(&self) -> u64;
     /// For messages.
     fn name(&self) -> String;
@@ -39,6 +43,7 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
+    /// Opens an image file or block device, read-only unless `writable`.
     pub fn open(path: &Path, writable: bool) -> io::Result<FileDevice> {
         let file = std::fs::OpenOptions::new()
             .read(true)
@@ -143,12 +148,14 @@ pub struct MemDevice {
 }
 
 impl MemDevice {
+    /// A device holding `data`, named `name` in messages.
     pub fn new(data: Vec<u8>, name: &str) -> Arc<MemDevice> {
         Arc::new(MemDevice {
             data: RwLock::new(data),
             name: name.to_string(),
         })
     }
+    /// A copy of the device's bytes.
     pub fn snapshot(&self) -> Vec<u8> {
         self.data.read().map(|d| d.clone()).unwrap_or_default()
     }

@@ -16,6 +16,7 @@ use ubtrfs_format::items::RootItem;
 use ubtrfs_format::superblock::SuperBlock;
 
 #[derive(Clone, Debug)]
+/// How to open a filesystem.
 pub struct OpenOptions {
     /// Verify data checksums on every read (`--no-csum` turns this off).
     pub verify_data_csum: bool,
@@ -45,13 +46,22 @@ struct BlockCache {
 }
 
 #[derive(Debug)]
+/// An opened filesystem's devices and metadata (the kernel's btrfs_fs_info): the
+/// superblock, the chunk map, and validated, cached tree-block reads.
 pub struct FsInfo {
+    /// The newest valid superblock (kept current by the write engine).
     pub sb: SuperBlock,
+    /// The devices by devid.
     pub devices: BTreeMap<u64, Arc<dyn Device>>,
+    /// Logical to physical mapping of every chunk.
     pub chunk_map: ChunkMap,
+    /// Checksum algorithm of the filesystem.
     pub csum_type: CsumType,
+    /// Tree block size in bytes.
     pub nodesize: u32,
+    /// Data sector size in bytes.
     pub sectorsize: u32,
+    /// The options it was opened with.
     pub opts: OpenOptions,
     cache: Mutex<BlockCache>,
     warnings: Mutex<Vec<String>>,
@@ -160,6 +170,8 @@ impl FsInfo {
         FsInfo::open(devs, opts)
     }
 
+    /// Opens a filesystem on devices already opened: picks the newest superblock, matches
+    /// devices by fsid and devid, reads the chunk tree and the well-known roots.
     pub fn open(devs: Vec<Arc<dyn Device>>, opts: OpenOptions) -> Result<FsInfo> {
         if devs.is_empty() {
             return Err(Error::Invalid("no device given".into()));
@@ -264,6 +276,7 @@ impl FsInfo {
         }
     }
 
+    /// Records a warning (a bad copy worked around); the CLI prints them.
     pub fn warn(&self, msg: String) {
         if let Ok(mut w) = self.warnings.lock() {
             if !w.contains(&msg) && w.len() < 1000 {

@@ -49,6 +49,7 @@ impl FsInfo {
         Ok(())
     }
 
+    /// The root tree's root pointer, from the superblock.
     pub fn root_tree_ptr(&self) -> RootPtr {
         RootPtr {
             id: ROOT_TREE_OBJECTID,

@@ -253,6 +253,78 @@ impl ChunkMap {
     }
 }
 
+impl FsInfo {
+    fn add_chunk(&mut self, key: &Key, chunk: &Chunk) -> Result<()> {
+        if key.objectid != FIRST_CHUNK_TREE_OBJECTID {
+            return Err(Error::corrupt(format!(
+                "chunk item with objectid {}",
+                key.objectid
+            )));
+        }
+        let e = MapEntry::from_chunk(key.offset, chunk, self.sectorsize)?;
+        self.chunk_map.insert(e)
+    }
+
+    /// Builds the chunk map: the superblock's sys_chunk_array first (it maps the chunk
+    /// tree itself), then every CHUNK_ITEM of the chunk tree (the kernel's
+    /// btrfs_read_sys_array and btrfs_read_chunk_tree). Warns about missing devices.
+    pub(crate) fn read_chunk_tree(&mut self) -> Result<()> {
+        let sys = self
+            .sb
+            .sys_chunks()
+            .map_err(|e| Error::corrupt(format!("superblock sys_chunk_array: {e}")))?;
+        if sys.is_empty() {
+            return Err(Error::corrupt("superblock sys_chunk_array holds no chunk"));
+        }
+        for (k, c) in &sys {
+            self.add_chunk(k, c)?;
+        }
+        let chunk_root = RootPtr {
+            id: CHUNK_TREE_OBJECTID,
+            bytenr: self.sb.chunk_root,
+            level: self.sb.chunk_root_level,
+            generation: self.sb.chunk_root_generation,
+        };
+        let mut chunks = Vec::new();
+        let mut dev_items = Vec::new();
+        crate::tree::ctree::walk_items(self, &chunk_root, Key::MIN, |k, data| {
+            match k.ty {
+                CHUNK_ITEM_KEY => {
+                    let c = Chunk::parse(data)
+                        .map_err(|e| Error::corrupt(format!("chunk tree item {k}: {e}")))?;
+                    chunks.push((*k, c));
+                }
+                DEV_ITEM_KEY => {
+                    let d = ubtrfs_format::items::DevItem::parse(data)
+                        .map_err(|e| Error::corrupt(format!("chunk tree item {k}: {e}")))?;
+                    dev_items.push(d);
+                }
+                _ => {}
+            }
+            Ok(true)
+        })?;
+        for (k, c) in &chunks {
+            self.add_chunk(k, c)?;
+        }
+        let missing: Vec<u64> = dev_items
+            .iter()
+            .map(|d| d.devid)
+            .filter(|id| !self.devices.contains_key(id))
+            .collect();
+        if !missing.is_empty() {
+            self.warn(format!(
+                "devices missing: devid {} (reads that need them will fail)",
+                missing
+                    .iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -341,77 +413,5 @@ mod tests {
             .insert(MapEntry::from_chunk(4096, &c, 4096).unwrap())
             .is_err());
         assert!(m.lookup(2 << 20).is_err());
-    }
-}
-
-impl FsInfo {
-    fn add_chunk(&mut self, key: &Key, chunk: &Chunk) -> Result<()> {
-        if key.objectid != FIRST_CHUNK_TREE_OBJECTID {
-            return Err(Error::corrupt(format!(
-                "chunk item with objectid {}",
-                key.objectid
-            )));
-        }
-        let e = MapEntry::from_chunk(key.offset, chunk, self.sectorsize)?;
-        self.chunk_map.insert(e)
-    }
-
-    /// Builds the chunk map: the superblock's sys_chunk_array first (it maps the chunk
-    /// tree itself), then every CHUNK_ITEM of the chunk tree (the kernel's
-    /// btrfs_read_sys_array and btrfs_read_chunk_tree). Warns about missing devices.
-    pub(crate) fn read_chunk_tree(&mut self) -> Result<()> {
-        let sys = self
-            .sb
-            .sys_chunks()
-            .map_err(|e| Error::corrupt(format!("superblock sys_chunk_array: {e}")))?;
-        if sys.is_empty() {
-            return Err(Error::corrupt("superblock sys_chunk_array holds no chunk"));
-        }
-        for (k, c) in &sys {
-            self.add_chunk(k, c)?;
-        }
-        let chunk_root = RootPtr {
-            id: CHUNK_TREE_OBJECTID,
-            bytenr: self.sb.chunk_root,
-            level: self.sb.chunk_root_level,
-            generation: self.sb.chunk_root_generation,
-        };
-        let mut chunks = Vec::new();
-        let mut dev_items = Vec::new();
-        crate::tree::ctree::walk_items(self, &chunk_root, Key::MIN, |k, data| {
-            match k.ty {
-                CHUNK_ITEM_KEY => {
-                    let c = Chunk::parse(data)
-                        .map_err(|e| Error::corrupt(format!("chunk tree item {k}: {e}")))?;
-                    chunks.push((*k, c));
-                }
-                DEV_ITEM_KEY => {
-                    let d = ubtrfs_format::items::DevItem::parse(data)
-                        .map_err(|e| Error::corrupt(format!("chunk tree item {k}: {e}")))?;
-                    dev_items.push(d);
-                }
-                _ => {}
-            }
-            Ok(true)
-        })?;
-        for (k, c) in &chunks {
-            self.add_chunk(k, c)?;
-        }
-        let missing: Vec<u64> = dev_items
-            .iter()
-            .map(|d| d.devid)
-            .filter(|id| !self.devices.contains_key(id))
-            .collect();
-        if !missing.is_empty() {
-            self.warn(format!(
-                "devices missing: devid {} (reads that need them will fail)",
-                missing
-                    .iter()
-                    .map(|d| d.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        Ok(())
     }
 }

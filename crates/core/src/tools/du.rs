@@ -13,11 +13,15 @@ use std::collections::HashSet;
 use ubtrfs_format::consts::*;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// One line of `btrfs filesystem du`.
 pub struct DuLine {
+    /// Bytes of the extents of all files below the path.
     pub total: u64,
+    /// Of those, bytes not shared with anything else.
     pub exclusive: u64,
     /// Only for top-level arguments (progs prints "-" otherwise).
     pub set_shared: Option<u64>,
+    /// The path as given.
     pub path: String,
 }
 
@@ -199,8 +203,11 @@ mod tests {
 /// bytes the files reference (compsize's columns).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct FootprintRow {
+    /// Bytes on disk (compressed size).
     pub disk: u64,
+    /// Bytes the extents hold uncompressed.
     pub uncompressed: u64,
+    /// Bytes the files reference.
     pub referenced: u64,
 }
 
@@ -208,15 +215,20 @@ pub struct FootprintRow {
 /// on-disk (compressed) size; inline data at its stored size.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Footprint {
+    /// Regular files seen.
     pub files: u64,
+    /// Distinct regular extents.
     pub regular_extents: u64,
+    /// File extent items pointing at them.
     pub refs: u64,
+    /// Inline extents.
     pub inline_extents: u64,
     /// Index = compression type (0 none, 1 zlib, 2 lzo, 3 zstd).
     pub by_type: [FootprintRow; 4],
 }
 
 impl Footprint {
+    /// The sum of all rows.
     pub fn total(&self) -> FootprintRow {
         let mut t = FootprintRow::default();
         for r in &self.by_type {

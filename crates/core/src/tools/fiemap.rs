@@ -10,23 +10,39 @@ use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::FileExtentBody;
 
+/// FIEMAP flag: Last extent of the file.
 pub const FIEMAP_EXTENT_LAST: u32 = 0x0001;
+/// FIEMAP flag: Location unknown.
 pub const FIEMAP_EXTENT_UNKNOWN: u32 = 0x0002;
+/// FIEMAP flag: Delayed allocation (not yet on disk).
 pub const FIEMAP_EXTENT_DELALLOC: u32 = 0x0004;
+/// FIEMAP flag: Data is encoded (compressed).
 pub const FIEMAP_EXTENT_ENCODED: u32 = 0x0008;
+/// FIEMAP flag: Data is encrypted.
 pub const FIEMAP_EXTENT_DATA_ENCRYPTED: u32 = 0x0080;
+/// FIEMAP flag: Offsets are not block aligned.
 pub const FIEMAP_EXTENT_NOT_ALIGNED: u32 = 0x0100;
+/// FIEMAP flag: Data lives in metadata (inline extent).
 pub const FIEMAP_EXTENT_DATA_INLINE: u32 = 0x0200;
+/// FIEMAP flag: Data is packed with other files' tails.
 pub const FIEMAP_EXTENT_DATA_TAIL: u32 = 0x0400;
+/// FIEMAP flag: Preallocated, not written.
 pub const FIEMAP_EXTENT_UNWRITTEN: u32 = 0x0800;
+/// FIEMAP flag: Several extents merged into this entry.
 pub const FIEMAP_EXTENT_MERGED: u32 = 0x1000;
+/// FIEMAP flag: Shared with another file or snapshot.
 pub const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// One fiemap extent, as FS_IOC_FIEMAP returns it.
 pub struct FiemapExtent {
+    /// File offset.
     pub logical: u64,
+    /// Disk (logical btrfs) address.
     pub physical: u64,
+    /// Length in bytes.
     pub length: u64,
+    /// FIEMAP_EXTENT_* flags.
     pub flags: u32,
 }
 

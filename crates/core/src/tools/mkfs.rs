@@ -23,21 +23,33 @@ use ubtrfs_format::key::Key;
 use ubtrfs_format::superblock::SuperBlock;
 
 #[derive(Clone, Debug)]
+/// What mkfs makes (the defaults are mkfs.btrfs 6.14's).
 pub struct MkfsOptions {
+    /// Tree block size.
     pub nodesize: u32,
+    /// Data sector size.
     pub sectorsize: u32,
+    /// Checksum algorithm.
     pub csum: CsumType,
+    /// Filesystem label.
     pub label: String,
+    /// Filesystem UUID (random if `None`).
     pub fsid: Option<[u8; 16]>,
     /// Profile bits (0 = single) for data and metadata (system follows metadata).
     pub data_profile: u64,
+    /// Metadata block group profile (BLOCK_GROUP_* bits, 0 for single).
     pub metadata_profile: u64,
+    /// Use a block-group tree.
     pub block_group_tree: bool,
+    /// NO_HOLES: no explicit hole extents.
     pub no_holes: bool,
     /// Owner and time of the top-level directory.
     pub root_uid: u32,
+    /// Group of the top-level directory.
     pub root_gid: u32,
+    /// Mode of the top-level directory.
     pub root_mode: u32,
+    /// Timestamps of what mkfs creates (now if `None`).
     pub time: Option<Timespec>,
     /// Small first chunks and capped new ones (for `shrink_to_fit` afterwards).
     pub shrink: bool,

@@ -437,8 +437,11 @@ fn dir_type_str(t: u8) -> String {
 /// What the item printers need to know about the filesystem, and the output switches.
 #[derive(Clone, Debug)]
 pub struct PrintCtx {
+    /// Tree block size.
     pub nodesize: u32,
+    /// Data sector size.
     pub sectorsize: u32,
+    /// Checksum algorithm.
     pub csum_type: CsumType,
     /// The superblock's incompat flags (SIMPLE_QUOTA adds `enable_gen` to the qgroup
     /// status line).
@@ -466,6 +469,7 @@ impl Default for PrintCtx {
 }
 
 impl PrintCtx {
+    /// The context of an opened filesystem.
     pub fn new(fs: &FsInfo) -> PrintCtx {
         PrintCtx {
             nodesize: fs.nodesize,
@@ -1333,8 +1337,11 @@ pub struct DumpTreeOptions {
     pub follow: bool,
     /// `--dfs`: print children depth-first instead of level by level (progs' default).
     pub dfs: bool,
+    /// Print names as progs' `--hide-names` does.
     pub hide_names: bool,
+    /// Print each block's header checksum (`--csum-headers`).
     pub csum_headers: bool,
+    /// Print checksum items' values (`--csum-items`).
     pub csum_items: bool,
     /// `-e`: only the leaves of the extent and device trees.
     pub extents_only: bool,

@@ -70,19 +70,27 @@ impl Sets {
 pub struct Sharing {
     /// (subvolumes, bytes), subvolume lists sorted.
     pub by_set: Vec<(Vec<u64>, u64)>,
+    /// The live subvolumes, by id.
     pub subvolumes: Vec<u64>,
+    /// Tree blocks read.
     pub tree_blocks: u64,
+    /// Data extents seen.
     pub data_extents: u64,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// One subvolume's numbers, as `btrfs qgroup show --raw` gives them after a rescan.
 pub struct QgroupNumbers {
+    /// Subvolume id (its level-0 qgroup 0/id).
     pub subvol: u64,
+    /// Bytes reachable from the subvolume.
     pub referenced: u64,
+    /// Bytes reachable only from it.
     pub exclusive: u64,
 }
 
 impl Sharing {
+    /// Referenced and exclusive bytes of every subvolume.
     pub fn numbers(&self) -> Vec<QgroupNumbers> {
         let mut out: BTreeMap<u64, QgroupNumbers> = self
             .subvolumes

@@ -463,6 +463,7 @@ impl Trans {
         }
     }
 
+    /// Deletes the item with exactly this key (ENOENT if absent).
     pub fn delete_item(&mut self, root_id: u64, key: &Key) -> Result<()> {
         let (path, found) = self.search_mut(root_id, key, 0, true)?;
         if !found {

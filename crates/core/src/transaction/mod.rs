@@ -36,6 +36,9 @@ use ubtrfs_format::items::{DevExtent, DevItem, RootItem};
 use ubtrfs_format::key::Key;
 use ubtrfs_format::superblock::RootBackup;
 
+/// A write transaction (the kernel's transaction handle and running transaction in
+/// one): changes made through it are visible to its own reads at once and become
+/// durable at [`Trans::commit`]. Dropping it without committing writes nothing.
 pub struct Trans {
     /// The filesystem being written; its read API sees the uncommitted state.
     pub fs: crate::fs::Filesystem,
@@ -52,6 +55,7 @@ pub struct Trans {
     /// Inode numbers handed out per tree in this transaction.
     pub(crate) next_ino: HashMap<u64, u64>,
     _lock: Vec<std::fs::File>,
+    /// Commits done so far.
     pub commits: u64,
     /// Compress file data on write (mkfs --compress, mount -o compress).
     pub compress: Option<(ubtrfs_compress::Compression, Option<i32>)>,
@@ -364,9 +368,10 @@ impl Trans {
         })
     }
 
-    /// Creates an empty tree with an arbitrary id (tests of the b-tree code).
-    #[doc(hidden)]
-    pub fn create_tree_for_test(&mut self, id: u64) -> Result<()> {
+    /// Creates an empty tree `id` and its ROOT_ITEM (the kernel's btrfs_create_tree):
+    /// an empty leaf owned by `id`, written at commit. The caller picks an id that is
+    /// free; items are then added with [`Trans::insert_item`].
+    pub fn create_tree(&mut self, id: u64) -> Result<()> {
         let (b, d) = self.new_block(id, 0, None, 0)?;
         self.put_dirty(b, d)?;
         let item = RootItem {

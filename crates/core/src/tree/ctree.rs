@@ -9,15 +9,19 @@ use std::sync::Arc;
 use ubtrfs_format::key::Key;
 
 #[derive(Clone, Debug)]
+/// A position in a b-tree: one (block, slot) per level, leaf first (the kernel's
+/// btrfs_path).
 pub struct Path {
     /// nodes[0] is the leaf; nodes[level] the block at that level.
     pub nodes: Vec<(Arc<TreeBlock>, usize)>,
 }
 
 impl Path {
+    /// The leaf block.
     pub fn leaf(&self) -> &Arc<TreeBlock> {
         &self.nodes[0].0
     }
+    /// The slot in the leaf.
     pub fn slot(&self) -> usize {
         self.nodes[0].1
     }
@@ -25,18 +29,21 @@ impl Path {
     pub fn valid(&self) -> bool {
         self.slot() < self.leaf().nritems()
     }
+    /// The key at the leaf slot.
     pub fn key(&self) -> Result<Key> {
         self.leaf()
             .view()
             .item_key(self.slot())
             .map_err(|e| Error::corrupt(e.to_string()))
     }
+    /// The item data at the leaf slot.
     pub fn data(&self) -> Result<&[u8]> {
         self.leaf()
             .view()
             .item_data(self.slot())
             .map_err(|e| Error::corrupt(e.to_string()))
     }
+    /// A handle to the item at the leaf slot.
     pub fn item(&self) -> ItemRef {
         ItemRef {
             block: self.leaf().clone(),
@@ -48,15 +55,19 @@ impl Path {
 /// A handle to one leaf item that keeps its block alive.
 #[derive(Clone, Debug)]
 pub struct ItemRef {
+    /// The leaf holding the item.
     pub block: Arc<TreeBlock>,
+    /// Its slot in the leaf.
     pub slot: usize,
 }
 
 impl ItemRef {
+    /// The item's key.
     pub fn key(&self) -> Key {
         // The tree checker validated every item header of this leaf.
         self.block.view().item_key(self.slot).unwrap_or_default()
     }
+    /// The item's data.
     pub fn data(&self) -> &[u8] {
         self.block.view().item_data(self.slot).unwrap_or(&[])
     }
@@ -351,6 +362,7 @@ pub struct TreeIter<'a> {
 }
 
 impl<'a> TreeIter<'a> {
+    /// Items with keys in [start, end] of the tree rooted at `root`.
     pub fn new(
         fs: &'a dyn BlockSource,
         root: &RootPtr,
@@ -364,6 +376,7 @@ impl<'a> TreeIter<'a> {
             started: false,
         })
     }
+    /// The next item, `None` past the end.
     pub fn next_item(&mut self) -> Result<Option<ItemRef>> {
         let Some(p) = self.path.as_mut() else {
             return Ok(None);

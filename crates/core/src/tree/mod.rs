@@ -24,23 +24,30 @@ pub trait BlockSource {
 /// A validated tree block.
 #[derive(Debug, Clone)]
 pub struct TreeBlock {
+    /// Logical address.
     pub bytenr: u64,
+    /// The block's bytes (nodesize).
     pub data: Vec<u8>,
 }
 
 impl TreeBlock {
+    /// Typed access to header, keys and items.
     pub fn view(&self) -> BlockView<'_> {
         BlockView::new(&self.data)
     }
+    /// 0 for a leaf.
     pub fn level(&self) -> u8 {
         self.view().level()
     }
+    /// Items (leaf) or key pointers (node) in the block.
     pub fn nritems(&self) -> usize {
         self.view().nritems() as usize
     }
+    /// Transaction that wrote the block.
     pub fn generation(&self) -> u64 {
         self.view().generation()
     }
+    /// Tree that owns the block.
     pub fn owner(&self) -> u64 {
         self.view().owner()
     }
@@ -49,8 +56,12 @@ impl TreeBlock {
 /// Where a tree's root block is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RootPtr {
+    /// Tree id.
     pub id: u64,
+    /// Logical address of the root block.
     pub bytenr: u64,
+    /// Level of the root block (0: the root is a leaf).
     pub level: u8,
+    /// Generation the root block was written in.
     pub generation: u64,
 }
