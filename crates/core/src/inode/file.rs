@@ -4,11 +4,14 @@
 
 use crate::error::{Error, Result};
 use crate::fs::{DecompressedExtent, Filesystem, Node, DECOMPRESSED_CACHE_ENTRIES_MAX};
-use crate::tree::ctree::{next_item, search_forward, search_prev, Path};
+use crate::transaction::Trans;
+use crate::tree::ctree::{
+    lookup_exact, lookup_prev, next_item, search_forward, search_prev, Path, TreeIter,
+};
 use std::sync::Arc;
 use ubtrfs_compress::Compression;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{FileExtentBody, FileExtentItem, InodeItem};
+use ubtrfs_format::items::{FileExtentBody, FileExtentItem, InodeItem, Timespec};
 use ubtrfs_format::key::Key;
 
 /// Largest piece of an uncompressed extent read in one device request.
@@ -365,4 +368,713 @@ fn copy_from(src: &[u8], from: usize, dst: &mut [u8]) {
         dst[..n].copy_from_slice(&src[from..from + n]);
     }
     dst[n..].fill(0);
+}
+
+/// Largest data extent the kernel writes.
+pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
+
+/// Default max_inline mount option.
+pub(crate) const MAX_INLINE: u64 = 2048;
+
+pub(crate) fn file_extent_bytes(
+    generation: u64,
+    ram_bytes: u64,
+    compression: u8,
+    ty: u8,
+    body: &FileExtentBody,
+) -> Vec<u8> {
+    FileExtentItem {
+        generation,
+        ram_bytes,
+        compression,
+        encryption: 0,
+        other_encoding: 0,
+        ty,
+        body: body.clone(),
+    }
+    .to_bytes()
+}
+
+impl Trans {
+    pub(crate) fn no_holes(&self) -> bool {
+        self.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES != 0
+    }
+
+    pub(crate) fn max_inline_size(&self) -> usize {
+        // BTRFS_MAX_INLINE_DATA_SIZE: a leaf's item space minus the file extent header.
+        self.max_item_size() - ubtrfs_format::items::FILE_EXTENT_INLINE_DATA_START
+    }
+
+    pub(crate) fn insert_inline(&mut self, root: u64, ino: u64, data: &[u8]) -> Result<()> {
+        let v = file_extent_bytes(
+            self.transid,
+            data.len() as u64,
+            0,
+            FILE_EXTENT_INLINE,
+            &FileExtentBody::Inline {
+                data: data.to_vec(),
+            },
+        );
+        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &v)
+    }
+
+    /// File extent items of `ino` overlapping [start, end) (the one covering `start`
+    /// may begin before it), in file order.
+    pub(crate) fn extent_items(
+        &self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<(Key, FileExtentItem)>> {
+        let ptr = self.root_ptr(root)?;
+        let first = match lookup_prev(&self.fs.info, &ptr, Key::new(ino, EXTENT_DATA_KEY, start))? {
+            Some((k, _)) if k.objectid == ino && k.ty == EXTENT_DATA_KEY => k.offset,
+            _ => start,
+        };
+        let mut items = Vec::new();
+        for item in TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(ino, EXTENT_DATA_KEY, first),
+            Key::new(ino, EXTENT_DATA_KEY, end.saturating_sub(1)),
+        )? {
+            let item = item?;
+            let fe = FileExtentItem::parse(item.data())
+                .map_err(|e| Error::corrupt(format!("inode {ino} extent {}: {e}", item.key())))?;
+            items.push((item.key(), fe));
+        }
+        Ok(items)
+    }
+
+    /// Removes or trims file extent items covering [start, end) and drops the data
+    /// references they held; returns the bytes of `nbytes` released.
+    pub(crate) fn drop_extents(
+        &mut self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<u64> {
+        let items = self.extent_items(root, ino, start, end)?;
+        let mut released = 0u64;
+        for (k, fe) in items {
+            let (len, reg) = match &fe.body {
+                FileExtentBody::Inline { .. } => (fe.ram_bytes, None),
+                FileExtentBody::Regular {
+                    disk_bytenr,
+                    disk_num_bytes,
+                    offset,
+                    num_bytes,
+                } => (*num_bytes, Some((*disk_bytenr, *disk_num_bytes, *offset))),
+            };
+            let (es, ee) = (k.offset, k.offset.saturating_add(len));
+            if ee <= start || es >= end {
+                continue;
+            }
+            let counts = fe.ty != FILE_EXTENT_INLINE;
+            match reg {
+                None => {
+                    // Inline extents sit at offset 0 and cover a sector at most.
+                    self.delete_item(root, &k)?;
+                    released += fe.ram_bytes.min(len);
+                    if start > es {
+                        return Err(Error::Unsupported(
+                            "partial truncation of an inline extent".into(),
+                        ));
+                    }
+                }
+                Some((db, dnb, off)) => {
+                    self.delete_item(root, &k)?;
+                    let has_ref = db != 0;
+                    if has_ref {
+                        self.add_data_ref(db, dnb, root, ino, es.wrapping_sub(off), -1);
+                    }
+                    let keep = |s: u64, e: u64, this: &mut Trans| -> Result<()> {
+                        let nb = e - s;
+                        let body = FileExtentBody::Regular {
+                            disk_bytenr: db,
+                            disk_num_bytes: dnb,
+                            offset: off + (s - es),
+                            num_bytes: nb,
+                        };
+                        let v = file_extent_bytes(
+                            fe.generation,
+                            fe.ram_bytes,
+                            fe.compression,
+                            fe.ty,
+                            &body,
+                        );
+                        this.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, s), &v)?;
+                        if has_ref {
+                            this.add_data_ref(db, dnb, root, ino, es.wrapping_sub(off), 1);
+                        }
+                        Ok(())
+                    };
+                    if es < start {
+                        keep(es, start, self)?;
+                    }
+                    if ee > end {
+                        keep(end, ee, self)?;
+                    }
+                    if counts && has_ref {
+                        released += ee.min(end) - es.max(start);
+                    }
+                }
+            }
+        }
+        Ok(released)
+    }
+
+    /// Writes `data` at `offset` of a regular file (CoW: new extents, old ones dropped).
+    /// `offset` must be sector aligned or at/after the end of file rounded up.
+    pub fn write(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        t: Timespec,
+    ) -> Result<()> {
+        let mut inode = self.read_inode(root, ino)?;
+        if inode.mode & 0o170000 != 0o100000 {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let ss = self.fs.info.sectorsize as u64;
+        let end = offset + data.len() as u64;
+        let new_size = inode.size.max(end);
+        // Small whole files are stored inline, as the kernel does.
+        if offset == 0
+            && new_size == end
+            && inode.size <= end
+            && end < ss
+            && end <= MAX_INLINE
+            && (end as usize) <= self.max_inline_size()
+        {
+            let released = self.drop_extents(root, ino, 0, u64::MAX)?;
+            inode.nbytes = inode.nbytes.saturating_sub(released);
+            self.insert_inline(root, ino, data)?;
+            inode.nbytes += end;
+            inode.size = end;
+            self.touch(&mut inode, t, true);
+            return self.write_inode(root, ino, &inode);
+        }
+        // An inline extent cannot be followed by others: make it a regular one first.
+        if self.has_inline(root, ino)? {
+            self.convert_inline(root, ino, &mut inode)?;
+        }
+        let mut buf_start = offset;
+        let mut buf: Vec<u8>;
+        if !offset.is_multiple_of(ss) {
+            // Read-modify-write of the first sector.
+            let s = offset - offset % ss;
+            let mut head = self.read_file_range(root, ino, s, (offset - s) as usize, &inode)?;
+            head.extend_from_slice(data);
+            buf = head;
+            buf_start = s;
+        } else {
+            buf = data.to_vec();
+        }
+        let buf_end = buf_start + buf.len() as u64;
+        if !buf_end.is_multiple_of(ss) && buf_end < inode.size {
+            let e = buf_end.next_multiple_of(ss).min(inode.size);
+            let tail = self.read_file_range(root, ino, buf_end, (e - buf_end) as usize, &inode)?;
+            buf.extend_from_slice(&tail);
+        }
+        let aligned_len = (buf.len() as u64).next_multiple_of(ss);
+        let released = self.drop_extents(root, ino, buf_start, buf_start + aligned_len)?;
+        inode.nbytes = inode.nbytes.saturating_sub(released);
+        if !self.no_holes() && buf_start > inode.size.next_multiple_of(ss) {
+            let hs = inode.size.next_multiple_of(ss);
+            self.fill_holes(root, ino, hs, buf_start)?;
+        }
+        buf.resize(aligned_len as usize, 0);
+        let mut pos = 0u64;
+        if let Some((alg, level)) = self.compress {
+            if inode.flags & (INODE_NOCOMPRESS | INODE_NODATASUM) == 0 {
+                pos = self.write_compressed(root, ino, &mut inode, buf_start, &buf, alg, level)?;
+            }
+        }
+        while pos < aligned_len {
+            let want = (aligned_len - pos).min(MAX_EXTENT_SIZE);
+            let (bytenr, got) = self.alloc.alloc_data(&mut self.fs.info, want)?;
+            let chunk = &buf[pos as usize..(pos + got) as usize];
+            let fo = buf_start + pos;
+            // Bytes of this piece that came from the caller (the rest is padding).
+            let valid = (offset + data.len() as u64).saturating_sub(fo).min(got);
+            let cloned = match self.reflink_source.clone() {
+                Some(src) if buf_start == offset => self.clone_data(bytenr, &src, fo, valid)?,
+                _ => 0,
+            };
+            self.write_logical(bytenr + cloned, &chunk[cloned as usize..])?;
+            self.csum_data(bytenr, chunk)?;
+            let body = FileExtentBody::Regular {
+                disk_bytenr: bytenr,
+                disk_num_bytes: got,
+                offset: 0,
+                num_bytes: got,
+            };
+            let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_REG, &body);
+            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, fo), &v)?;
+            self.add_new_data_extent(bytenr, got, root, ino, fo);
+            inode.nbytes += got;
+            pos += got;
+        }
+        inode.size = new_size;
+        self.touch(&mut inode, t, true);
+        self.write_inode(root, ino, &inode)
+    }
+
+    /// Preallocates [offset, offset + len) (sector aligned outward) as PREALLOC extents
+    /// where the file has no data; `keep_size` leaves i_size alone (FALLOC_FL_KEEP_SIZE).
+    /// Returns the extents allocated, as (disk bytenr, length).
+    pub fn fallocate(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+        t: Timespec,
+    ) -> Result<Vec<(u64, u64)>> {
+        let mut inode = self.read_inode(root, ino)?;
+        if inode.mode & 0o170000 != 0o100000 {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        let ss = self.fs.info.sectorsize as u64;
+        let start = offset - offset % ss;
+        let end = (offset + len).next_multiple_of(ss);
+        if self.has_inline(root, ino)? {
+            self.convert_inline(root, ino, &mut inode)?;
+        }
+        if !keep_size && !self.no_holes() && start > inode.size.next_multiple_of(ss) {
+            let hs = inode.size.next_multiple_of(ss);
+            self.fill_holes(root, ino, hs, start)?;
+        }
+        // Only the holes get extents: collect the covered ranges first.
+        let mut covered = Vec::new();
+        for (k, fe) in self.extent_items(root, ino, start, end)? {
+            if let FileExtentBody::Regular {
+                disk_bytenr,
+                num_bytes,
+                ..
+            } = fe.body
+            {
+                if disk_bytenr != 0 {
+                    covered.push((k.offset, k.offset + num_bytes));
+                }
+            }
+        }
+        let mut holes = Vec::new();
+        let mut pos = start;
+        for (s, e) in covered {
+            if s > pos {
+                holes.push((pos, s.min(end)));
+            }
+            pos = pos.max(e);
+        }
+        if pos < end {
+            holes.push((pos, end));
+        }
+        let mut out = Vec::new();
+        for (hs, he) in holes {
+            if he <= hs {
+                continue;
+            }
+            // Explicit hole items (no NO_HOLES) in the range are replaced.
+            self.drop_extents(root, ino, hs, he)?;
+            let mut p = hs;
+            while p < he {
+                let want = (he - p).min(MAX_EXTENT_SIZE);
+                let (bytenr, got) = match self.alloc.alloc_data(&mut self.fs.info, want) {
+                    Ok(x) => x,
+                    Err(e) => {
+                        // Keep the inode consistent with what was allocated so far.
+                        inode.flags |= INODE_PREALLOC;
+                        self.write_inode(root, ino, &inode)?;
+                        return Err(e);
+                    }
+                };
+                let body = FileExtentBody::Regular {
+                    disk_bytenr: bytenr,
+                    disk_num_bytes: got,
+                    offset: 0,
+                    num_bytes: got,
+                };
+                let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_PREALLOC, &body);
+                self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, p), &v)?;
+                self.add_new_data_extent(bytenr, got, root, ino, p);
+                inode.nbytes += got;
+                out.push((bytenr, got));
+                p += got;
+            }
+        }
+        if !keep_size && offset + len > inode.size {
+            inode.size = offset + len;
+        }
+        if !out.is_empty() {
+            inode.flags |= INODE_PREALLOC;
+        }
+        self.touch(&mut inode, t, false);
+        self.write_inode(root, ino, &inode)?;
+        Ok(out)
+    }
+
+    /// Writes 128 KiB compressed extents from the start of `buf` for as long as they
+    /// save space; on the first chunk that does not, marks the inode NOCOMPRESS (the
+    /// kernel's give-up rule) and returns how far it got.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn write_compressed(
+        &mut self,
+        root: u64,
+        ino: u64,
+        inode: &mut InodeItem,
+        buf_start: u64,
+        buf: &[u8],
+        alg: ubtrfs_compress::Compression,
+        level: Option<i32>,
+    ) -> Result<u64> {
+        let ss = self.fs.info.sectorsize as u64;
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let n = (buf.len() - pos).min(ubtrfs_compress::MAX_UNCOMPRESSED);
+            let input = &buf[pos..pos + n];
+            let packed = ubtrfs_compress::compress(alg, input, level, ss as u32)
+                .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
+            let Some(mut c) = packed else {
+                inode.flags |= INODE_NOCOMPRESS;
+                break;
+            };
+            let disk_len = (c.len() as u64).next_multiple_of(ss);
+            c.resize(disk_len as usize, 0);
+            let (bytenr, got) = self.alloc.alloc_data(&mut self.fs.info, disk_len)?;
+            if got != disk_len {
+                self.alloc.release_unused(bytenr, got)?;
+                break;
+            }
+            self.write_logical(bytenr, &c)?;
+            self.csum_data(bytenr, &c)?;
+            let fo = buf_start + pos as u64;
+            let body = FileExtentBody::Regular {
+                disk_bytenr: bytenr,
+                disk_num_bytes: disk_len,
+                offset: 0,
+                num_bytes: n as u64,
+            };
+            let v = file_extent_bytes(self.transid, n as u64, alg as u8, FILE_EXTENT_REG, &body);
+            self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, fo), &v)?;
+            self.add_new_data_extent(bytenr, disk_len, root, ino, fo);
+            inode.nbytes += n as u64;
+            pos += n;
+        }
+        let flag = match alg {
+            ubtrfs_compress::Compression::Lzo => FEATURE_INCOMPAT_COMPRESS_LZO,
+            ubtrfs_compress::Compression::Zstd => FEATURE_INCOMPAT_COMPRESS_ZSTD,
+            _ => 0,
+        };
+        if pos > 0 {
+            self.fs.info.sb.incompat_flags |= flag;
+        }
+        Ok(pos as u64)
+    }
+
+    /// FALLOC_FL_PUNCH_HOLE: the range reads as zeroes afterwards and whole sectors in
+    /// it hold no data; the size does not change.
+    pub fn punch_hole(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        t: Timespec,
+    ) -> Result<()> {
+        let mut inode = self.read_inode(root, ino)?;
+        if inode.mode & 0o170000 != 0o100000 {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        let end = offset.saturating_add(len).min(inode.size);
+        if offset >= end {
+            return Ok(());
+        }
+        let ss = self.fs.info.sectorsize as u64;
+        if self.has_inline(root, ino)? {
+            self.convert_inline(root, ino, &mut inode)?;
+        }
+        let (inner_s, inner_e) = (offset.next_multiple_of(ss), end - end % ss);
+        if inner_s < inner_e {
+            let released = self.drop_extents(root, ino, inner_s, inner_e)?;
+            inode.nbytes = inode.nbytes.saturating_sub(released);
+            if !self.no_holes() {
+                self.fill_holes(root, ino, inner_s, inner_e)?;
+            }
+            self.touch(&mut inode, t, true);
+            self.write_inode(root, ino, &inode)?;
+        }
+        // Partial sectors at either end get zeroes written (read-modify-write).
+        let head_e = inner_s.min(end);
+        if offset < head_e {
+            self.write(root, ino, offset, &vec![0u8; (head_e - offset) as usize], t)?;
+        }
+        let tail_s = inner_e.max(offset);
+        if inner_s <= inner_e && tail_s < end {
+            self.write(root, ino, tail_s, &vec![0u8; (end - tail_s) as usize], t)?;
+        }
+        Ok(())
+    }
+
+    /// FALLOC_FL_ZERO_RANGE: punch, then preallocate the range.
+    pub fn zero_range(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+        t: Timespec,
+    ) -> Result<()> {
+        let old_size = self.read_inode(root, ino)?.size;
+        self.punch_hole(root, ino, offset, len, t)?;
+        // Preallocate whatever is a hole now (sector-aligned outward): the punched
+        // middle and any part beyond the old end of file.
+        self.fallocate(root, ino, offset, len, true, t)?;
+        let mut i = self.read_inode(root, ino)?;
+        if !keep_size && offset + len > i.size {
+            let ss = self.fs.info.sectorsize as u64;
+            if !self.no_holes() {
+                let hs = old_size.next_multiple_of(ss);
+                self.fill_holes(root, ino, hs, offset - offset % ss)?;
+                i = self.read_inode(root, ino)?;
+            }
+            i.size = offset + len;
+            self.write_inode(root, ino, &i)?;
+        }
+        Ok(())
+    }
+
+    /// Shares the whole blocks of `src` at `src_offset` (up to `len` bytes) into the
+    /// data extent at `bytenr` instead of writing them (mkfs --reflink): single-copy
+    /// data chunks on a host filesystem that can reflink. Returns how many bytes were
+    /// shared (0 when it could not: the caller writes them).
+    pub(crate) fn clone_data(
+        &mut self,
+        bytenr: u64,
+        src: &std::sync::Arc<std::fs::File>,
+        src_offset: u64,
+        len: u64,
+    ) -> Result<u64> {
+        let ss = self.fs.info.sectorsize as u64;
+        let whole = len - len % ss;
+        if whole == 0 || !src_offset.is_multiple_of(4096) {
+            return Ok(0);
+        }
+        let e = self.fs.info.chunk_map.lookup(bytenr)?;
+        if e.num_mirrors() != 1 || e.ty & BLOCK_GROUP_PROFILE_MASK != 0 {
+            return Ok(0);
+        }
+        let p = e.map(bytenr, 0)?;
+        if p.len < whole || !p.offset.is_multiple_of(4096) {
+            return Ok(0);
+        }
+        let Some(dev) = self.fs.info.devices.get(&p.devid).cloned() else {
+            return Ok(0);
+        };
+        match dev.clone_from_file(src, src_offset, p.offset, whole) {
+            Ok(()) => Ok(whole),
+            Err(_) => {
+                // Not this host filesystem: stop trying, copy instead.
+                self.reflink_source = None;
+                self.reflink_failed = true;
+                Ok(0)
+            }
+        }
+    }
+
+    pub(crate) fn has_inline(&self, root: u64, ino: u64) -> Result<bool> {
+        let ptr = self.root_ptr(root)?;
+        Ok(
+            match lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))? {
+                Some(it) => it.data().get(20) == Some(&FILE_EXTENT_INLINE),
+                None => false,
+            },
+        )
+    }
+
+    /// Inserts hole items (filesystems without NO_HOLES) for the parts of
+    /// [start, end) no extent item covers.
+    pub(crate) fn fill_holes(&mut self, root: u64, ino: u64, start: u64, end: u64) -> Result<()> {
+        if start >= end {
+            return Ok(());
+        }
+        let ss = self.fs.info.sectorsize as u64;
+        let covered: Vec<(u64, u64)> = self
+            .extent_items(root, ino, start, end)?
+            .into_iter()
+            .map(|(k, fe)| {
+                let len = match fe.body {
+                    FileExtentBody::Inline { .. } => fe.ram_bytes.next_multiple_of(ss),
+                    FileExtentBody::Regular { num_bytes, .. } => num_bytes,
+                };
+                (k.offset, k.offset + len)
+            })
+            .collect();
+        let mut pos = start;
+        for (s, e) in covered {
+            if s > pos {
+                self.insert_hole(root, ino, pos, s.min(end) - pos)?;
+            }
+            pos = pos.max(e);
+            if pos >= end {
+                return Ok(());
+            }
+        }
+        if pos < end {
+            self.insert_hole(root, ino, pos, end - pos)?;
+        }
+        Ok(())
+    }
+
+    /// Turns an inline extent into a regular one (before other extents join it).
+    pub(crate) fn convert_inline(
+        &mut self,
+        root: u64,
+        ino: u64,
+        inode: &mut InodeItem,
+    ) -> Result<()> {
+        let ptr = self.root_ptr(root)?;
+        let it = lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))?
+            .ok_or_else(|| Error::corrupt(format!("inode {ino}: inline extent vanished")))?;
+        let fe = FileExtentItem::parse(it.data())
+            .map_err(|e| Error::corrupt(format!("inode {ino} inline extent: {e}")))?;
+        drop(it);
+        let len = fe.ram_bytes;
+        let view = InodeItem {
+            size: len,
+            ..inode.clone()
+        };
+        let data = self.read_file_range(root, ino, 0, len as usize, &view)?;
+        self.delete_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0))?;
+        inode.nbytes = inode.nbytes.saturating_sub(len);
+        let ss = self.fs.info.sectorsize as u64;
+        let mut buf = data;
+        buf.resize(len.next_multiple_of(ss).max(ss) as usize, 0);
+        let got_len = buf.len() as u64;
+        let (bytenr, got) = self.alloc.alloc_data(&mut self.fs.info, got_len)?;
+        if got != got_len {
+            self.alloc.release_unused(bytenr, got)?;
+            return Err(Error::NoSpace("converting an inline extent".into()));
+        }
+        self.write_logical(bytenr, &buf)?;
+        self.csum_data(bytenr, &buf)?;
+        let body = FileExtentBody::Regular {
+            disk_bytenr: bytenr,
+            disk_num_bytes: got,
+            offset: 0,
+            num_bytes: got,
+        };
+        let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_REG, &body);
+        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &v)?;
+        self.add_new_data_extent(bytenr, got, root, ino, 0);
+        inode.nbytes += got;
+        self.write_inode(root, ino, inode)
+    }
+
+    pub(crate) fn inline_len(&self, root: u64, ino: u64) -> Result<Option<u64>> {
+        let ptr = self.root_ptr(root)?;
+        Ok(
+            match lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))? {
+                Some(it) if it.data().get(20) == Some(&FILE_EXTENT_INLINE) => {
+                    Some(ubtrfs_format::bytes::le64(it.data(), 8, "file extent").unwrap_or(0))
+                }
+                _ => None,
+            },
+        )
+    }
+
+    pub(crate) fn insert_hole(&mut self, root: u64, ino: u64, start: u64, len: u64) -> Result<()> {
+        let body = FileExtentBody::Regular {
+            disk_bytenr: 0,
+            disk_num_bytes: 0,
+            offset: 0,
+            num_bytes: len,
+        };
+        let v = file_extent_bytes(self.transid, len, 0, FILE_EXTENT_REG, &body);
+        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, start), &v)
+    }
+
+    /// Reads file bytes through the uncommitted state (for read-modify-write).
+    pub fn read_file_range(
+        &self,
+        root: u64,
+        ino: u64,
+        start: u64,
+        len: usize,
+        inode: &InodeItem,
+    ) -> Result<Vec<u8>> {
+        let mut out = self
+            .fs
+            .read_inode(crate::fs::Node::new(root, ino), inode, start, len)?;
+        out.resize(len, 0);
+        Ok(out)
+    }
+
+    /// Sets the file size: shrinking drops extents past it (zeroing the tail of the
+    /// last sector by rewriting it), growing leaves a hole.
+    pub fn truncate(&mut self, root: u64, ino: u64, size: u64, t: Timespec) -> Result<()> {
+        let mut inode = self.read_inode(root, ino)?;
+        if inode.mode & 0o170000 != 0o100000 {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        let ss = self.fs.info.sectorsize as u64;
+        if size < inode.size {
+            if let Some(l) = self.inline_len(root, ino)? {
+                if size < l {
+                    let data = self.read_file_range(root, ino, 0, size as usize, &inode)?;
+                    let released = self.drop_extents(root, ino, 0, u64::MAX)?;
+                    inode.nbytes = inode.nbytes.saturating_sub(released);
+                    if size > 0 {
+                        self.insert_inline(root, ino, &data)?;
+                        inode.nbytes += size;
+                    }
+                } else {
+                    // The inline data stays; only what follows it (holes) goes.
+                    let from = size.next_multiple_of(ss).max(ss);
+                    let released = self.drop_extents(root, ino, from, u64::MAX)?;
+                    inode.nbytes = inode.nbytes.saturating_sub(released);
+                }
+            } else {
+                let keep_end = size.next_multiple_of(ss);
+                let tail = if !size.is_multiple_of(ss) {
+                    Some(self.read_file_range(
+                        root,
+                        ino,
+                        size - size % ss,
+                        (size % ss) as usize,
+                        &inode,
+                    )?)
+                } else {
+                    None
+                };
+                let released = self.drop_extents(root, ino, keep_end, u64::MAX)?;
+                inode.nbytes = inode.nbytes.saturating_sub(released);
+                inode.size = size;
+                self.write_inode(root, ino, &inode)?;
+                if let Some(tail) = tail {
+                    // Rewrite the last sector with zeroes past the new end.
+                    self.write(root, ino, size - size % ss, &tail, t)?;
+                    inode = self.read_inode(root, ino)?;
+                }
+            }
+        } else if size > inode.size && !self.no_holes() {
+            let hs = inode.size.next_multiple_of(ss);
+            let he = size.next_multiple_of(ss);
+            self.fill_holes(root, ino, hs, he)?;
+        }
+        inode.size = size;
+        self.touch(&mut inode, t, true);
+        self.write_inode(root, ino, &inode)?;
+        self.touch_root(root, t)
+    }
 }

@@ -2,10 +2,12 @@
 
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node, S_IFDIR};
-use crate::tree::ctree::lookup_exact;
+use crate::transaction::Trans;
+use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
 use serde::Serialize;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{InodeItem, Timespec};
+use ubtrfs_format::csum::name_hash;
+use ubtrfs_format::items::{parse_dir_items, InodeItem, Timespec};
 use ubtrfs_format::key::Key;
 
 /// What stat(2)/statx(2) return for a file on a kernel btrfs mount.
@@ -124,5 +126,533 @@ impl Filesystem {
             generation: 0,
             flags: 0,
         })
+    }
+}
+
+/// Attributes of an inode to create.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NewInode {
+    /// st_mode: file type and permissions.
+    pub mode: u32,
+    /// Owner user id.
+    pub uid: u32,
+    /// Owner group id.
+    pub gid: u32,
+    /// Device number of a device node (userspace encoding), else 0.
+    pub rdev: u64,
+    /// Its atime, mtime, ctime and birth time.
+    pub time: Timespec,
+}
+
+/// The DIR_ITEM file type (BTRFS_FT_*) of an st_mode.
+pub fn file_type_of(mode: u32) -> u8 {
+    match mode & 0o170000 {
+        0o040000 => FT_DIR,
+        0o100000 => FT_REG_FILE,
+        0o120000 => FT_SYMLINK,
+        0o020000 => FT_CHRDEV,
+        0o060000 => FT_BLKDEV,
+        0o010000 => FT_FIFO,
+        0o140000 => FT_SOCK,
+        _ => FT_UNKNOWN,
+    }
+}
+
+/// The current time, as the kernel stamps inodes.
+pub fn now() -> Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timespec {
+        sec: d.as_secs() as i64,
+        nsec: d.subsec_nanos(),
+    }
+}
+
+pub(crate) fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty()
+        || name.len() > NAME_LEN_MAX
+        || name.contains(&b'/')
+        || name.contains(&0)
+        || name == b"."
+        || name == b".."
+    {
+        return Err(Error::Invalid(format!(
+            "invalid name {:?}",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
+impl Trans {
+    /// Reads an INODE_ITEM (seeing this transaction's changes).
+    pub fn read_inode(&self, root: u64, ino: u64) -> Result<InodeItem> {
+        let ptr = self.root_ptr(root)?;
+        let it = lookup_exact(&self.fs.info, &ptr, &Key::new(ino, INODE_ITEM_KEY, 0))?
+            .ok_or_else(|| Error::NotFound(format!("inode {ino} in tree {root}")))?;
+        InodeItem::parse(it.data())
+            .map_err(|e| Error::corrupt(format!("inode {ino} in tree {root}: {e}")))
+    }
+
+    /// Replaces an INODE_ITEM.
+    pub fn write_inode(&mut self, root: u64, ino: u64, i: &InodeItem) -> Result<()> {
+        let bytes = i.to_bytes();
+        self.update_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), |d| {
+            d.copy_from_slice(&bytes)
+        })
+    }
+
+    pub(crate) fn touch(&mut self, i: &mut InodeItem, t: Timespec, mtime: bool) {
+        i.ctime = t;
+        if mtime {
+            i.mtime = t;
+        }
+        i.transid = self.transid;
+        i.sequence += 1;
+    }
+
+    /// Looks a name up in a directory: (inode, file type, location key).
+    pub fn lookup(&self, root: u64, dir: u64, name: &[u8]) -> Result<Option<(u64, u8, Key)>> {
+        let ptr = self.root_ptr(root)?;
+        let Some(it) = lookup_exact(
+            &self.fs.info,
+            &ptr,
+            &Key::new(dir, DIR_ITEM_KEY, name_hash(name)),
+        )?
+        else {
+            return Ok(None);
+        };
+        let items = parse_dir_items(it.data())
+            .map_err(|e| Error::corrupt(format!("dir item in {dir}: {e}")))?;
+        Ok(items
+            .into_iter()
+            .find(|d| d.name == name)
+            .map(|d| (d.location.objectid, d.ty, d.location)))
+    }
+
+    pub(crate) fn alloc_ino(&mut self, root: u64) -> Result<u64> {
+        if let Some(n) = self.next_ino.get_mut(&root) {
+            *n += 1;
+            return Ok(*n - 1);
+        }
+        let ptr = self.root_ptr(root)?;
+        let highest = match lookup_prev(
+            &self.fs.info,
+            &ptr,
+            Key::new(LAST_FREE_OBJECTID, u8::MAX, u64::MAX),
+        )? {
+            Some((k, _)) if k.objectid >= FIRST_FREE_OBJECTID => k.objectid,
+            _ => FIRST_FREE_OBJECTID,
+        };
+        let n = (highest + 1).max(FIRST_FREE_OBJECTID + 1);
+        if n > LAST_FREE_OBJECTID {
+            return Err(Error::NoSpace("inode numbers exhausted".into()));
+        }
+        self.next_ino.insert(root, n + 1);
+        Ok(n)
+    }
+
+    /// Adds the directory entries (DIR_ITEM, DIR_INDEX) and the inode's back reference
+    /// for `name` in `dir`; updates the directory's size and times.
+    pub(crate) fn add_link(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        ino: u64,
+        ty: u8,
+        t: Timespec,
+    ) -> Result<u64> {
+        check_name(name)?;
+        let mut d = self.read_inode(root, dir)?;
+        if d.mode & 0o170000 != 0o040000 {
+            return Err(Error::NotDir(format!("inode {dir}")));
+        }
+        if self.lookup(root, dir, name)?.is_some() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        let index = self.next_dir_index(root, dir)?;
+        let loc = Key::new(ino, INODE_ITEM_KEY, 0);
+        let entry = ubtrfs_format::items::dir_item_bytes(&loc, self.transid, &[], name, ty);
+        // DIR_ITEM: hash collisions share one item.
+        let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
+        self.append_to_item(root, &dkey, &entry)?;
+        self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
+        self.add_inode_ref(root, ino, dir, index, name)?;
+        d.size += name.len() as u64 * 2;
+        self.touch(&mut d, t, true);
+        self.write_inode(root, dir, &d)?;
+        Ok(index)
+    }
+
+    /// Removes `name` from `dir` (entries and the inode's back reference), without
+    /// touching the inode's link count. Returns the inode.
+    pub(crate) fn remove_link(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        t: Timespec,
+    ) -> Result<u64> {
+        let (ino, _, loc) = self
+            .lookup(root, dir, name)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        if loc.ty == ROOT_ITEM_KEY {
+            return Err(Error::Unsupported(
+                "removing a subvolume entry (use subvolume delete)".into(),
+            ));
+        }
+        let index = self.del_inode_ref(root, ino, dir, name)?;
+        let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
+        self.remove_from_item(root, &dkey, |d| {
+            crate::inode::dir_item::dir_entry_span(d, name)
+        })?;
+        self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
+        let mut d = self.read_inode(root, dir)?;
+        d.size = d.size.saturating_sub(name.len() as u64 * 2);
+        self.touch(&mut d, t, true);
+        self.write_inode(root, dir, &d)?;
+        Ok(ino)
+    }
+
+    /// Creates an inode of any type (regular, directory, device, fifo, socket) named
+    /// `name` in `dir`. Symlinks use [`Trans::symlink`].
+    pub fn create(&mut self, root: u64, dir: u64, name: &[u8], attr: NewInode) -> Result<u64> {
+        let ty = file_type_of(attr.mode);
+        if ty == FT_UNKNOWN || ty == FT_SYMLINK {
+            return Err(Error::Invalid(format!("mode {:o}", attr.mode)));
+        }
+        self.create_raw(root, dir, name, attr, ty)
+    }
+
+    /// Creates symlink `name` in directory `dir` pointing at `target` (an inline extent).
+    pub fn symlink(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        target: &[u8],
+        attr: NewInode,
+    ) -> Result<u64> {
+        if target.is_empty()
+            || target.len() as u64 >= self.fs.info.sectorsize as u64
+            || target.len() > self.max_inline_size()
+        {
+            return Err(Error::Invalid(format!(
+                "symlink target of {} bytes",
+                target.len()
+            )));
+        }
+        let mut a = attr;
+        a.mode = 0o120777;
+        let ino = self.create_raw(root, dir, name, a, FT_SYMLINK)?;
+        self.insert_inline(root, ino, target)?;
+        let mut i = self.read_inode(root, ino)?;
+        i.size = target.len() as u64;
+        i.nbytes = target.len() as u64;
+        self.write_inode(root, ino, &i)?;
+        Ok(ino)
+    }
+
+    pub(crate) fn create_raw(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        attr: NewInode,
+        ty: u8,
+    ) -> Result<u64> {
+        check_name(name)?;
+        if self.lookup(root, dir, name)?.is_some() {
+            return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+        }
+        let ino = self.alloc_ino(root)?;
+        let item = InodeItem {
+            generation: self.transid,
+            transid: self.transid,
+            nlink: 1,
+            uid: attr.uid,
+            gid: attr.gid,
+            mode: attr.mode,
+            rdev: if ty == FT_CHRDEV || ty == FT_BLKDEV {
+                attr.rdev
+            } else {
+                0
+            },
+            atime: attr.time,
+            ctime: attr.time,
+            mtime: attr.time,
+            otime: attr.time,
+            ..Default::default()
+        };
+        self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), &item.to_bytes())?;
+        self.add_link(root, dir, name, ino, ty, attr.time)?;
+        self.touch_root(root, attr.time)?;
+        Ok(ino)
+    }
+
+    /// Records a change in a subvolume (ctransid / ctime of its root item).
+    pub(crate) fn touch_root(&mut self, root: u64, t: Timespec) -> Result<()> {
+        let transid = self.transid;
+        self.modify_root_item(root, |r| {
+            r.ctransid = transid;
+            r.ctime = t;
+        })
+    }
+
+    /// Adds another name for an existing inode.
+    pub fn link(&mut self, root: u64, ino: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
+        let mut i = self.read_inode(root, ino)?;
+        if i.mode & 0o170000 == 0o040000 {
+            return Err(Error::IsDir(format!("inode {ino}")));
+        }
+        self.add_link(root, dir, name, ino, file_type_of(i.mode), t)?;
+        let mut i2 = self.read_inode(root, ino)?;
+        i2.nlink = i.nlink + 1;
+        i = i2;
+        self.touch(&mut i, t, false);
+        self.write_inode(root, ino, &i)?;
+        self.touch_root(root, t)
+    }
+
+    /// Removes a non-directory name; the inode goes when its last link does.
+    pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
+        let (ino, ty, _) = self
+            .lookup(root, dir, name)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        if ty == FT_DIR {
+            return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
+        }
+        self.remove_link(root, dir, name, t)?;
+        let mut i = self.read_inode(root, ino)?;
+        i.nlink = i.nlink.saturating_sub(1);
+        if i.nlink == 0 {
+            self.evict_inode(root, ino)?;
+        } else {
+            self.touch(&mut i, t, false);
+            self.write_inode(root, ino, &i)?;
+        }
+        self.touch_root(root, t)
+    }
+
+    /// Removes the empty directory `name` from `dir` (ENOTEMPTY otherwise).
+    pub fn rmdir(&mut self, root: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
+        let (ino, ty, _) = self
+            .lookup(root, dir, name)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        if ty != FT_DIR {
+            return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
+        }
+        if self.read_inode(root, ino)?.size != 0 {
+            return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));
+        }
+        self.remove_link(root, dir, name, t)?;
+        self.evict_inode(root, ino)?;
+        self.touch_root(root, t)
+    }
+
+    /// Deletes every item of an inode, dropping its data references.
+    pub(crate) fn evict_inode(&mut self, root: u64, ino: u64) -> Result<()> {
+        self.drop_extents(root, ino, 0, u64::MAX)?;
+        self.delete_range(
+            root,
+            &Key::new(ino, 0, 0),
+            &Key::new(ino, u8::MAX, u64::MAX),
+        )?;
+        Ok(())
+    }
+
+    /// Moves `oname` in `odir` to `nname` in `ndir`, replacing a compatible target.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename(
+        &mut self,
+        root: u64,
+        odir: u64,
+        oname: &[u8],
+        ndir: u64,
+        nname: &[u8],
+        noreplace: bool,
+        t: Timespec,
+    ) -> Result<()> {
+        let (ino, ty, _) = self
+            .lookup(root, odir, oname)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(oname).into_owned()))?;
+        if odir == ndir && oname == nname {
+            return Ok(());
+        }
+        if ty == FT_DIR {
+            // Refuse moving a directory into itself or its descendants.
+            let mut p = ndir;
+            let mut depth = 0;
+            while p != FIRST_FREE_OBJECTID && depth < 4096 {
+                if p == ino {
+                    return Err(Error::Invalid("cannot move a directory into itself".into()));
+                }
+                p = self.parent_of(root, p)?;
+                depth += 1;
+            }
+        }
+        if let Some((tino, tty, _)) = self.lookup(root, ndir, nname)? {
+            if noreplace {
+                return Err(Error::Exists(String::from_utf8_lossy(nname).into_owned()));
+            }
+            if tino == ino {
+                // Two names of one inode: rename is a no-op (POSIX).
+                return Ok(());
+            }
+            match (ty == FT_DIR, tty == FT_DIR) {
+                (true, true) => self.rmdir(root, ndir, nname, t)?,
+                (false, false) => self.unlink(root, ndir, nname, t)?,
+                (true, false) => {
+                    return Err(Error::NotDir(String::from_utf8_lossy(nname).into_owned()))
+                }
+                (false, true) => {
+                    return Err(Error::IsDir(String::from_utf8_lossy(nname).into_owned()))
+                }
+            }
+        }
+        self.remove_link(root, odir, oname, t)?;
+        self.add_link(root, ndir, nname, ino, ty, t)?;
+        let mut i = self.read_inode(root, ino)?;
+        self.touch(&mut i, t, false);
+        self.write_inode(root, ino, &i)?;
+        self.touch_root(root, t)
+    }
+
+    /// RENAME_EXCHANGE: atomically swaps two names (either may be a directory).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename_exchange(
+        &mut self,
+        root: u64,
+        adir: u64,
+        aname: &[u8],
+        bdir: u64,
+        bname: &[u8],
+        t: Timespec,
+    ) -> Result<()> {
+        let (a, aty, _) = self
+            .lookup(root, adir, aname)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(aname).into_owned()))?;
+        let (b, bty, _) = self
+            .lookup(root, bdir, bname)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(bname).into_owned()))?;
+        if a == b {
+            return Ok(());
+        }
+        for (ino, ty, into) in [(a, aty, bdir), (b, bty, adir)] {
+            if ty == FT_DIR {
+                let mut p = into;
+                let mut depth = 0;
+                while p != FIRST_FREE_OBJECTID && depth < 4096 {
+                    if p == ino {
+                        return Err(Error::Invalid("cannot move a directory into itself".into()));
+                    }
+                    p = self.parent_of(root, p)?;
+                    depth += 1;
+                }
+            }
+        }
+        self.remove_link(root, adir, aname, t)?;
+        self.remove_link(root, bdir, bname, t)?;
+        self.add_link(root, bdir, bname, a, aty, t)?;
+        self.add_link(root, adir, aname, b, bty, t)?;
+        for ino in [a, b] {
+            let mut i = self.read_inode(root, ino)?;
+            self.touch(&mut i, t, false);
+            self.write_inode(root, ino, &i)?;
+        }
+        self.touch_root(root, t)
+    }
+
+    pub(crate) fn parent_of(&self, root: u64, dir: u64) -> Result<u64> {
+        let ptr = self.root_ptr(root)?;
+        let it = TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(dir, INODE_REF_KEY, 0),
+            Key::new(dir, INODE_REF_KEY, u64::MAX),
+        )?;
+        match it.into_iter().next() {
+            Some(item) => Ok(item?.key().offset),
+            None => Ok(FIRST_FREE_OBJECTID),
+        }
+    }
+
+    /// Changes mode, owner and times (None leaves a field alone).
+    #[allow(clippy::too_many_arguments)]
+    pub fn setattr(
+        &mut self,
+        root: u64,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        atime: Option<Timespec>,
+        mtime: Option<Timespec>,
+        t: Timespec,
+    ) -> Result<()> {
+        let mut i = self.read_inode(root, ino)?;
+        if let Some(m) = mode {
+            i.mode = (i.mode & 0o170000) | (m & 0o7777);
+        }
+        if let Some(u) = uid {
+            i.uid = u;
+        }
+        if let Some(g) = gid {
+            i.gid = g;
+        }
+        if let Some(a) = atime {
+            i.atime = a;
+        }
+        self.touch(&mut i, t, false);
+        if let Some(m) = mtime {
+            i.mtime = m;
+        }
+        self.write_inode(root, ino, &i)
+    }
+
+    /// Names in a directory (DIR_INDEX order) with their inodes.
+    pub fn list_dir(&self, root: u64, dir: u64) -> Result<Vec<(Vec<u8>, u64)>> {
+        let ptr = self.root_ptr(root)?;
+        let mut out = Vec::new();
+        for item in TreeIter::new(
+            &self.fs.info,
+            &ptr,
+            Key::new(dir, DIR_INDEX_KEY, 0),
+            Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+        )? {
+            let item = item?;
+            for d in parse_dir_items(item.data())
+                .map_err(|e| Error::corrupt(format!("dir index {}: {e}", item.key())))?
+            {
+                out.push((d.name, d.location.objectid));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Resolves a path inside a subvolume to an inode (no symlinks followed).
+    pub fn resolve_path(&self, root: u64, path: &[u8]) -> Result<u64> {
+        let mut ino = FIRST_FREE_OBJECTID;
+        for comp in path
+            .split(|&c| c == b'/')
+            .filter(|c| !c.is_empty() && *c != b".")
+        {
+            if comp == b".." {
+                ino = self.parent_of(root, ino)?;
+                continue;
+            }
+            let (i, _, loc) = self
+                .lookup(root, ino, comp)?
+                .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(path).into_owned()))?;
+            if loc.ty == ROOT_ITEM_KEY {
+                return Err(Error::Unsupported(
+                    "paths crossing into another subvolume".into(),
+                ));
+            }
+            ino = i;
+        }
+        Ok(ino)
     }
 }

@@ -3,10 +3,11 @@
 
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
+use crate::transaction::Trans;
 use crate::tree::ctree::{lookup_exact, TreeIter};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
-use ubtrfs_format::items::parse_dir_items;
+use ubtrfs_format::items::{parse_dir_items, Timespec};
 use ubtrfs_format::key::Key;
 
 impl Filesystem {
@@ -46,5 +47,74 @@ impl Filesystem {
         let items = parse_dir_items(it.data())
             .map_err(|e| Error::corrupt(format!("subvolume {} {key}: {e}", node.root)))?;
         Ok(items.into_iter().find(|d| d.name == name).map(|d| d.data))
+    }
+}
+
+impl Trans {
+    /// Sets an extended attribute (replacing a previous value).
+    pub fn set_xattr(
+        &mut self,
+        root: u64,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        t: Timespec,
+    ) -> Result<()> {
+        if name.is_empty() || name.len() > NAME_LEN_MAX {
+            return Err(Error::Invalid("xattr name".into()));
+        }
+        // The kernel accepts only these namespaces.
+        let known = [&b"user."[..], b"trusted.", b"security.", b"btrfs."];
+        let acl = name == b"system.posix_acl_access" || name == b"system.posix_acl_default";
+        if !acl
+            && !known
+                .iter()
+                .any(|p| name.starts_with(p) && name.len() > p.len())
+        {
+            return Err(Error::Unsupported(format!(
+                "xattr name {:?} (namespaces: user., trusted., security., system.posix_acl_*)",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        let entry_len = 30 + name.len() + value.len();
+        if entry_len > self.max_item_size() {
+            return Err(Error::NoSpace(format!(
+                "xattr value of {} bytes exceeds the item size limit",
+                value.len()
+            )));
+        }
+        self.remove_xattr_entry(root, ino, name)?;
+        let key = Key::new(ino, XATTR_ITEM_KEY, name_hash(name));
+        let e = ubtrfs_format::items::dir_item_bytes(
+            &Key::new(0, 0, 0),
+            self.transid,
+            value,
+            name,
+            FT_XATTR,
+        );
+        self.append_to_item(root, &key, &e)?;
+        let mut i = self.read_inode(root, ino)?;
+        self.touch(&mut i, t, false);
+        self.write_inode(root, ino, &i)
+    }
+
+    /// Removes an extended attribute (ENODATA as [`Error::NotFound`] if absent).
+    pub fn remove_xattr(&mut self, root: u64, ino: u64, name: &[u8], t: Timespec) -> Result<()> {
+        if !self.remove_xattr_entry(root, ino, name)? {
+            return Err(Error::NotFound(format!(
+                "xattr {}",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        let mut i = self.read_inode(root, ino)?;
+        self.touch(&mut i, t, false);
+        self.write_inode(root, ino, &i)
+    }
+
+    pub(crate) fn remove_xattr_entry(&mut self, root: u64, ino: u64, name: &[u8]) -> Result<bool> {
+        let key = Key::new(ino, XATTR_ITEM_KEY, name_hash(name));
+        self.remove_from_item(root, &key, |d| {
+            crate::inode::dir_item::dir_entry_span(d, name)
+        })
     }
 }

@@ -266,7 +266,8 @@ impl FsInfo {
         }
     }
 
-    fn check_ctx(&self) -> CheckCtx {
+    /// What the tree checker needs to know of this filesystem.
+    pub(crate) fn check_ctx(&self) -> CheckCtx {
         CheckCtx {
             nodesize: self.nodesize,
             sectorsize: self.sectorsize,
@@ -411,10 +412,6 @@ impl FsInfo {
             return None;
         }
         d.get(&bytenr).cloned()
-    }
-
-    pub(crate) fn check_ctx_pub(&self) -> CheckCtx {
-        self.check_ctx()
     }
 
     /// Drops a cached copy (the block's address is being reused).

@@ -135,11 +135,11 @@ impl Trans {
         id: u64,
         t: Timespec,
     ) -> Result<u64> {
-        let index = self.next_dir_index_pub(parent, dir)?;
+        let index = self.next_dir_index(parent, dir)?;
         let loc = Key::new(id, ROOT_ITEM_KEY, u64::MAX);
         let entry = ubtrfs_format::items::dir_item_bytes(&loc, self.transid, &[], name, FT_DIR);
         let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
-        self.append_to_item_pub(parent, &dkey, &entry)?;
+        self.append_to_item(parent, &dkey, &entry)?;
         self.insert_item(parent, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
         let mut d = self.read_inode(parent, dir)?;
         d.size += name.len() as u64 * 2;

@@ -9,7 +9,7 @@
 
 use crate::alloc::block_group::DevSpace;
 use crate::error::{Error, Result};
-use crate::inode::ops::{now, NewInode};
+use crate::inode::inode::{now, NewInode};
 use crate::io::dev::Device;
 use crate::io::disk_io::{FsInfo, OpenOptions};
 use crate::io::volumes::{ChunkMap, MapEntry, MapStripe};

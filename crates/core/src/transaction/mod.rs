@@ -473,7 +473,7 @@ impl Trans {
             v.sort_by_key(|b| b.bytenr);
             v
         };
-        let mut ctx = self.fs.info.check_ctx_pub();
+        let mut ctx = self.fs.info.check_ctx();
         ctx.super_generation = self.transid;
         for b in blocks {
             let mut data = b.data.clone();

@@ -3,7 +3,8 @@
 
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
-use crate::tree::ctree::{lookup_exact, TreeIter};
+use crate::transaction::Trans;
+use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
 use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
@@ -147,5 +148,77 @@ impl Filesystem {
             }
         }
         Ok(())
+    }
+}
+
+/// Byte range of the entry named `name` among the packed dir_item entries of a
+/// DIR_ITEM or XATTR_ITEM (30-byte header, name, data).
+pub(crate) fn dir_entry_span(d: &[u8], name: &[u8]) -> Option<(usize, usize)> {
+    let mut pos = 0;
+    while pos + 30 <= d.len() {
+        let dl = u16::from_le_bytes([d[pos + 25], d[pos + 26]]) as usize;
+        let nl = u16::from_le_bytes([d[pos + 27], d[pos + 28]]) as usize;
+        let end = pos + 30 + nl + dl;
+        if d.get(pos + 30..pos + 30 + nl) == Some(name) {
+            return Some((pos, end));
+        }
+        pos = end;
+    }
+    None
+}
+
+impl Trans {
+    pub(crate) fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
+        let ptr = self.root_ptr(root)?;
+        Ok(
+            match lookup_prev(&self.fs.info, &ptr, Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
+                Some((k, _)) if k.objectid == dir && k.ty == DIR_INDEX_KEY => k.offset + 1,
+                _ => 2,
+            },
+        )
+    }
+
+    /// Appends bytes to an item, creating it if missing.
+    pub(crate) fn append_to_item(&mut self, root: u64, key: &Key, bytes: &[u8]) -> Result<()> {
+        let ptr = self.root_ptr(root)?;
+        match lookup_exact(&self.fs.info, &ptr, key)? {
+            None => self.insert_item(root, key, bytes),
+            Some(it) => {
+                let old = it.data().len();
+                if old + bytes.len() > self.max_item_size() {
+                    return Err(Error::NoSpace(format!("item {key} is full")));
+                }
+                self.resize_item(root, key, old + bytes.len(), |d| {
+                    d[old..].copy_from_slice(bytes)
+                })
+            }
+        }
+    }
+
+    /// Removes one entry from an item holding several packed entries; `find` returns
+    /// the byte range of the entry to remove.
+    pub(crate) fn remove_from_item(
+        &mut self,
+        root: u64,
+        key: &Key,
+        find: impl Fn(&[u8]) -> Option<(usize, usize)>,
+    ) -> Result<bool> {
+        let ptr = self.root_ptr(root)?;
+        let Some(it) = lookup_exact(&self.fs.info, &ptr, key)? else {
+            return Ok(false);
+        };
+        let data = it.data().to_vec();
+        drop(it);
+        let Some((s, e)) = find(&data) else {
+            return Ok(false);
+        };
+        if s == 0 && e == data.len() {
+            self.delete_item(root, key)?;
+        } else {
+            let mut nd = data[..s].to_vec();
+            nd.extend_from_slice(&data[e..]);
+            self.replace_item(root, key, &nd)?;
+        }
+        Ok(true)
     }
 }
