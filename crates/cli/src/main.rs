@@ -1,4 +1,4 @@
-//! `ubtrfs`: read (and later write) btrfs filesystems without a kernel mount.
+//! `ubtrfs`: read and write btrfs filesystems without a kernel mount.
 //! A thin layer over ubtrfs-core: argument parsing, output formatting, exit codes.
 
 mod edit;

@@ -70,34 +70,19 @@ impl Error {
     /// The errno a POSIX caller (FUSE) should see.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::Io { .. } | Error::Corrupt(_) | Error::DataCsum(_) => libc_consts::EIO,
-            Error::Unsupported(_) => libc_consts::EOPNOTSUPP,
-            Error::NotFound(_) => libc_consts::ENOENT,
-            Error::NotDir(_) => libc_consts::ENOTDIR,
-            Error::IsDir(_) => libc_consts::EISDIR,
-            Error::Invalid(_) => libc_consts::EINVAL,
-            Error::Loop(_) => libc_consts::ELOOP,
-            Error::NoSpace(_) => libc_consts::ENOSPC,
-            Error::Exists(_) => libc_consts::EEXIST,
-            Error::NotEmpty(_) => libc_consts::ENOTEMPTY,
-            Error::Busy(_) => libc_consts::EBUSY,
+            Error::Io { .. } | Error::Corrupt(_) | Error::DataCsum(_) => libc::EIO,
+            Error::Unsupported(_) => libc::EOPNOTSUPP,
+            Error::NotFound(_) => libc::ENOENT,
+            Error::NotDir(_) => libc::ENOTDIR,
+            Error::IsDir(_) => libc::EISDIR,
+            Error::Invalid(_) => libc::EINVAL,
+            Error::Loop(_) => libc::ELOOP,
+            Error::NoSpace(_) => libc::ENOSPC,
+            Error::Exists(_) => libc::EEXIST,
+            Error::NotEmpty(_) => libc::ENOTEMPTY,
+            Error::Busy(_) => libc::EBUSY,
         }
     }
-}
-
-/// Linux errno values (stable ABI), kept here so the engine needs no libc.
-mod libc_consts {
-    pub(super) const ENOENT: i32 = 2;
-    pub(super) const EBUSY: i32 = 16;
-    pub(super) const EEXIST: i32 = 17;
-    pub(super) const ENOSPC: i32 = 28;
-    pub(super) const ENOTEMPTY: i32 = 39;
-    pub(super) const EIO: i32 = 5;
-    pub(super) const ENOTDIR: i32 = 20;
-    pub(super) const EISDIR: i32 = 21;
-    pub(super) const EINVAL: i32 = 22;
-    pub(super) const ELOOP: i32 = 40;
-    pub(super) const EOPNOTSUPP: i32 = 95;
 }
 
 /// The engine's result type.
