@@ -92,16 +92,7 @@ impl Trans {
             otime: t,
             ..Default::default()
         };
-        self.insert_item(
-            id,
-            &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0),
-            &ino.to_bytes(),
-        )?;
-        self.insert_item(
-            id,
-            &Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID),
-            &ubtrfs_format::items::inode_ref_bytes(0, b".."),
-        )?;
+        self.insert_root_dir(id, &ino)?;
         // The entry in the parent directory points at the tree, not an inode.
         let index = self.add_subvol_entry(parent, dir, name, id, t)?;
         let rr = RootRef {
@@ -149,5 +140,20 @@ impl Trans {
         d.sequence += 1;
         self.write_inode(parent, dir, &d)?;
         Ok(index)
+    }
+
+    /// Writes the root directory of a new tree: inode 256 and its ".." INODE_REF
+    /// pointing at itself, as the kernel and mkfs make it.
+    pub(crate) fn insert_root_dir(&mut self, id: u64, inode: &InodeItem) -> Result<()> {
+        self.insert_item(
+            id,
+            &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0),
+            &inode.to_bytes(),
+        )?;
+        self.insert_item(
+            id,
+            &Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID),
+            &ubtrfs_format::items::inode_ref_bytes(0, b".."),
+        )
     }
 }

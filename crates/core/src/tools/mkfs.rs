@@ -405,16 +405,7 @@ impl Trans {
             (DATA_RELOC_TREE_OBJECTID, 0o40755, 0, 0),
         ] {
             let ino = dir_inode(transid, ns, mode, uid, gid, time);
-            self.insert_item(
-                id,
-                &Key::new(FIRST_FREE_OBJECTID, INODE_ITEM_KEY, 0),
-                &ino.to_bytes(),
-            )?;
-            self.insert_item(
-                id,
-                &Key::new(FIRST_FREE_OBJECTID, INODE_REF_KEY, FIRST_FREE_OBJECTID),
-                &ubtrfs_format::items::inode_ref_bytes(0, b".."),
-            )?;
+            self.insert_root_dir(id, &ino)?;
         }
         // The root tree's directory with the "default" subvolume entry.
         let rdi = dir_inode(transid, ns, 0o40755, 0, 0, time);
