@@ -34,6 +34,7 @@ use ubtrfs_core::inode_ops::NewInode;
 use ubtrfs_core::mkfs::{make_filesystem, MkfsOptions};
 use ubtrfs_core::{Error, FsInfo, OpenOptions, Trans};
 
+use crate::host::btrfs_check_image;
 use crate::rng::Rng;
 
 /// The top-level subvolume and its root directory.
@@ -1738,73 +1739,6 @@ impl SparseMem {
         }
         Ok(())
     }
-}
-
-/// Whether `btrfs` (btrfs-progs) can be run.
-pub fn have_btrfs() -> bool {
-    std::process::Command::new("btrfs")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-/// Runs `btrfs check --readonly --check-data-csum` on an image of `size` bytes that
-/// `fill` writes into a fresh sparse temporary file (on tmpfs when there is one).
-/// `super_copy` selects a superblock copy other than the primary. Returns the failure
-/// text when btrfs check exits non-zero or prints an `ERROR:` line.
-pub fn btrfs_check_image(
-    size: u64,
-    fill: impl FnOnce(&std::fs::File) -> io::Result<()>,
-    super_copy: Option<usize>,
-) -> Result<(), String> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let shm = std::path::Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    let path = dir.join(format!(
-        "ubtrfs-sim-{}-{}.img",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    struct Remove<'a>(&'a std::path::Path);
-    impl Drop for Remove<'_> {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(self.0);
-        }
-    }
-    let _guard = Remove(&path);
-    let f = std::fs::File::create(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    f.set_len(size)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    fill(&f).map_err(|e| format!("writing {}: {e}", path.display()))?;
-    drop(f);
-    let mut cmd = std::process::Command::new("btrfs");
-    cmd.args(["check", "--readonly", "--check-data-csum"]);
-    if let Some(i) = super_copy {
-        cmd.args(["--super", &i.to_string()]);
-    }
-    let out = cmd
-        .arg(&path)
-        .output()
-        .map_err(|e| format!("running btrfs: {e}"))?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // Checking another copy, btrfs check still reports the primary's bad checksum.
-    let bad = |l: &str| {
-        l.starts_with("ERROR:")
-            && !(super_copy.is_some() && l == "ERROR: superblock checksum mismatch")
-    };
-    if !out.status.success() || text.lines().any(bad) {
-        return Err(format!("btrfs check failed ({}):\n{text}", out.status));
-    }
-    Ok(())
 }
 
 /// Opens a device image read-only from scratch (no caches shared with a writer).
