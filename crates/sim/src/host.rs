@@ -27,13 +27,14 @@ pub fn in_ci() -> bool {
 }
 
 /// Leaves out `what` because of `why`: outside CI with one line on stderr, inside CI
-/// ([`in_ci`]) never: there it panics.
+/// ([`in_ci`]) never: there it panics. The line goes to the real stderr, past the test
+/// harness's output capture, so that a skipped test does not pass unnoticed.
 pub fn skip(what: &str, why: &str) {
     assert!(
         !in_ci(),
         "{what} cannot run: {why}; CI or UBTRFS_CI is set, and CI never skips a test"
     );
-    eprintln!("SKIPPED {what}: {why}");
+    let _ = writeln!(io::stderr(), "SKIPPED {what}: {why}");
 }
 
 /// Whether the root-only `test` may run: true as root. Without root it is skipped
