@@ -76,6 +76,20 @@ fn gen_perm(r: &mut Rng) -> u32 {
     }
 }
 
+/// The size of the file at `path` (0 for anything else).
+fn file_len(m: &Model, path: &[u8]) -> u64 {
+    m.resolve(path).map_or(0, |id| match &m.node(id).kind {
+        Kind::File(d) => d.len() as u64,
+        _ => 0,
+    })
+}
+
+/// One of `paths` (none the root), as (parent directory, name).
+fn pick_entry(r: &mut Rng, paths: &[Vec<u8>]) -> (Vec<u8>, Vec<u8>) {
+    let (d, n) = split(pick::<Vec<u8>>(r, paths)).expect("not the root");
+    (d.to_vec(), n.to_vec())
+}
+
 /// A random operation for the model's current state. Most are valid; some target
 /// existing names, non-empty directories and so on, and must fail the same way.
 pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
@@ -98,6 +112,15 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
             all.push(p.clone());
         }
     }
+    // A file and its size; none when there are no files.
+    let some_file = |r: &mut Rng| -> Option<(Vec<u8>, u64)> {
+        if files.is_empty() {
+            return None;
+        }
+        let path = pick(r, &files).clone();
+        let len = file_len(m, &path);
+        Some((path, len))
+    };
     loop {
         let w = r.below(100);
         let op = match w {
@@ -131,13 +154,8 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
                 }
             }
             40..=43 => {
-                if files.is_empty() {
+                let Some((path, cur)) = some_file(r) else {
                     continue;
-                }
-                let path = pick(r, &files).clone();
-                let cur = match &m.node(m.resolve(&path).expect("listed")).kind {
-                    Kind::File(d) => d.len() as u64,
-                    _ => 0,
                 };
                 let offset = match r.below(3) {
                     0 => r.below(cur + 1),
@@ -163,14 +181,9 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
                 }
             }
             24..=39 => {
-                if files.is_empty() {
+                let Some((path, cur)) = some_file(r) else {
                     continue;
-                }
-                let path = pick(r, &files).clone();
-                let cur = m.resolve(&path).map_or(0, |id| match &m.node(id).kind {
-                    Kind::File(d) => d.len() as u64,
-                    _ => 0,
-                });
+                };
                 let offset = match r.below(7) {
                     0 => 0,
                     1 => cur,
@@ -196,13 +209,8 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
                 }
             }
             44..=51 => {
-                if files.is_empty() {
+                let Some((path, cur)) = some_file(r) else {
                     continue;
-                }
-                let path = pick(r, &files).clone();
-                let cur = match &m.node(m.resolve(&path).expect("listed")).kind {
-                    Kind::File(d) => d.len() as u64,
-                    _ => 0,
                 };
                 Op::Truncate {
                     path,
@@ -217,11 +225,8 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
                         name: gen_name(r),
                     }
                 } else {
-                    let (d, n) = split(pick::<Vec<u8>>(r, &nondirs)).expect("not the root");
-                    Op::Unlink {
-                        dir: d.to_vec(),
-                        name: n.to_vec(),
-                    }
+                    let (dir, name) = pick_entry(r, &nondirs);
+                    Op::Unlink { dir, name }
                 }
             }
             58..=61 => {
@@ -255,30 +260,29 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
                 if all.is_empty() {
                     continue;
                 }
-                let (ad, an) = split(pick::<Vec<u8>>(r, &all)).expect("not the root");
-                let (bd, bn) = split(pick::<Vec<u8>>(r, &all)).expect("not the root");
+                let (adir, aname) = pick_entry(r, &all);
+                let (bdir, bname) = pick_entry(r, &all);
                 Op::RenameExchange {
-                    adir: ad.to_vec(),
-                    aname: an.to_vec(),
-                    bdir: bd.to_vec(),
-                    bname: bn.to_vec(),
+                    adir,
+                    aname,
+                    bdir,
+                    bname,
                 }
             }
             62..=68 => {
                 if all.is_empty() {
                     continue;
                 }
-                let (od, on) = split(pick::<Vec<u8>>(r, &all)).expect("not the root");
+                let (odir, oname) = pick_entry(r, &all);
                 let (ndir, nname) = if r.chance(1, 3) {
                     // Onto an existing name (replace, or a type/emptiness error).
-                    let (d, n) = split(pick::<Vec<u8>>(r, &all)).expect("not the root");
-                    (d.to_vec(), n.to_vec())
+                    pick_entry(r, &all)
                 } else {
                     (pick(r, &dirs).clone(), gen_name(r))
                 };
                 Op::Rename {
-                    odir: od.to_vec(),
-                    oname: on.to_vec(),
+                    odir,
+                    oname,
                     ndir,
                     nname,
                     noreplace: r.chance(1, 5),
@@ -336,13 +340,8 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
                 }
             }
             92..=97 => {
-                if files.is_empty() {
+                let Some((path, cur)) = some_file(r) else {
                     continue;
-                }
-                let path = pick(r, &files).clone();
-                let cur = match &m.node(m.resolve(&path).expect("listed")).kind {
-                    Kind::File(d) => d.len() as u64,
-                    _ => 0,
                 };
                 let offset = match r.below(3) {
                     0 => r.below(cur + 1),

@@ -219,6 +219,21 @@ impl Model {
         id
     }
 
+    /// A new node `name` in directory `dir` (EEXIST when the name is taken).
+    fn create(&mut self, dir: &[u8], name: &[u8], kind: Kind, mode: u32) -> Result<Id, i32> {
+        let (d, existing) = self.lookup(dir, name)?;
+        if existing.is_some() {
+            return Err(EEXIST);
+        }
+        let n = MNode {
+            kind,
+            mode,
+            nlink: 1,
+            xattrs: BTreeMap::new(),
+        };
+        Ok(self.add(d, name, n))
+    }
+
     fn drop_name(&mut self, dir: Id, name: &[u8]) {
         let id = self.dir_mut(dir).remove(name).expect("name exists");
         let n = self.nodes.get_mut(&id).expect("node exists");
@@ -246,40 +261,21 @@ impl Model {
                 mode,
                 rdev,
             } => {
-                let (d, existing) = self.lookup(dir, name)?;
-                if existing.is_some() {
-                    return Err(EEXIST);
-                }
                 let kind = match mode & S_IFMT {
                     S_IFDIR => Kind::Dir(BTreeMap::new()),
                     S_IFREG => Kind::File(Vec::new()),
                     0o020000 | 0o060000 => Kind::Special(*rdev),
                     _ => Kind::Special(0),
                 };
-                let n = MNode {
-                    kind,
-                    mode: *mode,
-                    nlink: 1,
-                    xattrs: BTreeMap::new(),
-                };
-                Ok(Some(self.add(d, name, n)))
+                return self.create(dir, name, kind, *mode).map(Some);
             }
             Op::Symlink { dir, name, target } => {
                 // Targets live in one inline extent of less than a sector.
                 if target.len() >= 4096 || target.len() > self.max_item - 21 {
                     return Err(EINVAL);
                 }
-                let (d, existing) = self.lookup(dir, name)?;
-                if existing.is_some() {
-                    return Err(EEXIST);
-                }
-                let n = MNode {
-                    kind: Kind::Symlink(target.clone()),
-                    mode: 0o120777,
-                    nlink: 1,
-                    xattrs: BTreeMap::new(),
-                };
-                Ok(Some(self.add(d, name, n)))
+                let kind = Kind::Symlink(target.clone());
+                return self.create(dir, name, kind, 0o120777).map(Some);
             }
             Op::Write {
                 path,
@@ -294,11 +290,9 @@ impl Model {
                     f.resize(off + data.len(), 0);
                 }
                 f[off..off + data.len()].copy_from_slice(&data);
-                Ok(None)
             }
             Op::Truncate { path, size } => {
                 self.file_mut(path)?.resize(*size as usize, 0);
-                Ok(None)
             }
             Op::Fallocate {
                 path,
@@ -311,7 +305,6 @@ impl Model {
                 if !keep_size && end > f.len() {
                     f.resize(end, 0);
                 }
-                Ok(None)
             }
             Op::Unlink { dir, name } => {
                 let (d, existing) = self.lookup(dir, name)?;
@@ -320,7 +313,6 @@ impl Model {
                     return Err(EISDIR);
                 }
                 self.drop_name(d, name);
-                Ok(None)
             }
             Op::Rmdir { dir, name } => {
                 let (d, existing) = self.lookup(dir, name)?;
@@ -331,7 +323,6 @@ impl Model {
                     Some(_) => {}
                 }
                 self.drop_name(d, name);
-                Ok(None)
             }
             Op::Rename {
                 odir,
@@ -366,7 +357,6 @@ impl Model {
                 }
                 self.dir_mut(od).remove(oname.as_slice());
                 self.dir_mut(nd).insert(nname.clone(), src);
-                Ok(None)
             }
             Op::Link { src, dir, name } => {
                 let id = self.resolve(src).ok_or(ENOENT)?;
@@ -379,7 +369,6 @@ impl Model {
                 }
                 self.dir_mut(d).insert(name.clone(), id);
                 self.nodes.get_mut(&id).expect("resolved").nlink += 1;
-                Ok(None)
             }
             Op::SetXattr { path, name, value } => {
                 let id = self.resolve(path).ok_or(ENOENT)?;
@@ -391,50 +380,37 @@ impl Model {
                     .expect("resolved")
                     .xattrs
                     .insert(name.clone(), value.clone());
-                Ok(None)
             }
             Op::RemoveXattr { path, name } => {
                 let id = self.resolve(path).ok_or(ENOENT)?;
-                match self
-                    .nodes
-                    .get_mut(&id)
-                    .expect("resolved")
-                    .xattrs
-                    .remove(name)
-                {
-                    Some(_) => Ok(None),
-                    None => Err(ENOENT),
-                }
+                let n = self.nodes.get_mut(&id).expect("resolved");
+                n.xattrs.remove(name).ok_or(ENOENT)?;
             }
             Op::Chmod { path, perm } => {
                 let id = self.resolve(path).ok_or(ENOENT)?;
                 let n = self.nodes.get_mut(&id).expect("resolved");
                 n.mode = (n.mode & S_IFMT) | (perm & 0o7777);
-                Ok(None)
             }
-            Op::PunchHole { path, offset, len } => {
-                let f = self.file_mut(path)?;
-                let end = (offset + len).min(f.len() as u64) as usize;
-                if (*offset as usize) < end {
-                    f[*offset as usize..end].fill(0);
-                }
-                Ok(None)
-            }
-            Op::ZeroRange {
-                path,
-                offset,
-                len,
-                keep_size,
+            Op::PunchHole { path, offset, len }
+            | Op::ZeroRange {
+                path, offset, len, ..
             } => {
                 let f = self.file_mut(path)?;
                 let end = (offset + len).min(f.len() as u64) as usize;
                 if (*offset as usize) < end {
                     f[*offset as usize..end].fill(0);
                 }
-                if !keep_size && (offset + len) as usize > f.len() {
+                // Zero range without KEEP_SIZE also extends the file.
+                let grow = matches!(
+                    op,
+                    Op::ZeroRange {
+                        keep_size: false,
+                        ..
+                    }
+                );
+                if grow && (offset + len) as usize > f.len() {
                     f.resize((offset + len) as usize, 0);
                 }
-                Ok(None)
             }
             Op::RenameExchange {
                 adir,
@@ -456,7 +432,6 @@ impl Model {
                 }
                 self.dir_mut(ad).insert(aname.clone(), b);
                 self.dir_mut(bd).insert(bname.clone(), a);
-                Ok(None)
             }
             Op::BulkCreate { dir, first, count } => {
                 let d = self.resolve(dir).ok_or(ENOENT)?;
@@ -482,7 +457,6 @@ impl Model {
                     };
                     self.add(d, &bulk_name(i), n);
                 }
-                Ok(None)
             }
             Op::BulkLink {
                 src,
@@ -503,7 +477,6 @@ impl Model {
                     self.dir_mut(d).insert(link_name(i), id);
                 }
                 self.nodes.get_mut(&id).expect("resolved").nlink += *count as u32;
-                Ok(None)
             }
             Op::BulkUnlink { dir, keep_every } => {
                 let d = self.resolve(dir).ok_or(ENOENT)?;
@@ -512,8 +485,8 @@ impl Model {
                 for v in victims {
                     self.drop_name(d, &v);
                 }
-                Ok(None)
             }
         }
+        Ok(None)
     }
 }

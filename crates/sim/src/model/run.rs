@@ -34,8 +34,9 @@ pub fn time_of(step: u64) -> Timespec {
     }
 }
 
-/// Applies `op` to the engine. `ino_of` maps model identities to inode numbers;
-/// `dir_ino` resolves a model path to its inode through it.
+/// Applies `op` to the engine: the new inode for creating ops, else `None`. `ino_of`
+/// maps model identities to inode numbers; a model path resolves to its inode through
+/// it.
 pub fn apply_engine(
     t: &mut Trans,
     m: &Model,
@@ -51,6 +52,13 @@ pub fn apply_engine(
             .copied()
             .ok_or_else(|| Error::NotFound(format!("{} (no inode mapped)", show(p))))
     };
+    let attr = |mode: u32, uid: u32, gid: u32, rdev: u64| NewInode {
+        mode,
+        uid,
+        gid,
+        rdev,
+        time: tm,
+    };
     match op {
         Op::Create {
             dir,
@@ -58,70 +66,28 @@ pub fn apply_engine(
             mode,
             rdev,
         } => {
-            let d = ino(dir)?;
-            t.create(
-                FS_TREE,
-                d,
-                name,
-                NewInode {
-                    mode: *mode,
-                    uid: 1000,
-                    gid: 100,
-                    rdev: *rdev,
-                    time: tm,
-                },
-            )
-            .map(Some)
+            let a = attr(*mode, 1000, 100, *rdev);
+            return t.create(FS_TREE, ino(dir)?, name, a).map(Some);
         }
         Op::Symlink { dir, name, target } => {
-            let d = ino(dir)?;
-            t.symlink(
-                FS_TREE,
-                d,
-                name,
-                target,
-                NewInode {
-                    mode: 0o120777,
-                    uid: 0,
-                    gid: 0,
-                    rdev: 0,
-                    time: tm,
-                },
-            )
-            .map(Some)
+            let a = attr(0o120777, 0, 0, 0);
+            return t.symlink(FS_TREE, ino(dir)?, name, target, a).map(Some);
         }
         Op::Write {
             path,
             offset,
             len,
             seed,
-        } => {
-            let i = ino(path)?;
-            t.write(FS_TREE, i, *offset, &write_data(*len, *seed), tm)
-                .map(|_| None)
-        }
-        Op::Truncate { path, size } => {
-            let i = ino(path)?;
-            t.truncate(FS_TREE, i, *size, tm).map(|_| None)
-        }
+        } => t.write(FS_TREE, ino(path)?, *offset, &write_data(*len, *seed), tm)?,
+        Op::Truncate { path, size } => t.truncate(FS_TREE, ino(path)?, *size, tm)?,
         Op::Fallocate {
             path,
             offset,
             len,
             keep_size,
-        } => {
-            let i = ino(path)?;
-            t.fallocate(FS_TREE, i, *offset, *len, *keep_size, tm)
-                .map(|_| None)
-        }
-        Op::Unlink { dir, name } => {
-            let d = ino(dir)?;
-            t.unlink(FS_TREE, d, name, tm).map(|_| None)
-        }
-        Op::Rmdir { dir, name } => {
-            let d = ino(dir)?;
-            t.rmdir(FS_TREE, d, name, tm).map(|_| None)
-        }
+        } => drop(t.fallocate(FS_TREE, ino(path)?, *offset, *len, *keep_size, tm)?),
+        Op::Unlink { dir, name } => t.unlink(FS_TREE, ino(dir)?, name, tm)?,
+        Op::Rmdir { dir, name } => t.rmdir(FS_TREE, ino(dir)?, name, tm)?,
         Op::Rename {
             odir,
             oname,
@@ -129,29 +95,30 @@ pub fn apply_engine(
             nname,
             noreplace,
         } => {
-            let od = ino(odir)?;
-            let nd = ino(ndir)?;
-            t.rename(FS_TREE, od, oname, nd, nname, *noreplace, tm)
-                .map(|_| None)
+            let (od, nd) = (ino(odir)?, ino(ndir)?);
+            t.rename(FS_TREE, od, oname, nd, nname, *noreplace, tm)?
         }
-        Op::Link { src, dir, name } => {
-            let s = ino(src)?;
-            let d = ino(dir)?;
-            t.link(FS_TREE, s, d, name, tm).map(|_| None)
-        }
-        Op::SetXattr { path, name, value } => {
-            let i = ino(path)?;
-            t.set_xattr(FS_TREE, i, name, value, tm).map(|_| None)
-        }
-        Op::RemoveXattr { path, name } => {
-            let i = ino(path)?;
-            t.remove_xattr(FS_TREE, i, name, tm).map(|_| None)
-        }
+        Op::Link { src, dir, name } => t.link(FS_TREE, ino(src)?, ino(dir)?, name, tm)?,
+        Op::SetXattr { path, name, value } => t.set_xattr(FS_TREE, ino(path)?, name, value, tm)?,
+        Op::RemoveXattr { path, name } => t.remove_xattr(FS_TREE, ino(path)?, name, tm)?,
         Op::Chmod { path, perm } => {
-            let i = ino(path)?;
-            t.setattr(FS_TREE, i, Some(*perm), None, None, None, None, tm)
-                .map(|_| None)
+            t.setattr(FS_TREE, ino(path)?, Some(*perm), None, None, None, None, tm)?
         }
+        Op::PunchHole { path, offset, len } => {
+            t.punch_hole(FS_TREE, ino(path)?, *offset, *len, tm)?
+        }
+        Op::ZeroRange {
+            path,
+            offset,
+            len,
+            keep_size,
+        } => t.zero_range(FS_TREE, ino(path)?, *offset, *len, *keep_size, tm)?,
+        Op::RenameExchange {
+            adir,
+            aname,
+            bdir,
+            bname,
+        } => t.rename_exchange(FS_TREE, ino(adir)?, aname, ino(bdir)?, bname, tm)?,
         Op::BulkCreate { dir, first, count } => {
             let d = ino(dir)?;
             for i in *first..first + count {
@@ -160,45 +127,12 @@ pub fn apply_engine(
                 }
             }
             for i in *first..first + count {
-                let attr = NewInode {
-                    mode: S_IFREG | 0o644,
-                    uid: 0,
-                    gid: 0,
-                    rdev: 0,
-                    time: tm,
-                };
-                let f = t.create(FS_TREE, d, &bulk_name(i), attr)?;
+                let f = t.create(FS_TREE, d, &bulk_name(i), attr(S_IFREG | 0o644, 0, 0, 0))?;
                 t.write(FS_TREE, f, 0, &bulk_data(i), tm)?;
                 if i % 5 == 0 {
                     t.set_xattr(FS_TREE, f, b"user.bulk", &i.to_le_bytes(), tm)?;
                 }
             }
-            Ok(None)
-        }
-        Op::PunchHole { path, offset, len } => {
-            let i = ino(path)?;
-            t.punch_hole(FS_TREE, i, *offset, *len, tm).map(|_| None)
-        }
-        Op::ZeroRange {
-            path,
-            offset,
-            len,
-            keep_size,
-        } => {
-            let i = ino(path)?;
-            t.zero_range(FS_TREE, i, *offset, *len, *keep_size, tm)
-                .map(|_| None)
-        }
-        Op::RenameExchange {
-            adir,
-            aname,
-            bdir,
-            bname,
-        } => {
-            let a = ino(adir)?;
-            let b = ino(bdir)?;
-            t.rename_exchange(FS_TREE, a, aname, b, bname, tm)
-                .map(|_| None)
         }
         Op::BulkLink {
             src,
@@ -206,12 +140,10 @@ pub fn apply_engine(
             first,
             count,
         } => {
-            let s = ino(src)?;
-            let d = ino(dir)?;
+            let (s, d) = (ino(src)?, ino(dir)?);
             for i in *first..first + count {
                 t.link(FS_TREE, s, d, &link_name(i), tm)?;
             }
-            Ok(None)
         }
         Op::BulkUnlink { dir, keep_every } => {
             let d = ino(dir)?;
@@ -223,9 +155,9 @@ pub fn apply_engine(
             for v in bulk_victims(entries, m, *keep_every) {
                 t.unlink(FS_TREE, d, &v, tm)?;
             }
-            Ok(None)
         }
     }
+    Ok(None)
 }
 
 /// Granularity of [`SparseMem`].
