@@ -6,7 +6,7 @@
 
 use std::path::PathBuf;
 use ubtrfs_sim::host::{require_root, sh, Ubtrfs};
-use ubtrfs_sim::mount::KernelMount;
+use ubtrfs_sim::mount::{mkfs_btrfs, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -16,11 +16,7 @@ const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 fn make_image() -> (tempfile::TempDir, PathBuf, KernelMount) {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("k.img");
-    sh(&format!(
-        "truncate -s 1G {} && mkfs.btrfs -q -f {}",
-        img.display(),
-        img.display()
-    ));
+    mkfs_btrfs(&img, 1 << 30, &[]);
     let m = KernelMount::new(&img, "compress=zstd");
     let d = m.mnt.display().to_string();
     sh(&format!(

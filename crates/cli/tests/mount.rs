@@ -30,7 +30,9 @@ use ubtrfs_sim::golden::{
     sha256_file, systime, ts, unpack_set, STAT_FIELDS,
 };
 use ubtrfs_sim::host::{bash_in as sh, require_fuse, serial, Ubtrfs};
-use ubtrfs_sim::mount::{image_arg, is_mounted, FuseMount, FuseUnmount, KernelMount, ScratchBtrfs};
+use ubtrfs_sim::mount::{
+    image_arg, is_mounted, mkfs_btrfs, FuseMount, FuseUnmount, KernelMount, ScratchBtrfs,
+};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -358,15 +360,7 @@ fn gen(seed: u64, len: usize, text: bool) -> Vec<u8> {
 /// A fresh image made by the kernel: 4 plain and 4 zstd-compressed files.
 fn big_files_image(dir: &Path, size: usize) -> (PathBuf, Vec<(String, String)>) {
     let img = dir.join("big.img");
-    File::create(&img)
-        .expect("create")
-        .set_len(1 << 30)
-        .expect("size");
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .status()
-        .is_ok_and(|s| s.success()));
+    mkfs_btrfs(&img, 1 << 30, &[]);
     let _serial = serial();
     let k = KernelMount::new(&img, "compress-force=zstd");
     let mut want = Vec::new();
@@ -636,15 +630,7 @@ fn mount_git_status_and_sha256sum_check() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let img = dir.path().join("git.img");
-    File::create(&img)
-        .expect("create")
-        .set_len(1 << 30)
-        .expect("size");
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .status()
-        .is_ok_and(|s| s.success()));
+    mkfs_btrfs(&img, 1 << 30, &[]);
     {
         let _serial = serial();
         let k = KernelMount::new(&img, "compress=zstd");

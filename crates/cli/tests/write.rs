@@ -26,10 +26,10 @@ use std::path::Path;
 use std::process::Output;
 use ubtrfs_sim::golden::{file_type_name, hex, sha256_file};
 use ubtrfs_sim::host::{
-    btrfs_check, head, output_text as text, require_root, serial, sh, shell_quote, show_args,
-    Ubtrfs,
+    btrfs_check, head, output_text as text, panic_message, require_root, serial, sh, shell_quote,
+    show_args, Ubtrfs,
 };
-use ubtrfs_sim::mount::KernelMount;
+use ubtrfs_sim::mount::{mkfs_btrfs, KernelMount};
 
 /// Seconds one ubtrfs command may take before it counts as hung (the big mkfs of
 /// many_files_one_directory sets a longer limit for itself).
@@ -628,11 +628,7 @@ fn mkfs_matrix() {
             mkfs_combo(i, c, &src, &want, &want_du, work.path())
         }));
         if let Err(e) = r {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = panic_message(&*e);
             let hung = msg.contains(": hung)");
             failures.push(format!("{name}:\n{msg}"));
             if hung {
@@ -749,10 +745,7 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
     let img = work.path().join("k.img");
     let mirror = work.path().join("mirror");
     let host = work.path().join("host");
-    sh(&format!(
-        "truncate -s 1G {i} && mkfs.btrfs -q -f {i}",
-        i = shell_quote(&img)
-    ));
+    mkfs_btrfs(&img, 1 << 30, &[]);
 
     // The mirror: ~200 files in 10 directories, some of 1-3 MiB, and a deeper tree.
     let mut rng = Rng(0x9e3779b97f4a7c15);
@@ -1355,10 +1348,7 @@ fn edit_image_with_quotas() {
     let imgs = img.display().to_string();
     let file = work.path().join("file");
     write_file(&file, &Rng(77).bytes(1 << 20));
-    sh(&format!(
-        "truncate -s 1G {i} && mkfs.btrfs -q -f {i}",
-        i = shell_quote(&img)
-    ));
+    mkfs_btrfs(&img, 1 << 30, &[]);
     {
         let m = KernelMount::new(&img, "rw");
         sh(&format!(
@@ -1444,11 +1434,7 @@ fn mkfs_reflink_shares_source_data() {
     set_limit(120);
     let work = tmpdir("reflink");
     let host_img = work.path().join("host.img");
-    fs::File::create(&host_img)
-        .expect("create")
-        .set_len(1 << 30)
-        .expect("size");
-    sh(&format!("mkfs.btrfs -q {}", shell_quote(&host_img)));
+    mkfs_btrfs(&host_img, 1 << 30, &[]);
     let host = KernelMount::new(&host_img, "rw");
     let src = host.path("src");
     make_src_tree(&src);

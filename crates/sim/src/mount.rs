@@ -3,7 +3,8 @@
 //! panics.
 //!
 //! * [`KernelMount`]: image files mounted by the kernel through loop devices;
-//! * [`ScratchBtrfs`]: a fresh btrfs mounted read-write, to copy or extract into;
+//! * [`ScratchBtrfs`]: a fresh btrfs mounted read-write, to copy or extract into
+//!   ([`mkfs_btrfs`] makes such images);
 //! * [`FuseMount`]: a `ubtrfs mount -f` server, and [`FuseUnmount`] for a mount the
 //!   server made detached.
 //!
@@ -158,6 +159,25 @@ impl Drop for KernelMount {
     }
 }
 
+/// Makes `img` a fresh sparse btrfs image of `size` bytes: `mkfs.btrfs -q -f ARGS IMG`.
+pub fn mkfs_btrfs(img: &Path, size: u64, args: &[&str]) {
+    File::create(img)
+        .and_then(|f| f.set_len(size))
+        .unwrap_or_else(|e| panic!("{}: {e}", img.display()));
+    let o = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .args(args)
+        .arg(img)
+        .output()
+        .unwrap_or_else(|e| panic!("mkfs.btrfs (install btrfs-progs): {e}"));
+    assert!(
+        o.status.success(),
+        "mkfs.btrfs {args:?} {} failed: {}",
+        img.display(),
+        output_text(&o)
+    );
+}
+
 /// A fresh 2 GiB btrfs (64 KiB nodes: the golden images' 16 KiB xattrs fit; tmpfs
 /// and ext4 cannot hold them) loop-mounted read-write, to copy or extract into.
 /// Unmounted and freed on drop, also when the test panics.
@@ -172,17 +192,7 @@ impl ScratchBtrfs {
     pub fn new() -> ScratchBtrfs {
         let dir = tempdir("ubtrfs-scratch.").unwrap_or_else(|e| panic!("{e}"));
         let img = dir.path().join("scratch.img");
-        File::create(&img)
-            .expect("create scratch image")
-            .set_len(2 << 30)
-            .expect("size scratch image");
-        let ok = Command::new("mkfs.btrfs")
-            .args(["-q", "-f", "-n", "65536"])
-            .arg(&img)
-            .status()
-            .expect("mkfs.btrfs (install btrfs-progs)")
-            .success();
-        assert!(ok, "mkfs.btrfs of the scratch filesystem failed");
+        mkfs_btrfs(&img, 2 << 30, &["-n", "65536"]);
         ScratchBtrfs {
             mount: KernelMount::new(&img, "rw"),
             _dir: dir,

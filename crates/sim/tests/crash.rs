@@ -189,7 +189,7 @@ fn verify_image(
 }
 
 /// Runs `btrfs check` on the image, on the superblock copy ubtrfs would use.
-fn btrfs_check(img: &[u8], what: &str) -> Result<(), String> {
+fn btrfs_check_bytes(img: &[u8], what: &str) -> Result<(), String> {
     let super_copy = match read_best_super(&SliceDev(img)) {
         Ok((sb, _)) if sb.bytenr != SUPER_INFO_OFFSET => {
             // The primary copy is torn or stale: check the copy ubtrfs used.
@@ -704,7 +704,7 @@ fn crash_consistency() {
                                     c.0 += 1;
                                     drop(c);
                                     let t0 = std::time::Instant::now();
-                                    if let Err(e) = btrfs_check(&img, &what) {
+                                    if let Err(e) = btrfs_check_bytes(&img, &what) {
                                         failures.lock().unwrap().push(e);
                                     }
                                     checks.lock().unwrap().1 += t0.elapsed();
