@@ -3,47 +3,15 @@
 //! copy; a wrecked superblock or tree root is a one-line error, never a panic.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use ubtrfs_core::{Filesystem, OpenOptions as FsOpen};
 use ubtrfs_format::items::FileExtentBody;
+use ubtrfs_sim::golden::basic_image;
+use ubtrfs_sim::host::Ubtrfs;
 
-fn golden(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/golden")
-        .join(name)
-}
-
-/// The basic golden image, decompressed to a temp file.
-fn basic_image(dir: &Path) -> PathBuf {
-    let out = dir.join("basic.img");
-    let mut dec =
-        zstd::stream::read::Decoder::new(File::open(golden("basic.img.zst")).unwrap()).unwrap();
-    let mut f = File::create(&out).unwrap();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = dec.read(&mut buf).unwrap();
-        if n == 0 {
-            break;
-        }
-        f.write_all(&buf[..n]).unwrap();
-    }
-    out
-}
-
-fn ubtrfs(args: &[&str]) -> (bool, String, String) {
-    let o = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
+const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
 /// Physical offset (single device) of logical `l`, copy `mirror`.
 fn physical(fs: &Filesystem, l: u64, mirror: usize) -> u64 {
@@ -86,7 +54,7 @@ fn data_checksum_mismatch_names_file_offset_and_checksums() {
         (physical(&fs, l, 0), l)
     };
     flip(&img, disk + 100);
-    let (ok, out, err) = ubtrfs(&["cat", img.to_str().unwrap(), path]);
+    let (ok, out, err) = UBTRFS.run(&["cat", img.to_str().unwrap(), path]);
     assert!(!ok, "cat of a corrupted file must fail");
     assert!(out.len() < 1 << 20, "no partial file reported as success");
     let line = err.trim();
@@ -99,7 +67,7 @@ fn data_checksum_mismatch_names_file_offset_and_checksums() {
     );
     assert!(line.contains(&second_sector.to_string()), "{line}");
     // --no-csum reads what is there.
-    let (ok, out, _) = ubtrfs(&["cat", "--no-csum", img.to_str().unwrap(), path]);
+    let (ok, out, _) = UBTRFS.run(&["cat", "--no-csum", img.to_str().unwrap(), path]);
     assert!(ok);
     assert_eq!(out.len(), 1 << 20);
 }
@@ -119,7 +87,7 @@ fn bad_metadata_copy_is_worked_around_and_reported() {
         (physical(&fs, root.bytenr, 0), root.bytenr)
     };
     flip(&img, p0 + 200);
-    let (ok, out, err) = ubtrfs(&["ls", img.to_str().unwrap(), "/"]);
+    let (ok, out, err) = UBTRFS.run(&["ls", img.to_str().unwrap(), "/"]);
     assert!(ok, "the second copy must rescue the read: {err}");
     assert!(out.contains("dir1"));
     assert!(err.contains("warning"), "{err}");
@@ -145,7 +113,7 @@ fn both_metadata_copies_bad_is_one_line_error() {
     };
     flip(&img, p0 + 200);
     flip(&img, p1 + 200);
-    let (ok, _, err) = ubtrfs(&["ls", img.to_str().unwrap(), "/"]);
+    let (ok, _, err) = UBTRFS.run(&["ls", img.to_str().unwrap(), "/"]);
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains(&format!("tree block {root_bytenr}")), "{err}");
@@ -157,7 +125,7 @@ fn bad_primary_superblock_falls_back_to_a_mirror() {
     let dir = tempfile::tempdir().unwrap();
     let img = basic_image(dir.path());
     flip(&img, 0x10000 + 0x100);
-    let (ok, out, err) = ubtrfs(&["ls", img.to_str().unwrap(), "/"]);
+    let (ok, out, err) = UBTRFS.run(&["ls", img.to_str().unwrap(), "/"]);
     assert!(ok, "{err}");
     assert!(out.contains("dir1"));
     assert!(
@@ -177,7 +145,7 @@ fn hostile_and_truncated_images_give_one_line_errors() {
     for (name, bytes) in cases {
         let p = dir.path().join(name);
         std::fs::write(&p, &bytes).unwrap();
-        let (ok, _, err) = ubtrfs(&["ls", p.to_str().unwrap(), "/"]);
+        let (ok, _, err) = UBTRFS.run(&["ls", p.to_str().unwrap(), "/"]);
         assert!(!ok, "{name}");
         assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
         assert!(err.starts_with("ubtrfs: error:"), "{name}: {err}");
@@ -186,7 +154,7 @@ fn hostile_and_truncated_images_give_one_line_errors() {
     let img = basic_image(dir.path());
     let f = OpenOptions::new().write(true).open(&img).unwrap();
     f.set_len(4 << 20).unwrap();
-    let (ok, _, err) = ubtrfs(&["ls", "-R", img.to_str().unwrap(), "/"]);
+    let (ok, _, err) = UBTRFS.run(&["ls", "-R", img.to_str().unwrap(), "/"]);
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     let mut f = File::open(&img).unwrap();
@@ -198,13 +166,13 @@ fn missing_path_and_wrong_types_are_errors() {
     let dir = tempfile::tempdir().unwrap();
     let img = basic_image(dir.path());
     let img = img.to_str().unwrap();
-    let (ok, _, err) = ubtrfs(&["cat", img, "/no/such/file"]);
+    let (ok, _, err) = UBTRFS.run(&["cat", img, "/no/such/file"]);
     assert!(!ok);
     assert!(err.contains("No such file or directory"), "{err}");
-    let (ok, _, err) = ubtrfs(&["cat", img, "/dir1"]);
+    let (ok, _, err) = UBTRFS.run(&["cat", img, "/dir1"]);
     assert!(!ok);
     assert!(err.contains("Is a directory"), "{err}");
-    let (ok, _, err) = ubtrfs(&["ls", img, "/dir1/dir2/size-1m/x"]);
+    let (ok, _, err) = UBTRFS.run(&["ls", img, "/dir1/dir2/size-1m/x"]);
     assert!(!ok);
     assert!(err.contains("Not a directory"), "{err}");
 }

@@ -6,57 +6,18 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::fs::File;
+use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
-use std::process::Command;
 use ubtrfs_core::mode::*;
 use ubtrfs_core::{Filesystem, Node, OpenOptions};
+use ubtrfs_sim::golden::{
+    comparable, entries_under, hex, manifests, report, ts, type_name, unpack_set, STAT_FIELDS,
+};
+use ubtrfs_sim::host::{require_root, Ubtrfs};
+use ubtrfs_sim::mount::{image_arg, ScratchBtrfs};
 
-mod common;
-use common::{golden_dir, unpack_set, Unpacked, STAT_FIELDS};
-
-fn manifests() -> Vec<(String, Value)> {
-    let dir = golden_dir();
-    let mut v = Vec::new();
-    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().to_string();
-        if let Some(n) = name.strip_suffix(".manifest.json") {
-            if let Ok(only) = std::env::var("UBTRFS_GOLDEN_ONLY") {
-                if !only.split(',').any(|o| o == n) {
-                    continue;
-                }
-            }
-            let m: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
-            v.push((n.to_string(), m));
-        }
-    }
-    v.sort_by(|a, b| a.0.cmp(&b.0));
-    assert!(!v.is_empty(), "no golden manifests in {}", dir.display());
-    v
-}
-
-fn ts(t: &ubtrfs_format::items::Timespec) -> String {
-    format!("{}.{:09}", t.sec, t.nsec)
-}
-
-fn type_name(mode: u32) -> &'static str {
-    match mode & S_IFMT {
-        S_IFDIR => "dir",
-        S_IFLNK => "symlink",
-        S_IFCHR => "chr",
-        S_IFBLK => "blk",
-        S_IFIFO => "fifo",
-        S_IFSOCK => "sock",
-        _ => "file",
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
+const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
 /// What ubtrfs shows for every path, in the manifest's shape.
 fn walk(fs: &Filesystem) -> BTreeMap<String, Value> {
@@ -67,8 +28,9 @@ fn walk(fs: &Filesystem) -> BTreeMap<String, Value> {
         let mut v = serde_json::json!({
             "type": type_name(st.mode), "subvol": st.subvol, "ino": st.ino, "mode": st.mode, "nlink": st.nlink,
             "uid": st.uid, "gid": st.gid, "rdev": st.rdev, "size": st.size,
-            "blocks": st.blocks, "atime": ts(&st.atime), "mtime": ts(&st.mtime),
-            "ctime": ts(&st.ctime), "crtime": ts(&st.crtime),
+            "blocks": st.blocks, "atime": ts(st.atime.sec, st.atime.nsec),
+            "mtime": ts(st.mtime.sec, st.mtime.nsec), "ctime": ts(st.ctime.sec, st.ctime.nsec),
+            "crtime": ts(st.crtime.sec, st.crtime.nsec),
         });
         let mut x = serde_json::Map::new();
         for (k, val) in fs
@@ -117,24 +79,9 @@ fn walk(fs: &Filesystem) -> BTreeMap<String, Value> {
     out
 }
 
-/// Fields the kernel makes up for the ino-2 placeholder of a subvolume inside a
-/// snapshot (times are "now" at lookup) cannot be compared.
-fn comparable(entry: &Value, field: &str) -> bool {
-    !(entry["ino"] == 2 && ["atime", "mtime", "ctime", "crtime"].contains(&field))
-}
-
 /// What the kernel shows that ubtrfs must show too (st_dev-free fields plus the
 /// subvolume, which the library reports directly).
 const FIELDS: &[&str] = &["subvol"];
-
-fn entries(m: &Value) -> BTreeMap<String, Value> {
-    m["entries"]
-        .as_array()
-        .expect("entries")
-        .iter()
-        .map(|e| (e["path"].as_str().unwrap().to_string(), e.clone()))
-        .collect()
-}
 
 fn compare(
     name: &str,
@@ -170,18 +117,6 @@ fn compare(
     diffs
 }
 
-fn report(diffs: Vec<String>) {
-    if !diffs.is_empty() {
-        let n = diffs.len();
-        let shown: Vec<_> = diffs
-            .into_iter()
-            .take(60)
-            .map(|d| d.chars().take(400).collect::<String>())
-            .collect();
-        panic!("{n} differences from the kernel:\n{}", shown.join("\n"));
-    }
-}
-
 #[test]
 fn golden_walk_matches_kernel() {
     let mut diffs = Vec::new();
@@ -195,7 +130,7 @@ fn golden_walk_matches_kernel() {
             }
         };
         let ours = walk(&fs);
-        diffs.extend(compare(&name, &entries(&m), &ours));
+        diffs.extend(compare(&name, &entries_under(&m, ""), &ours));
         for w in fs.info.take_warnings() {
             diffs.push(format!("{name}: unexpected warning: {w}"));
         }
@@ -203,37 +138,21 @@ fn golden_walk_matches_kernel() {
     report(diffs);
 }
 
-fn ubtrfs(args: &[&std::ffi::OsStr]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-        .args(args)
-        .output()
-        .expect("run ubtrfs")
-}
-
-fn image_arg(u: &Unpacked) -> std::ffi::OsString {
-    let parts: Vec<_> = u.devices.iter().map(|d| d.as_os_str().to_owned()).collect();
-    parts.join(std::ffi::OsStr::new(","))
-}
-
 #[test]
 fn golden_subvolume_list_matches_kernel() {
     let mut diffs = Vec::new();
     for (name, m) in manifests() {
         let u = unpack_set(&m);
-        let img = image_arg(&u);
+        let img = image_arg(&u.devices);
         for (field, extra) in [("subvolume_list", None), ("subvolume_list_a", Some("-a"))] {
             let Some(expected) = m[field].as_str() else {
                 continue;
             };
-            let mut args = vec![
-                std::ffi::OsStr::new("subvolume"),
-                "list".as_ref(),
-                img.as_os_str(),
-            ];
+            let mut args = vec![OsStr::new("subvolume"), "list".as_ref(), img.as_os_str()];
             if let Some(x) = extra {
                 args.push(x.as_ref());
             }
-            let out = ubtrfs(&args);
+            let out = UBTRFS.output(&args);
             let got = String::from_utf8_lossy(&out.stdout);
             if !out.status.success() || got != expected {
                 diffs.push(format!(
@@ -247,64 +166,20 @@ fn golden_subvolume_list_matches_kernel() {
     report(diffs);
 }
 
-/// A scratch btrfs loop mount to extract into: tmpfs and ext4 cannot hold the 16 KB
-/// xattrs the golden images carry. Unmounted (and its loop device freed) on drop,
-/// also when the test fails.
-struct ScratchMount {
-    dir: tempfile::TempDir,
-    mounted: bool,
-}
-
-impl ScratchMount {
-    fn new() -> ScratchMount {
-        let dir = tempfile::tempdir().unwrap();
-        let img = dir.path().join("scratch.img");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).unwrap();
-        File::create(&img).unwrap().set_len(2 << 30).unwrap();
-        let ok = Command::new("mkfs.btrfs")
-            .args(["-q", "-f", "-n", "65536"])
-            .arg(&img)
-            .status()
-            .expect("mkfs.btrfs (install btrfs-progs)")
-            .success();
-        assert!(ok, "mkfs.btrfs failed");
-        let st = Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&img)
-            .arg(&mnt)
-            .status()
-            .expect("mount");
-        assert!(
-            st.success(),
-            "cannot loop-mount the scratch filesystem: the extract test needs root"
-        );
-        ScratchMount { dir, mounted: true }
-    }
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("mnt")
-    }
-}
-
-impl Drop for ScratchMount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount").arg(self.path()).status();
-        }
-    }
-}
-
 /// `ubtrfs extract` reproduces the kernel's view: contents, modes, owners, times,
 /// xattrs, symlinks, hard links, special files.
 #[test]
 fn golden_extract_matches_kernel() {
+    if !require_root("golden_extract_matches_kernel") {
+        return;
+    }
     let mut diffs = Vec::new();
     for (name, m) in manifests() {
         let u = unpack_set(&m);
-        let dest = ScratchMount::new();
-        let out = ubtrfs(&[
+        let dest = ScratchBtrfs::new();
+        let out = UBTRFS.output(&[
             "extract".as_ref(),
-            image_arg(&u).as_os_str(),
+            image_arg(&u.devices).as_os_str(),
             dest.path().join("x").as_os_str(),
         ]);
         if !out.status.success() {
@@ -316,7 +191,7 @@ fn golden_extract_matches_kernel() {
         }
         let root = dest.path().join("x");
         let mut to_hash = Vec::new();
-        for (p, k) in entries(&m) {
+        for (p, k) in entries_under(&m, "") {
             let host = root.join(p.trim_start_matches('/'));
             let md = match std::fs::symlink_metadata(&host) {
                 Ok(md) => md,
@@ -342,14 +217,8 @@ fn golden_extract_matches_kernel() {
                 local.extend(chk("rdev", md.rdev().into()));
             }
             if k["ino"] != 2 {
-                local.extend(chk(
-                    "mtime",
-                    format!("{}.{:09}", md.mtime(), md.mtime_nsec()).into(),
-                ));
-                local.extend(chk(
-                    "atime",
-                    format!("{}.{:09}", md.atime(), md.atime_nsec()).into(),
-                ));
+                local.extend(chk("mtime", ts(md.mtime(), md.mtime_nsec()).into()));
+                local.extend(chk("atime", ts(md.atime(), md.atime_nsec()).into()));
             }
             let mut x = serde_json::Map::new();
             for n in xattr::list(&host).unwrap() {
@@ -395,7 +264,7 @@ fn golden_fiemap_matches_kernel() {
         let u = unpack_set(&m);
         let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
         let mut share = ubtrfs_core::ShareCtx::new(&fs.info).unwrap();
-        for (p, k) in entries(&m) {
+        for (p, k) in entries_under(&m, "") {
             let Some(kf) = k.get("fiemap") else { continue };
             let node = fs.resolve(&p).unwrap();
             let ours: Vec<Value> = fs

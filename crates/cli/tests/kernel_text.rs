@@ -1,83 +1,23 @@
 //! Output text compared with the kernel tools on a fresh kernel-made image (root):
 //! `ubtrfs inspect fiemap -v` vs `filefrag -v`, `ubtrfs filesystem du` vs
 //! `btrfs filesystem du`, `ubtrfs inspect dump-super` vs `btrfs inspect-internal
-//! dump-super`. The loop mount is undone on drop, also when an assertion fails.
+//! dump-super`. The loop mount is undone on drop, also when an assertion fails. Needs
+//! root (`ubtrfs_sim::host::require_root`).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
+use ubtrfs_sim::host::{require_root, sh, Ubtrfs};
+use ubtrfs_sim::mount::{mkfs_btrfs, KernelMount};
 
-struct Mounted {
-    _dir: tempfile::TempDir,
-    img: PathBuf,
-    mnt: PathBuf,
-    mounted: bool,
-}
+const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
-impl Mounted {
-    fn umount(&mut self) {
-        if self.mounted {
-            sh(&format!("umount {}", self.mnt.display()));
-            self.mounted = false;
-        }
-    }
-    fn mount(&mut self, opts: &str) {
-        sh(&format!(
-            "mount -o loop,{opts} {} {}",
-            self.img.display(),
-            self.mnt.display()
-        ));
-        self.mounted = true;
-    }
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        if self.mounted {
-            let _ = Command::new("umount").arg(&self.mnt).status();
-        }
-    }
-}
-
-fn sh(cmd: &str) -> String {
-    let o = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
-    assert!(
-        o.status.success(),
-        "{cmd}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn ubtrfs(args: &[&str]) -> String {
-    let o = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn make_image() -> Mounted {
+/// A fresh 1 GiB kernel-made image (in the returned directory), mounted with
+/// compress=zstd and filled: compressed, reflinked, preallocated and inline files,
+/// a subvolume and a snapshot.
+fn make_image() -> (tempfile::TempDir, PathBuf, KernelMount) {
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("k.img");
-    let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    sh(&format!(
-        "truncate -s 1G {} && mkfs.btrfs -q -f {}",
-        img.display(),
-        img.display()
-    ));
-    let mut m = Mounted {
-        _dir: dir,
-        img,
-        mnt,
-        mounted: false,
-    };
-    m.mount("compress=zstd");
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    let m = KernelMount::new(&img, "compress=zstd");
     let d = m.mnt.display().to_string();
     sh(&format!(
         "set -e; cd {d}
@@ -94,12 +34,15 @@ fn make_image() -> Mounted {
          xfs_io -c 'pwrite -S 0x22 0 4096' snap/text >/dev/null
          sync"
     ));
-    m
+    (dir, img, m)
 }
 
 #[test]
 fn text_output_matches_kernel_tools() {
-    let mut m = make_image();
+    if !require_root("text_output_matches_kernel_tools") {
+        return;
+    }
+    let (_dir, img, m) = make_image();
     let d = m.mnt.display().to_string();
     let files = [
         "rand",
@@ -118,10 +61,11 @@ fn text_output_matches_kernel_tools() {
     let kernel_du = sh(&format!("btrfs filesystem du {d}"));
     let kernel_du_s = sh(&format!("btrfs filesystem du -s --raw {d} {d}/sv {d}/snap"));
     m.umount();
-    let img = m.img.display().to_string();
+    let img = img.display().to_string();
     let kernel_super = sh(&format!("btrfs inspect-internal dump-super {img}"));
     for (f, want) in files.iter().zip(kernel_fiemap) {
-        let got = ubtrfs(&["inspect", "fiemap", "-v", &img, &format!("/{f}")])
+        let got = UBTRFS
+            .stdout(&["inspect", "fiemap", "-v", &img, &format!("/{f}")])
             .replace(&format!(" /{f}"), &format!(" {d}/{f}"))
             .replace(&format!("/{f}: "), &format!("{d}/{f}: "));
         let got = got.replacen(&format!("{d}{d}"), &d, 2);
@@ -144,11 +88,11 @@ fn text_output_matches_kernel_tools() {
             .collect()
     };
     assert_eq!(
-        to_kernel_paths(ubtrfs(&["filesystem", "du", &img, "/"])),
+        to_kernel_paths(UBTRFS.stdout(&["filesystem", "du", &img, "/"])),
         kernel_du
     );
     assert_eq!(
-        to_kernel_paths(ubtrfs(&[
+        to_kernel_paths(UBTRFS.stdout(&[
             "filesystem",
             "du",
             "-s",
@@ -160,6 +104,8 @@ fn text_output_matches_kernel_tools() {
         ])),
         kernel_du_s
     );
-    assert_eq!(ubtrfs(&["inspect", "dump-super", &img]), kernel_super);
-    let _ = Path::new(&img);
+    assert_eq!(
+        UBTRFS.stdout(&["inspect", "dump-super", &img]),
+        kernel_super
+    );
 }

@@ -5,9 +5,10 @@
 //! refused with one line and no mount; a corrupt data sector is EIO for that file
 //! only, logged once; writes are EROFS; SIGTERM/SIGINT unmount.
 //!
-//! Needs root (/dev/fuse, loop devices, mount); without root the tests fail unless
-//! UBTRFS_NO_ROOT=1, which skips them. Every mount is undone by a Drop guard, also
-//! when a test fails.
+//! Needs root (/dev/fuse, loop devices, mount); without root the tests are skipped
+//! with a line on stderr, except in CI, where that fails them
+//! (`ubtrfs_sim::host::require_fuse`). Every mount is undone by a Drop guard
+//! (`ubtrfs_sim::mount`), also when a test fails.
 //!
 //! What FUSE cannot present, and is therefore not compared: st_dev (the kernel has
 //! one per subvolume; a FUSE mount has one), statx attributes (the FUSE kernel
@@ -17,262 +18,23 @@
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
+use std::ffi::OsStr;
 use std::fs::File;
-use std::io::Read;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::process::Command;
+use std::time::{Duration, Instant};
+use ubtrfs_sim::golden::{
+    basic_image, comparable, entries_under, file_type_name, hex, manifest, manifest_names, report,
+    sha256_file, systime, ts, unpack_set, STAT_FIELDS,
+};
+use ubtrfs_sim::host::{bash_in as sh, require_fuse, serial, Ubtrfs};
+use ubtrfs_sim::mount::{
+    image_arg, is_mounted, mkfs_btrfs, FuseMount, FuseUnmount, KernelMount, ScratchBtrfs,
+};
 
-mod common;
-use common::{golden_dir, unpack, unpack_set, STAT_FIELDS};
-
-/// True when the test may run; panics when it needs root and root is missing.
-fn have_root() -> bool {
-    if nix::unistd::geteuid().is_root() && Path::new("/dev/fuse").exists() {
-        return true;
-    }
-    if std::env::var("UBTRFS_NO_ROOT").as_deref() == Ok("1") {
-        eprintln!("mount tests: UBTRFS_NO_ROOT=1: skipped (need root and /dev/fuse)");
-        return false;
-    }
-    panic!("the FUSE mount tests need root and /dev/fuse (UBTRFS_NO_ROOT=1 skips them)");
-}
-
-fn manifest(name: &str) -> Value {
-    let p = golden_dir().join(format!("{name}.manifest.json"));
-    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())))
-        .expect("manifest json")
-}
-
-fn manifest_names() -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(golden_dir())
-        .expect("golden dir")
-        .filter_map(|e| {
-            let n = e.ok()?.file_name().to_string_lossy().to_string();
-            n.strip_suffix(".manifest.json").map(str::to_string)
-        })
-        .filter(|n| match std::env::var("UBTRFS_GOLDEN_ONLY") {
-            Ok(only) => only.split(',').any(|o| o == n),
-            Err(_) => true,
-        })
-        .collect();
-    v.sort();
-    assert!(!v.is_empty(), "no golden manifests");
-    v
-}
-
-fn image_arg(devs: &[PathBuf]) -> String {
-    devs.iter()
-        .map(|d| d.display().to_string())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-fn is_mounted(p: &Path) -> bool {
-    std::fs::canonicalize(p)
-        .map(|c| ubtrfs_fuse::is_mountpoint(&c))
-        .unwrap_or(false)
-}
-
-/// A `ubtrfs mount -f` server in the background; unmounted and reaped on drop.
-struct FuseMount {
-    mnt: PathBuf,
-    child: Child,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl FuseMount {
-    fn start(devices: &[PathBuf], opts: &[&str]) -> FuseMount {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mkdir");
-        let stderr = dir.path().join("stderr");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ubtrfs"));
-        cmd.arg("mount").arg(image_arg(devices)).arg(&mnt).arg("-f");
-        for o in opts {
-            cmd.arg("-o").arg(o);
-        }
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("spawn ubtrfs mount -f");
-        let mut m = FuseMount {
-            mnt,
-            child,
-            stderr,
-            _dir: dir,
-        };
-        let t0 = Instant::now();
-        while !is_mounted(&m.mnt) {
-            if let Ok(Some(st)) = m.child.try_wait() {
-                panic!("ubtrfs mount -f exited early ({st}): {}", m.log());
-            }
-            assert!(
-                t0.elapsed() < Duration::from_secs(30),
-                "mount did not appear"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        m
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).unwrap_or_default()
-    }
-
-    /// Unmounts like a user would and waits for the server to exit.
-    fn unmount(&mut self) -> std::process::ExitStatus {
-        if is_mounted(&self.mnt) {
-            let ok = Command::new("fusermount3")
-                .arg("-u")
-                .arg(&self.mnt)
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-            }
-        }
-        self.wait(Duration::from_secs(20))
-    }
-
-    fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let t0 = Instant::now();
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st;
-            }
-            if t0.elapsed() > limit {
-                let _ = self.child.kill();
-                return self.child.wait().expect("wait");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for FuseMount {
-    fn drop(&mut self) {
-        self.unmount();
-    }
-}
-
-/// One kernel mount at a time: two mounts of one fsid would clash.
-static KERNEL: Mutex<()> = Mutex::new(());
-
-/// `mount -o ro` of read-only loop devices; undone on drop.
-struct KernelMount {
-    mnt: PathBuf,
-    loops: Vec<String>,
-    _dir: tempfile::TempDir,
-    _lock: std::sync::MutexGuard<'static, ()>,
-}
-
-impl KernelMount {
-    fn new(devices: &[PathBuf]) -> KernelMount {
-        let lock = KERNEL.lock().unwrap_or_else(|p| p.into_inner());
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mkdir");
-        let mut k = KernelMount {
-            mnt,
-            loops: Vec::new(),
-            _dir: dir,
-            _lock: lock,
-        };
-        for d in devices {
-            let out = Command::new("losetup")
-                .args(["-r", "-f", "--show"])
-                .arg(d)
-                .output()
-                .expect("losetup");
-            assert!(out.status.success(), "losetup failed");
-            k.loops
-                .push(String::from_utf8_lossy(&out.stdout).trim().to_string());
-        }
-        let mut opts = String::from("ro");
-        for l in &k.loops {
-            opts.push_str(",device=");
-            opts.push_str(l);
-        }
-        let st = Command::new("mount")
-            .args(["-t", "btrfs", "-o", &opts, &k.loops[0]])
-            .arg(&k.mnt)
-            .status()
-            .expect("mount");
-        assert!(st.success(), "kernel mount failed");
-        k
-    }
-}
-
-impl Drop for KernelMount {
-    fn drop(&mut self) {
-        if is_mounted(&self.mnt) {
-            let ok = Command::new("umount")
-                .arg(&self.mnt)
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-            }
-        }
-        for l in &self.loops {
-            // Golden sets share fixed fsids: leave no stale device registration.
-            let _ = Command::new("btrfs")
-                .args(["device", "scan", "--forget", l])
-                .stderr(Stdio::null())
-                .status();
-            let _ = Command::new("losetup").args(["-d", l]).status();
-        }
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn ts(sec: i64, nsec: i64) -> String {
-    format!("{sec}.{nsec:09}")
-}
-
-fn systime(t: SystemTime) -> String {
-    match t.duration_since(UNIX_EPOCH) {
-        Ok(d) => ts(d.as_secs() as i64, d.subsec_nanos() as i64),
-        Err(e) => {
-            let d = e.duration();
-            let (s, n) = (d.as_secs() as i64, d.subsec_nanos() as i64);
-            if n == 0 {
-                ts(-s, 0)
-            } else {
-                ts(-s - 1, 1_000_000_000 - n)
-            }
-        }
-    }
-}
-
-fn type_name(ft: std::fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        "dir"
-    } else if ft.is_symlink() {
-        "symlink"
-    } else if ft.is_fifo() {
-        "fifo"
-    } else if ft.is_socket() {
-        "sock"
-    } else if ft.is_char_device() {
-        "chr"
-    } else if ft.is_block_device() {
-        "blk"
-    } else {
-        "file"
-    }
-}
+const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
 /// What the mount shows, in the manifest's shape (paths from the mount root).
 fn walk(root: &Path) -> BTreeMap<String, Value> {
@@ -280,7 +42,7 @@ fn walk(root: &Path) -> BTreeMap<String, Value> {
     let mut stack = vec![("/".to_string(), root.to_path_buf())];
     while let Some((path, host)) = stack.pop() {
         let md = std::fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
-        let ty = type_name(md.file_type());
+        let ty = file_type_name(md.file_type());
         let mut v = serde_json::json!({
             "type": ty, "ino": md.ino(), "mode": md.mode(), "nlink": md.nlink(),
             "uid": md.uid(), "gid": md.gid(), "rdev": md.rdev(), "size": md.size(),
@@ -330,27 +92,6 @@ fn walk(root: &Path) -> BTreeMap<String, Value> {
     out
 }
 
-/// The manifest's entries under `prefix` ("" for all), re-rooted there.
-fn entries_under(m: &Value, prefix: &str) -> BTreeMap<String, Value> {
-    let mut out = BTreeMap::new();
-    for e in m["entries"].as_array().expect("entries") {
-        let p = e["path"].as_str().expect("path");
-        let rel = if prefix.is_empty() {
-            Some(p.to_string())
-        } else if p == prefix {
-            Some("/".to_string())
-        } else {
-            p.strip_prefix(prefix)
-                .filter(|r| r.starts_with('/'))
-                .map(str::to_string)
-        };
-        if let Some(r) = rel {
-            out.insert(r, e.clone());
-        }
-    }
-    out
-}
-
 fn compare(
     name: &str,
     kernel: &BTreeMap<String, Value>,
@@ -369,7 +110,7 @@ fn compare(
         let Some(o) = ours.get(p) else { continue };
         for f in STAT_FIELDS {
             // The kernel invents the ino-2 placeholder's times when it looks it up.
-            if k["ino"] == 2 && ["atime", "mtime", "ctime", "crtime"].contains(f) {
+            if !comparable(k, f) {
                 continue;
             }
             if k[*f] != o[*f] {
@@ -383,24 +124,16 @@ fn compare(
     diffs
 }
 
-fn report(diffs: Vec<String>) {
-    if !diffs.is_empty() {
-        let n = diffs.len();
-        let shown: Vec<String> = diffs.into_iter().take(60).collect();
-        panic!("{n} differences:\n{}", shown.join("\n"));
-    }
-}
-
 #[test]
 fn mount_golden_matches_manifest() {
-    if !have_root() {
+    if !require_fuse("mount_golden_matches_manifest") {
         return;
     }
     let mut diffs = Vec::new();
     for name in manifest_names() {
         let m = manifest(&name);
         let u = unpack_set(&m);
-        let mut fm = FuseMount::start(&u.devices, &[]);
+        let mut fm = FuseMount::start(&UBTRFS, &u.devices, &[]);
         let ours = walk(&fm.mnt);
         diffs.extend(compare(&name, &entries_under(&m, ""), &ours));
         let st = fm.unmount();
@@ -419,7 +152,7 @@ fn mount_golden_matches_manifest() {
 /// the same contents the kernel showed under its path; a plain directory is refused.
 #[test]
 fn mount_subvolume_options() {
-    if !have_root() {
+    if !require_fuse("mount_subvolume_options") {
         return;
     }
     let m = manifest("subvols");
@@ -432,7 +165,7 @@ fn mount_subvolume_options() {
         ("subvolid=5", ""),
         ("subvol=snaps/top-snap", "/snaps/top-snap"),
     ] {
-        let fm = FuseMount::start(&u.devices, &[opt]);
+        let fm = FuseMount::start(&UBTRFS, &u.devices, &[opt]);
         let root = std::fs::metadata(&fm.mnt).expect("stat root");
         assert_eq!(root.ino(), 256, "{opt}: root inode");
         diffs.extend(compare(opt, &entries_under(&m, prefix), &walk(&fm.mnt)));
@@ -441,76 +174,17 @@ fn mount_subvolume_options() {
     let mnt = u.dir.path().join("m");
     std::fs::create_dir(&mnt).expect("mkdir");
     for bad in ["subvol=dir", "subvolid=999", "subvol=sub1,subvolid=258"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-            .args(["mount", &image_arg(&u.devices)])
-            .arg(&mnt)
-            .args(["-o", bad])
-            .output()
-            .expect("run");
+        let out = UBTRFS.output(&[
+            OsStr::new("mount"),
+            &image_arg(&u.devices),
+            mnt.as_os_str(),
+            "-o".as_ref(),
+            bad.as_ref(),
+        ]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{bad} must fail");
         assert_eq!(err.trim().lines().count(), 1, "{bad}: one line: {err}");
         assert!(!is_mounted(&mnt), "{bad}: nothing mounted");
-    }
-}
-
-fn sh(dir: &Path, script: &str) -> (String, String) {
-    let out = Command::new("bash")
-        .arg("-c")
-        .arg(script)
-        .current_dir(dir)
-        .output()
-        .expect("bash");
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// A scratch btrfs (64 KiB nodes: the golden xattrs fit) to copy into.
-struct Scratch {
-    dir: tempfile::TempDir,
-}
-
-impl Scratch {
-    fn new() -> Scratch {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let img = dir.path().join("scratch.img");
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).expect("mkdir");
-        File::create(&img)
-            .expect("create")
-            .set_len(2 << 30)
-            .expect("size");
-        let ok = Command::new("mkfs.btrfs")
-            .args(["-q", "-f", "-n", "65536"])
-            .arg(&img)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mkfs.btrfs");
-        let ok = Command::new("mount")
-            .args(["-o", "loop"])
-            .arg(&img)
-            .arg(&mnt)
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "mount scratch");
-        Scratch { dir }
-    }
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("mnt")
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let ok = Command::new("umount")
-            .arg(self.path())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            let _ = Command::new("umount").arg("-l").arg(self.path()).status();
-        }
     }
 }
 
@@ -523,7 +197,7 @@ const EMPTY_SHA256: &str = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495
 /// makes theirs up at lookup).
 #[test]
 fn mount_programs_match_kernel() {
-    if !have_root() {
+    if !require_fuse("mount_programs_match_kernel") {
         return;
     }
     let mut diffs = Vec::new();
@@ -577,11 +251,12 @@ fn mount_programs_match_kernel() {
             &["dev,suid"]
         };
         let u = unpack_set(&m);
-        let scratch = Scratch::new();
+        let scratch = ScratchBtrfs::new();
         let kdest = scratch.path().join("kernel");
         let udest = scratch.path().join("ubtrfs");
         let kout: Vec<(String, String)> = {
-            let k = KernelMount::new(&u.devices);
+            let _serial = serial();
+            let k = KernelMount::try_new(&u.devices, "ro").unwrap_or_else(|e| panic!("{e}"));
             let r: Vec<(String, String)> = scripts.iter().map(|s| sh(&k.mnt, s)).collect();
             for (s, (out, _)) in scripts.iter().zip(&r) {
                 // A command that printed nothing hashes to this on both sides.
@@ -599,7 +274,7 @@ fn mount_programs_match_kernel() {
             assert!(ok, "{name}: cp -a from the kernel mount");
             r
         };
-        let fm = FuseMount::start(&u.devices, opts);
+        let fm = FuseMount::start(&UBTRFS, &u.devices, opts);
         for (s, k) in scripts.iter().zip(&kout) {
             let o = sh(&fm.mnt, s);
             if &o != k {
@@ -685,73 +360,42 @@ fn gen(seed: u64, len: usize, text: bool) -> Vec<u8> {
 /// A fresh image made by the kernel: 4 plain and 4 zstd-compressed files.
 fn big_files_image(dir: &Path, size: usize) -> (PathBuf, Vec<(String, String)>) {
     let img = dir.join("big.img");
-    File::create(&img)
-        .expect("create")
-        .set_len(1 << 30)
-        .expect("size");
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .status()
-        .is_ok_and(|s| s.success()));
-    let mnt = dir.join("w");
-    std::fs::create_dir(&mnt).expect("mkdir");
-    let _lock = KERNEL.lock().unwrap_or_else(|p| p.into_inner());
-    assert!(Command::new("mount")
-        .args(["-o", "loop,compress-force=zstd"])
-        .arg(&img)
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success()));
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    let _serial = serial();
+    let k = KernelMount::new(&img, "compress-force=zstd");
     let mut want = Vec::new();
     for i in 0..8u64 {
         let text = i >= 4;
         let name = format!("f{i}");
         let data = gen(i + 1, size + i as usize * 4097, text);
-        std::fs::write(mnt.join(&name), &data).expect("write");
+        std::fs::write(k.path(&name), &data).expect("write");
         want.push((name, hex(&Sha256::digest(&data))));
     }
-    assert!(Command::new("umount")
-        .arg(&mnt)
-        .status()
-        .is_ok_and(|s| s.success()));
+    k.umount();
     (img, want)
-}
-
-fn hash_file(p: &Path) -> String {
-    let mut f = File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).expect("read");
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    hex(&h.finalize())
 }
 
 /// 8 threads hashing 8 different files at once get what the kernel wrote and
 /// reads back.
 #[test]
 fn mount_concurrent_readers() {
-    if !have_root() {
+    if !require_fuse("mount_concurrent_readers") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let (img, want) = big_files_image(dir.path(), 48 << 20);
     {
-        let k = KernelMount::new(std::slice::from_ref(&img));
+        let _serial = serial();
+        let k = KernelMount::new(&img, "ro");
         for (name, h) in &want {
-            assert_eq!(&hash_file(&k.mnt.join(name)), h, "kernel read of {name}");
+            assert_eq!(&sha256_file(&k.mnt.join(name)), h, "kernel read of {name}");
         }
     }
     // Cold page cache for the image, so the reads really run concurrently.
     let _ = Command::new("sh")
         .args(["-c", "sync; echo 3 > /proc/sys/vm/drop_caches"])
         .status();
-    let fm = FuseMount::start(std::slice::from_ref(&img), &[]);
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &[]);
     let t0 = Instant::now();
     let got: Vec<(String, String)> = std::thread::scope(|s| {
         let hs: Vec<_> = want
@@ -759,7 +403,7 @@ fn mount_concurrent_readers() {
             .map(|(name, _)| {
                 let p = fm.mnt.join(name);
                 let name = name.clone();
-                s.spawn(move || (name, hash_file(&p)))
+                s.spawn(move || (name, sha256_file(&p)))
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("reader")).collect()
@@ -768,29 +412,16 @@ fn mount_concurrent_readers() {
     assert_eq!(got, want);
 }
 
-fn ubtrfs_mount(args: &[&std::ffi::OsStr]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
-        .arg("mount")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ubtrfs mount");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn basic_image(dir: &Path) -> PathBuf {
-    let img = dir.join("basic.img");
-    unpack(&golden_dir().join("basic.img.zst"), &img);
-    img
+/// `ubtrfs mount ARGS`: (exited 0, stderr).
+fn ubtrfs_mount(args: &[&OsStr]) -> (bool, String) {
+    let (ok, _, err) = UBTRFS.run(&[&[OsStr::new("mount")], args].concat());
+    (ok, err)
 }
 
 /// Refusals are one line, with a non-zero exit and nothing left mounted.
 #[test]
 fn mount_refuses_bad_image_and_mountpoint() {
-    if !have_root() {
+    if !require_fuse("mount_refuses_bad_image_and_mountpoint") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -857,22 +488,7 @@ fn mount_refuses_bad_image_and_mountpoint() {
     // Detached mount: returns once ready; a second mount there is refused.
     let (ok, err) = ubtrfs_mount(&[img.as_os_str(), mnt.as_os_str()]);
     assert!(ok, "daemon mount: {err}");
-    struct Unmount<'a>(&'a Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            if is_mounted(self.0) {
-                let ok = Command::new("fusermount3")
-                    .arg("-u")
-                    .arg(self.0)
-                    .status()
-                    .is_ok_and(|s| s.success());
-                if !ok {
-                    let _ = Command::new("umount").arg("-l").arg(self.0).status();
-                }
-            }
-        }
-    }
-    let guard = Unmount(&mnt);
+    let guard = FuseUnmount(&mnt);
     assert!(is_mounted(&mnt));
     assert_eq!(
         std::fs::read(mnt.join("dir1/size-1")).expect("read").len(),
@@ -895,7 +511,7 @@ fn mount_refuses_bad_image_and_mountpoint() {
 /// with its path, and the rest of the mount keeps working.
 #[test]
 fn mount_checksum_error_is_eio_for_that_file_only() {
-    if !have_root() {
+    if !require_fuse("mount_checksum_error_is_eio_for_that_file_only") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -934,7 +550,7 @@ fn mount_checksum_error_is_eio_for_that_file_only() {
         b[0] ^= 0x5a;
         f.write_all_at(&b, phys + 7).expect("write");
     }
-    let mut fm = FuseMount::start(std::slice::from_ref(&img), &[]);
+    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &[]);
     for _ in 0..3 {
         let e = std::fs::read(fm.mnt.join(path)).expect_err("corrupt file must fail");
         assert_eq!(e.raw_os_error(), Some(5), "EIO, got {e}");
@@ -963,13 +579,13 @@ fn mount_checksum_error_is_eio_for_that_file_only() {
 /// Writes are EROFS; SIGTERM and SIGINT unmount and end the server cleanly.
 #[test]
 fn mount_is_read_only_and_unmounts_on_signals() {
-    if !have_root() {
+    if !require_fuse("mount_is_read_only_and_unmounts_on_signals") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let img = basic_image(dir.path());
     for sig in ["TERM", "INT"] {
-        let mut fm = FuseMount::start(std::slice::from_ref(&img), &[]);
+        let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &[]);
         let m = fm.mnt.clone();
         let erofs = |what: &str, r: std::io::Result<()>| {
             let e = r.expect_err(what);
@@ -1003,50 +619,23 @@ fn mount_is_read_only_and_unmounts_on_signals() {
     }
 }
 
-/// Undoes a kernel loop mount on drop (also when an assertion fails).
-struct RwKernelMount(PathBuf);
-
-impl Drop for RwKernelMount {
-    fn drop(&mut self) {
-        if is_mounted(&self.0) {
-            let _ = Command::new("umount").arg(&self.0).status();
-        }
-    }
-}
-
 /// Real programs that trust stat data: `git status` finds a repository written by the
 /// kernel clean on the ubtrfs mount (its index records ino, times and sizes, so any
 /// difference from the kernel's view would show as modified files), and
 /// `sha256sum -c` verifies a list made on the kernel mount.
 #[test]
 fn mount_git_status_and_sha256sum_check() {
-    if !have_root() {
+    if !require_fuse("mount_git_status_and_sha256sum_check") {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let img = dir.path().join("git.img");
-    File::create(&img)
-        .expect("create")
-        .set_len(1 << 30)
-        .expect("size");
-    assert!(Command::new("mkfs.btrfs")
-        .args(["-q", "-f"])
-        .arg(&img)
-        .status()
-        .is_ok_and(|s| s.success()));
-    let w = dir.path().join("w");
-    std::fs::create_dir(&w).expect("mkdir");
+    mkfs_btrfs(&img, 1 << 30, &[]);
     {
-        let _lock = KERNEL.lock().unwrap_or_else(|p| p.into_inner());
-        assert!(Command::new("mount")
-            .args(["-o", "loop,compress=zstd"])
-            .arg(&img)
-            .arg(&w)
-            .status()
-            .is_ok_and(|s| s.success()));
-        let guard = RwKernelMount(w.clone());
+        let _serial = serial();
+        let k = KernelMount::new(&img, "compress=zstd");
         let (_, err) = sh(
-            &w,
+            &k.mnt,
             "set -e
              mkdir repo && cd repo
              git init -q . && git config user.email t@example.invalid && git config user.name t
@@ -1059,9 +648,9 @@ fn mount_git_status_and_sha256sum_check() {
              git status --porcelain > ../status-kernel.txt",
         );
         assert!(err.is_empty(), "setting up the repository: {err}");
-        drop(guard);
+        k.umount();
     }
-    let m = FuseMount::start(std::slice::from_ref(&img), &[]);
+    let m = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &[]);
     let repo = m.mnt.join("repo");
     let (out, err) = sh(&repo, "git status --porcelain; echo rc=$?");
     assert_eq!(

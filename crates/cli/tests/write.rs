@@ -4,9 +4,10 @@
 //! what was written; images the kernel wrote (snapshots, reflinks) must stay clean
 //! while ubtrfs edits them, and ubtrfs must read what the kernel wrote afterwards.
 //!
-//! Needs root (loop devices, mount, mknod, chown); without root the tests fail unless
-//! UBTRFS_NO_ROOT=1, which skips them. Every kernel mount and loop device is undone
-//! by a Drop guard, also when an assertion fails. Every ubtrfs command runs under a
+//! Needs root (loop devices, mount, mknod, chown); without root the tests are skipped
+//! with a line on stderr, except in CI, where that fails them
+//! (`ubtrfs_sim::host::require_root`). Every kernel mount and loop device is undone
+//! by a Drop guard (`ubtrfs_sim::mount::KernelMount`), also when an assertion fails. Every ubtrfs command runs under a
 //! time limit, so an engine hang is a failure and not a stuck test run.
 //!
 //! Tests: mkfs_matrix (mkfs -r over node sizes, checksums, profiles, features; kernel
@@ -17,14 +18,18 @@
 //!
 //! Run: cargo test -p ubtrfs-cli --test write -- --test-threads=1 --nocapture
 
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
+use std::path::Path;
+use std::process::Output;
+use ubtrfs_sim::golden::{file_type_name, hex, sha256_file};
+use ubtrfs_sim::host::{
+    btrfs_check, head, output_text as text, panic_message, require_root, serial, sh, shell_quote,
+    show_args, Ubtrfs,
+};
+use ubtrfs_sim::mount::{mkfs_btrfs, KernelMount};
 
 /// Seconds one ubtrfs command may take before it counts as hung (the big mkfs of
 /// many_files_one_directory sets a longer limit for itself).
@@ -38,25 +43,6 @@ fn set_limit(secs: u32) {
     CMD_LIMIT_SECS.store(secs, std::sync::atomic::Ordering::Relaxed)
 }
 
-/// True when the test may run; panics when it needs root and root is missing.
-fn have_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    if std::env::var("UBTRFS_NO_ROOT").as_deref() == Ok("1") {
-        eprintln!("write tests: UBTRFS_NO_ROOT=1: skipped (need root for loop mounts)");
-        return false;
-    }
-    panic!("the write tests need root (UBTRFS_NO_ROOT=1 skips them)");
-}
-
-/// One kernel-using test at a time, also when the harness runs tests in parallel.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 fn tmpdir(tag: &str) -> tempfile::TempDir {
     tempfile::Builder::new()
         .prefix(&format!("ubtrfs-write-{tag}."))
@@ -64,218 +50,31 @@ fn tmpdir(tag: &str) -> tempfile::TempDir {
         .expect("tempdir")
 }
 
-fn text(o: &Output) -> String {
-    let mut s = String::from_utf8_lossy(&o.stdout).into_owned();
-    s.push_str(&String::from_utf8_lossy(&o.stderr));
-    s
-}
-
-fn head(s: &str, lines: usize) -> String {
-    let v: Vec<&str> = s.lines().collect();
-    if v.len() <= lines {
-        return s.to_string();
-    }
-    format!(
-        "{}\n... ({} more lines)",
-        v[..lines].join("\n"),
-        v.len() - lines
-    )
-}
-
-/// `sh -c CMD`, which must succeed; its stdout.
-fn sh(cmd: &str) -> String {
-    let o = Command::new("sh").arg("-c").arg(cmd).output().expect("sh");
-    assert!(
-        o.status.success(),
-        "shell command failed ({}): {cmd}\n{}",
-        o.status,
-        head(&text(&o), 60)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn shell_quote(p: &Path) -> String {
-    format!("'{}'", p.display().to_string().replace('\'', r"'\''"))
+/// The ubtrfs binary under the current time limit.
+fn bin() -> Ubtrfs {
+    Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs")).with_limit(limit())
 }
 
 /// The ubtrfs binary with ARGS, under a time limit (exit 124 when it ran out).
 fn ubtrfs_raw<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> Output {
-    Command::new("timeout")
-        .arg("--kill-after=5")
-        .arg(limit().to_string())
-        .arg(env!("CARGO_BIN_EXE_ubtrfs"))
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("spawn ubtrfs")
-}
-
-fn show_args<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
-    let v: Vec<String> = args
-        .iter()
-        .map(|a| a.as_ref().to_string_lossy().into_owned())
-        .collect();
-    let mut s = v.join(" ");
-    if s.len() > 300 {
-        s.truncate(300);
-        s.push_str(&format!(" ... ({} args)", v.len()));
-    }
-    format!("ubtrfs {s}")
+    bin().output(args)
 }
 
 /// The ubtrfs binary with ARGS, which must succeed; its stdout.
 fn ubtrfs<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> String {
-    let o = ubtrfs_raw(args);
-    let hung = if o.status.code() == Some(124) || o.status.code() == Some(137) {
-        format!(" (no exit after {}s: hung)", limit())
-    } else {
-        String::new()
-    };
-    assert!(
-        o.status.success(),
-        "{} failed ({}){hung}:\n{}",
-        show_args(args),
-        o.status,
-        head(&text(&o), 40)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    bin().stdout(args)
 }
 
 /// `btrfs check --readonly --check-data-csum` must exit 0 and say "no error found".
 fn check(img: &Path, after: &str) {
-    let o = Command::new("btrfs")
-        .args(["check", "--readonly", "--check-data-csum"])
-        .arg(img)
-        .output()
-        .expect("btrfs check");
-    let t = text(&o);
-    assert!(
-        o.status.success() && t.contains("no error found"),
-        "btrfs check --readonly --check-data-csum {} after {after}: {}\n{}",
-        img.display(),
-        o.status,
-        head(&t, 120)
-    );
-}
-
-fn dmesg_tail() -> String {
-    Command::new("sh")
-        .arg("-c")
-        .arg("dmesg | tail -n 12")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-}
-
-/// Unregisters btrfs devices that are not mounted: images reuse fsids across runs.
-fn forget_devices() {
-    let _ = Command::new("btrfs")
-        .args(["device", "scan", "--forget"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// A kernel mount of an image through a loop device; unmounted and detached on drop.
-struct KMount {
-    mnt: PathBuf,
-    dev: Option<String>,
-    mounted: bool,
-    _dir: tempfile::TempDir,
-}
-
-impl KMount {
-    fn new(img: &Path, opts: &str) -> KMount {
-        forget_devices();
-        let dir = tmpdir("mnt");
-        let mnt = dir.path().join("mnt");
-        fs::create_dir(&mnt).expect("mkdir mnt");
-        let ro = if opts.split(',').any(|o| o == "ro") {
-            "-r "
-        } else {
-            ""
-        };
-        let dev = sh(&format!("losetup {ro}-f --show {}", shell_quote(img)))
-            .trim()
-            .to_string();
-        let mut k = KMount {
-            mnt,
-            dev: Some(dev.clone()),
-            mounted: false,
-            _dir: dir,
-        };
-        let o = Command::new("mount")
-            .args(["-t", "btrfs", "-o", opts, &dev])
-            .arg(&k.mnt)
-            .output()
-            .expect("mount");
-        assert!(
-            o.status.success(),
-            "kernel mount -o {opts} of {} failed: {}\nkernel log:\n{}",
+    match btrfs_check(img, None) {
+        Ok(t) if t.contains("no error found") => {}
+        Ok(t) | Err(t) => panic!(
+            "btrfs check --readonly --check-data-csum {} after {after}:\n{}",
             img.display(),
-            text(&o),
-            dmesg_tail()
-        );
-        k.mounted = true;
-        k
+            head(&t, 120)
+        ),
     }
-
-    fn path(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel.trim_start_matches('/'))
-    }
-
-    fn q(&self) -> String {
-        shell_quote(&self.mnt)
-    }
-
-    /// Unmounts now (must succeed) and detaches the loop device.
-    fn umount(mut self) {
-        let o = Command::new("umount")
-            .arg(&self.mnt)
-            .output()
-            .expect("umount");
-        assert!(o.status.success(), "umount failed: {}", text(&o));
-        self.mounted = false;
-        self.detach();
-    }
-
-    fn detach(&mut self) {
-        if let Some(dev) = self.dev.take() {
-            let _ = Command::new("btrfs")
-                .args(["device", "scan", "--forget", &dev])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            let _ = Command::new("losetup").args(["-d", &dev]).status();
-        }
-    }
-}
-
-impl Drop for KMount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let ok = Command::new("umount")
-                .arg(&self.mnt)
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-            }
-            self.mounted = false;
-        }
-        self.detach();
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn sha256_file(p: &Path) -> String {
-    let mut h = Sha256::new();
-    let mut f = fs::File::open(p).unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
-    std::io::copy(&mut f, &mut h).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
-    hex(&h.finalize())
 }
 
 type Entry = BTreeMap<&'static str, String>;
@@ -285,25 +84,6 @@ type Tree = BTreeMap<String, Entry>;
 struct WalkOpts {
     /// Compare mtimes (to the nanosecond).
     mtime: bool,
-}
-
-fn type_name(ft: fs::FileType) -> &'static str {
-    use std::os::unix::fs::FileTypeExt;
-    if ft.is_dir() {
-        "dir"
-    } else if ft.is_symlink() {
-        "symlink"
-    } else if ft.is_fifo() {
-        "fifo"
-    } else if ft.is_socket() {
-        "sock"
-    } else if ft.is_char_device() {
-        "chr"
-    } else if ft.is_block_device() {
-        "blk"
-    } else {
-        "file"
-    }
 }
 
 /// Everything comparable between two file systems under ROOT, keyed by path ("/" is
@@ -318,7 +98,7 @@ fn walk(root: &Path, o: WalkOpts, skip: &[&str]) -> Tree {
             continue;
         }
         let md = fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
-        let ty = type_name(md.file_type());
+        let ty = file_type_name(md.file_type());
         let mut e = Entry::new();
         e.insert("type", ty.into());
         e.insert("mode", format!("{:o}", md.mode()));
@@ -675,7 +455,7 @@ fn mkfs_combo(
 
     // The kernel sees exactly the source tree.
     {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         let got = walk(&m.mnt, WalkOpts { mtime: true }, &[]);
         assert_same(
             "kernel ro mount vs mkfs -r source",
@@ -705,7 +485,7 @@ fn mkfs_combo(
 
     // The kernel writes into it: new files, an overwrite, a delete, a snapshot.
     {
-        let m = KMount::new(&img, "rw");
+        let m = KernelMount::new(&img, "rw");
         sh(&format!(
             r#"set -e
             cd {mnt}
@@ -736,7 +516,7 @@ fn mkfs_combo(
     let exp = work.join(format!("exp{i}"));
     fs::create_dir_all(&exp).expect("mkdir exp");
     {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         sh(&format!(
             "cp -a {}/kdir/new1 {}/f_3145728 {}/",
             m.q(),
@@ -770,7 +550,7 @@ fn mkfs_combo(
         e = shell_quote(&exp)
     ));
     {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         for (got, want) in [
             ("kdir/sparse", src.join("sparse")),
             ("kdir/sparse_tail", src.join("sparse_tail")),
@@ -808,7 +588,7 @@ fn mkfs_combo(
         dest.display().to_string(),
     ]);
     {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         let kern = walk(&m.mnt, WalkOpts { mtime: true }, &[]);
         let ext = walk(&dest, WalkOpts { mtime: true }, &[]);
         assert_same(
@@ -826,7 +606,7 @@ fn mkfs_combo(
 
 #[test]
 fn mkfs_matrix() {
-    if !have_root() {
+    if !require_root("mkfs_matrix") {
         return;
     }
     let _s = serial();
@@ -848,11 +628,7 @@ fn mkfs_matrix() {
             mkfs_combo(i, c, &src, &want, &want_du, work.path())
         }));
         if let Err(e) = r {
-            let msg = e
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
+            let msg = panic_message(&*e);
             let hung = msg.contains(": hung)");
             failures.push(format!("{name}:\n{msg}"));
             if hung {
@@ -960,7 +736,7 @@ impl Editor<'_> {
 
 #[test]
 fn edit_kernel_image_with_snapshots_and_reflinks() {
-    if !have_root() {
+    if !require_root("edit_kernel_image_with_snapshots_and_reflinks") {
         return;
     }
     let _s = serial();
@@ -969,10 +745,7 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
     let img = work.path().join("k.img");
     let mirror = work.path().join("mirror");
     let host = work.path().join("host");
-    sh(&format!(
-        "truncate -s 1G {i} && mkfs.btrfs -q -f {i}",
-        i = shell_quote(&img)
-    ));
+    mkfs_btrfs(&img, 1 << 30, &[]);
 
     // The mirror: ~200 files in 10 directories, some of 1-3 MiB, and a deeper tree.
     let mut rng = Rng(0x9e3779b97f4a7c15);
@@ -1019,7 +792,7 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
     let prealloc = "fallocate -l 3M zdir/pre
         cat zdir/inline2 zdir/text1 | head -c 5000 | dd of=zdir/pre bs=4096 seek=100 conv=notrunc status=none";
     {
-        let m = KMount::new(&img, "rw,compress=zstd");
+        let m = KernelMount::new(&img, "rw,compress=zstd");
         sh(&format!(
             "set -e; cp -a {mirror}/. {mnt}/
             cd {mnt}
@@ -1064,7 +837,7 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
         );
     }
     let snap_before = {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         let top = walk(&m.mnt, WalkOpts { mtime: false }, &["/snap"]);
         let want = walk(&mirror, WalkOpts { mtime: false }, &[]);
         assert_same(
@@ -1208,7 +981,7 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
 
     // The kernel sees the edits and an unchanged snapshot, and can write on.
     {
-        let m = KMount::new(&img, "rw");
+        let m = KernelMount::new(&img, "rw");
         let snap_after = walk(&m.path("snap"), WalkOpts { mtime: true }, &[]);
         assert_same(
             "snapshot after ubtrfs edits of the top level",
@@ -1242,7 +1015,7 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
     }
     check(&img, "kernel writes after the ubtrfs edits");
     let mut before_edge = {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         let t = walk(&m.mnt, WalkOpts { mtime: false }, &[]);
         m.umount();
         t
@@ -1297,7 +1070,7 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
     e.edit(&["mkdir", "-p", "/made/x/y"], "");
     e.edit(&["mv", "/d02/f007", "/d02/f007"], "");
     {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         let after = walk(&m.mnt, WalkOpts { mtime: false }, &[]);
         m.umount();
         for d in diff("before", &before_edge, "after", &after) {
@@ -1318,7 +1091,7 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
 
 #[test]
 fn many_files_one_directory() {
-    if !have_root() {
+    if !require_root("many_files_one_directory") {
         return;
     }
     let _s = serial();
@@ -1352,7 +1125,7 @@ fn many_files_one_directory() {
     let sample = [
         0usize, 1, 7, 1007, 4242, 49_999, 50_000, 65_536, 99_007, 99_998, 99_999,
     ];
-    let count = |m: &KMount, dir: &str| -> usize {
+    let count = |m: &KernelMount, dir: &str| -> usize {
         sh(&format!(
             "ls -f {} | grep -c '^file-' || true",
             shell_quote(&m.path(dir))
@@ -1364,7 +1137,7 @@ fn many_files_one_directory() {
     {
         // Read-write: the kernel also snapshots it, so ubtrfs's deletes below CoW
         // a multi-level tree shared with the snapshot.
-        let m = KMount::new(&img, "rw");
+        let m = KernelMount::new(&img, "rw");
         assert_eq!(count(&m, "many"), N, "kernel ls count");
         for i in sample {
             let p = m.path(&format!("many/file-{i:06}"));
@@ -1397,7 +1170,7 @@ fn many_files_one_directory() {
         "ubtrfs rm of 50000 names (every other) in one command",
     );
     {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         assert_eq!(count(&m, "many"), N / 2, "kernel ls count after rm");
         assert_eq!(count(&m, "snap/many"), N, "snapshot ls count after rm");
         for i in sample {
@@ -1418,7 +1191,7 @@ fn many_files_one_directory() {
         "ubtrfs rm -r of the directory's 50000 remaining files",
     );
     {
-        let m = KMount::new(&img, "ro");
+        let m = KernelMount::new(&img, "ro");
         assert!(!m.path("many").exists(), "/many still there after rm -r");
         assert_eq!(count(&m, "snap/many"), N, "snapshot ls count after rm -r");
         m.umount();
@@ -1430,7 +1203,7 @@ fn many_files_one_directory() {
 
 #[test]
 fn enospc_then_delete() {
-    if !have_root() {
+    if !require_root("enospc_then_delete") {
         return;
     }
     let _s = serial();
@@ -1478,7 +1251,7 @@ fn enospc_then_delete() {
     check(&img, &format!("the failed put of {failed_name} (ENOSPC)"));
     let want: BTreeMap<String, String> = put.iter().cloned().collect();
     let kernel_files = |img: &Path| -> BTreeMap<String, String> {
-        let m = KMount::new(img, "ro");
+        let m = KernelMount::new(img, "ro");
         let mut got = BTreeMap::new();
         for d in fs::read_dir(&m.mnt).expect("readdir") {
             let d = d.expect("readdir");
@@ -1517,7 +1290,7 @@ fn enospc_then_delete() {
 
 #[test]
 fn refuse_mounted_image() {
-    if !have_root() {
+    if !require_root("refuse_mounted_image") {
         return;
     }
     let _s = serial();
@@ -1530,8 +1303,8 @@ fn refuse_mounted_image() {
     let files = file.display().to_string();
     ubtrfs(&["mkfs", "-q", "--size", "256M", &imgs]);
     {
-        let m = KMount::new(&img, "rw");
-        let dev = m.dev.clone().expect("loop device");
+        let m = KernelMount::new(&img, "rw");
+        let dev = m.dev().to_string();
         for args in [
             vec!["put", &imgs, &files, "/file"],
             vec!["put", &dev, &files, "/file"],
@@ -1565,7 +1338,7 @@ fn refuse_mounted_image() {
 
 #[test]
 fn edit_image_with_quotas() {
-    if !have_root() {
+    if !require_root("edit_image_with_quotas") {
         return;
     }
     let _s = serial();
@@ -1575,12 +1348,9 @@ fn edit_image_with_quotas() {
     let imgs = img.display().to_string();
     let file = work.path().join("file");
     write_file(&file, &Rng(77).bytes(1 << 20));
-    sh(&format!(
-        "truncate -s 1G {i} && mkfs.btrfs -q -f {i}",
-        i = shell_quote(&img)
-    ));
+    mkfs_btrfs(&img, 1 << 30, &[]);
     {
-        let m = KMount::new(&img, "rw");
+        let m = KernelMount::new(&img, "rw");
         sh(&format!(
             "set -e; cd {mnt}
             btrfs quota enable .
@@ -1623,7 +1393,7 @@ fn edit_image_with_quotas() {
 /// subvolumes made with --subvol appear as the kernel's subvolumes.
 #[test]
 fn mkfs_shrink_and_subvolumes() {
-    if !have_root() {
+    if !require_root("mkfs_shrink_and_subvolumes") {
         return;
     }
     let _s = serial();
@@ -1642,7 +1412,7 @@ fn mkfs_shrink_and_subvolumes() {
     check(&img, "mkfs --shrink");
     let len = fs::metadata(&img).expect("stat image").len();
     assert!(len < 200 << 20, "shrunk image is {len} bytes");
-    let k = KMount::new(&img, "ro");
+    let k = KernelMount::new(&img, "ro");
     let want = walk(&src, WalkOpts { mtime: true }, &[]);
     let got = walk(&k.mnt, WalkOpts { mtime: true }, &[]);
     assert_same("mkfs --shrink", "source", &want, "kernel", &got);
@@ -1657,19 +1427,15 @@ fn mkfs_shrink_and_subvolumes() {
 /// source. On a host without reflink (ext4 /tmp) it falls back to copying.
 #[test]
 fn mkfs_reflink_shares_source_data() {
-    if !have_root() {
+    if !require_root("mkfs_reflink_shares_source_data") {
         return;
     }
     let _s = serial();
     set_limit(120);
     let work = tmpdir("reflink");
     let host_img = work.path().join("host.img");
-    fs::File::create(&host_img)
-        .expect("create")
-        .set_len(1 << 30)
-        .expect("size");
-    sh(&format!("mkfs.btrfs -q {}", shell_quote(&host_img)));
-    let host = KMount::new(&host_img, "rw");
+    mkfs_btrfs(&host_img, 1 << 30, &[]);
+    let host = KernelMount::new(&host_img, "rw");
     let src = host.path("src");
     make_src_tree(&src);
     write_file(&src.join("big"), &Rng(7).bytes(8 << 20));
@@ -1703,7 +1469,7 @@ fn mkfs_reflink_shares_source_data() {
         shared >= 8 << 20,
         "image shares only {shared} bytes with the source: {du}"
     );
-    let k = KMount::new(&img, "ro");
+    let k = KernelMount::new(&img, "ro");
     let want = walk(&src, WalkOpts { mtime: true }, &[]);
     let got = walk(&k.mnt, WalkOpts { mtime: true }, &[]);
     assert_same("mkfs --reflink", "source", &want, "kernel", &got);

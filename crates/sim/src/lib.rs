@@ -1,4 +1,5 @@
-//! Test support for crash-consistency testing of ubtrfs.
+//! Test support: the one crate every integration test of ubtrfs takes its helpers
+//! from.
 //!
 //! * [`fault_dev`]: a [`ubtrfs_core::Device`] that records every write, grouped in
 //!   batches separated by `flush()`, and can produce the images a power cut would leave
@@ -6,9 +7,17 @@
 //! * [`rng`]: a tiny deterministic RNG (xorshift64*) for reproducible workloads.
 //! * [`model`]: a model filesystem, a random workload and comparisons against the
 //!   engine's read API (differential testing of the write engine).
+//! * [`host`]: root detection (and CI's rule that no test skips), running commands and
+//!   the `ubtrfs` binary, the kernel log, `btrfs check`, scratch image files.
+//! * [`mount`]: kernel loop mounts, scratch btrfs mounts and `ubtrfs mount` (FUSE)
+//!   servers whose guards always unmount and free their loop devices.
+//! * [`golden`]: the kernel-made golden images and their manifests.
 
 #![forbid(unsafe_code)]
 
 pub mod fault_dev;
+pub mod golden;
+pub mod host;
 pub mod model;
+pub mod mount;
 pub mod rng;

@@ -17,15 +17,16 @@
 //! nlink, size, content, symlink target, rdev, xattrs and hard-link identity.
 //!
 //! Environment: `UBTRFS_CRASH_SEED` (workload seed, default 1), `UBTRFS_CRASH_IMAGES`
-//! (crash images per flush point, default 4), `CI` (a missing `btrfs` binary, or not
-//! being root, fails the test instead of skipping the btrfs check / kernel part).
+//! (crash images per flush point, default 4), `CI` or `UBTRFS_CI` (a missing `btrfs`
+//! binary, or not being root, fails the test instead of skipping the btrfs check /
+//! kernel part; see `ubtrfs_sim::host::require_root`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::os::unix::fs::FileExt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use ubtrfs_core::format::consts::{
@@ -36,10 +37,15 @@ use ubtrfs_core::kernel_rdev_to_user;
 use ubtrfs_core::read_best_super;
 use ubtrfs_core::{Device, MemDevice};
 use ubtrfs_sim::fault_dev::RecordingDevice;
-use ubtrfs_sim::model::{
-    btrfs_check_image, compare_tree, gen_op, have_btrfs, open_ro, show, FsConfig, Harness, Id,
-    Kind, Model, Op,
+use ubtrfs_sim::golden::type_name;
+use ubtrfs_sim::host::{
+    btrfs_check_image, dmesg_since, env_u64, have_btrfs, kmsg_marker, panic_message, require_root,
+    skip, unique_name, write_sparse, ScratchFile,
 };
+use ubtrfs_sim::model::{
+    compare_tree, gen_op, open_ro, show, FsConfig, Harness, Id, Kind, Model, Op,
+};
+use ubtrfs_sim::mount::KernelMount;
 use ubtrfs_sim::rng::Rng;
 
 const TRANSACTIONS: usize = 10;
@@ -52,15 +58,6 @@ struct Committed {
     generation: u64,
     flushes: usize,
     model: Model,
-}
-
-fn env_u64(name: &str) -> Option<u64> {
-    let v = std::env::var(name).ok()?;
-    Some(
-        v.trim()
-            .parse()
-            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
-    )
 }
 
 /// Runs the workload; returns the device and the commits.
@@ -187,19 +184,12 @@ fn verify_image(
     }));
     match res {
         Ok(r) => r.map_err(|e| format!("{what}: {e}")),
-        Err(p) => {
-            let msg = p
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            Err(format!("{what}: PANIC: {msg}"))
-        }
+        Err(p) => Err(format!("{what}: PANIC: {}", panic_message(&*p))),
     }
 }
 
 /// Runs `btrfs check` on the image, on the superblock copy ubtrfs would use.
-fn btrfs_check(img: &[u8], what: &str) -> Result<(), String> {
+fn btrfs_check_bytes(img: &[u8], what: &str) -> Result<(), String> {
     let super_copy = match read_best_super(&SliceDev(img)) {
         Ok((sb, _)) if sb.bytenr != SUPER_INFO_OFFSET => {
             // The primary copy is torn or stale: check the copy ubtrfs used.
@@ -207,15 +197,8 @@ fn btrfs_check(img: &[u8], what: &str) -> Result<(), String> {
         }
         _ => None,
     };
-    let fill = |f: &std::fs::File| -> std::io::Result<()> {
-        for (i, block) in img.chunks(4096).enumerate() {
-            if block.iter().any(|&b| b != 0) {
-                f.write_all_at(block, (i * 4096) as u64)?;
-            }
-        }
-        Ok(())
-    };
-    btrfs_check_image(img.len() as u64, fill, super_copy).map_err(|e| format!("{what}: {e}"))
+    btrfs_check_image(img.len() as u64, |f| write_sparse(f, img), super_copy)
+        .map_err(|e| format!("{what}: {e}"))
 }
 
 /// Reads a borrowed image (superblock probing without a copy).
@@ -249,165 +232,17 @@ impl Device for SliceDev<'_> {
 // loop device and must show exactly the model state of the commit its primary
 // superblock names.
 
-/// True when the kernel part may run (root); without root it is skipped, unless `CI`
-/// is set, which makes a missing root a failure.
+/// True when the kernel part may run (root and btrfs); without root it is skipped,
+/// except in CI (`require_root` panics there).
 fn kernel_oracle_enabled(btrfs: bool) -> bool {
-    if nix::unistd::geteuid().is_root() {
-        if !btrfs {
-            eprintln!("crash: btrfs not found; skipping the kernel mount part");
-            return false;
-        }
-        return true;
+    if !require_root("crash_consistency: the kernel mount part") {
+        return false;
     }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "the kernel mount part of the crash test needs root (loop devices, mount), and CI is set"
-    );
-    eprintln!("crash: not root; skipping the kernel mount part");
-    false
-}
-
-fn run_text(cmd: &mut Command) -> Result<String, String> {
-    let o = cmd.output().map_err(|e| format!("running {cmd:?}: {e}"))?;
-    let t = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    if o.status.success() {
-        Ok(t)
-    } else {
-        Err(format!("{cmd:?}: {}: {}", o.status, t.trim()))
+    if !btrfs {
+        eprintln!("crash: btrfs not found; skipping the kernel mount part");
+        return false;
     }
-}
-
-fn dmesg_tail() -> String {
-    Command::new("sh")
-        .arg("-c")
-        .arg("dmesg | tail -n 20")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default()
-}
-
-/// Writes a marker line into the kernel log (to find the lines one mount produced).
-fn kmsg_marker(tag: &str) {
-    if let Ok(mut f) = std::fs::OpenOptions::new().write(true).open("/dev/kmsg") {
-        let _ = writeln!(f, "{tag}");
-    }
-}
-
-/// The kernel log lines after the last `tag` marker.
-fn dmesg_since(tag: &str) -> Vec<String> {
-    let out = Command::new("dmesg")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-        .unwrap_or_default();
-    let lines: Vec<&str> = out.lines().collect();
-    let start = lines
-        .iter()
-        .rposition(|l| l.ends_with(tag))
-        .map_or(0, |i| i + 1);
-    lines[start..].iter().map(|l| l.to_string()).collect()
-}
-
-/// Unregisters btrfs devices that are not mounted: every image has the same fsid.
-fn forget_devices(dev: Option<&str>) {
-    let _ = Command::new("btrfs")
-        .args(["device", "scan", "--forget"])
-        .args(dev)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// A read-only kernel mount of an image file through a loop device; unmounted and
-/// detached on drop (also when an assertion fails).
-struct KMount {
-    mnt: PathBuf,
-    dev: Option<String>,
-    mounted: bool,
-    _dir: tempfile::TempDir,
-}
-
-impl KMount {
-    fn new(img: &Path) -> Result<KMount, String> {
-        forget_devices(None);
-        let dir = tempfile::Builder::new()
-            .prefix("ubtrfs-crash-mnt")
-            .tempdir()
-            .map_err(|e| format!("tempdir: {e}"))?;
-        let mnt = dir.path().join("mnt");
-        std::fs::create_dir(&mnt).map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
-        let dev = run_text(
-            Command::new("losetup")
-                .args(["-r", "-f", "--show"])
-                .arg(img),
-        )?
-        .trim()
-        .to_string();
-        let mut k = KMount {
-            mnt,
-            dev: Some(dev.clone()),
-            mounted: false,
-            _dir: dir,
-        };
-        let o = Command::new("mount")
-            .args(["-t", "btrfs", "-o", "ro", &dev])
-            .arg(&k.mnt)
-            .output()
-            .map_err(|e| format!("running mount: {e}"))?;
-        if !o.status.success() {
-            return Err(format!(
-                "kernel mount -o ro failed: {}{}\nkernel log:\n{}",
-                String::from_utf8_lossy(&o.stdout),
-                String::from_utf8_lossy(&o.stderr),
-                dmesg_tail()
-            ));
-        }
-        k.mounted = true;
-        Ok(k)
-    }
-
-    /// Unmounts now (must succeed) and detaches the loop device.
-    fn umount(mut self) -> Result<(), String> {
-        run_text(Command::new("umount").arg(&self.mnt))?;
-        self.mounted = false;
-        self.detach();
-        Ok(())
-    }
-
-    fn detach(&mut self) {
-        if let Some(dev) = self.dev.take() {
-            forget_devices(Some(&dev));
-            let _ = Command::new("losetup").args(["-d", &dev]).status();
-        }
-    }
-}
-
-impl Drop for KMount {
-    fn drop(&mut self) {
-        if self.mounted {
-            let ok = Command::new("umount")
-                .arg(&self.mnt)
-                .status()
-                .is_ok_and(|s| s.success());
-            if !ok {
-                let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
-            }
-            self.mounted = false;
-        }
-        self.detach();
-    }
-}
-
-/// Removes a file on drop.
-struct RemoveFile(PathBuf);
-
-impl Drop for RemoveFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+    true
 }
 
 /// The primary superblock's generation, or why the kernel would refuse it (the kernel
@@ -433,16 +268,6 @@ fn kernel_compare(root: &Path, m: &Model) -> Result<(), String> {
     use std::os::unix::ffi::{OsStrExt, OsStringExt};
     use std::os::unix::fs::MetadataExt;
     const S_IFMT: u32 = 0o170000;
-    let type_name = |mode: u32| match mode & S_IFMT {
-        0o040000 => "dir",
-        0o100000 => "file",
-        0o120000 => "symlink",
-        0o010000 => "fifo",
-        0o140000 => "socket",
-        0o020000 => "chardev",
-        0o060000 => "blockdev",
-        _ => "?",
-    };
     let mut ino_of: BTreeMap<Id, u64> = BTreeMap::new();
     let mut id_of: BTreeMap<u64, Id> = BTreeMap::new();
     for (path, id) in m.paths() {
@@ -625,32 +450,12 @@ fn kernel_check(
     ok: &[usize],
     what: &str,
 ) -> Result<(u64, bool), String> {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let shm = Path::new("/dev/shm");
-    let dir = if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    };
-    let path = dir.join(format!(
-        "ubtrfs-crash-kernel-{}-{}.img",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _rm = RemoveFile(path.clone());
     let fail = |e: String| format!("{what}: kernel: {e}");
-    {
-        let f = std::fs::File::create(&path).map_err(|e| fail(format!("{e}")))?;
-        f.set_len(img.len() as u64)
-            .map_err(|e| fail(format!("{e}")))?;
-        for (i, block) in img.chunks(4096).enumerate() {
-            if block.iter().any(|&b| b != 0) {
-                f.write_all_at(block, (i * 4096) as u64)
-                    .map_err(|e| fail(format!("{e}")))?;
-            }
-        }
-    }
+    let file = ScratchFile::create("ubtrfs-crash-kernel", img.len() as u64, |f| {
+        write_sparse(f, img)
+    })
+    .map_err(fail)?;
+    let path = &file.path;
     let mut recovered = false;
     let generation = match primary_generation(img) {
         Ok(g) => g,
@@ -658,7 +463,7 @@ fn kernel_check(
             // Exit status 2 with this message means the bad copies were rewritten.
             let o = Command::new("btrfs")
                 .args(["rescue", "super-recover", "-y"])
-                .arg(&path)
+                .arg(path)
                 .output()
                 .map_err(|e| fail(format!("running btrfs rescue super-recover: {e}")))?;
             let out = format!(
@@ -674,7 +479,7 @@ fn kernel_check(
             }
             recovered = true;
             let mut buf = vec![0u8; SUPER_INFO_SIZE];
-            std::fs::File::open(&path)
+            std::fs::File::open(path)
                 .and_then(|f| f.read_exact_at(&mut buf, SUPER_INFO_OFFSET))
                 .map_err(|e| fail(format!("{e}")))?;
             let mut probe = vec![0u8; SUPER_INFO_OFFSET as usize];
@@ -697,15 +502,11 @@ fn kernel_check(
             }
         )));
     };
-    let tag = format!(
-        "ubtrfs-crash-kernel-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
+    let tag = unique_name("ubtrfs-crash-kernel");
     kmsg_marker(&tag);
-    let m = KMount::new(&path).map_err(fail)?;
+    let m = KernelMount::try_new(&[path], "ro").map_err(fail)?;
     let cmp = kernel_compare(&m.mnt, &commits[k].model);
-    let um = m.umount();
+    let um = m.try_umount();
     let log = dmesg_since(&tag);
     let bad: Vec<&String> = log
         .iter()
@@ -784,11 +585,10 @@ fn crash_consistency() {
 
     let btrfs = have_btrfs();
     if !btrfs {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "btrfs (btrfs-progs) is not installed, and CI is set"
+        skip(
+            "crash_consistency: the btrfs check part",
+            "btrfs (btrfs-progs) is not installed",
         );
-        eprintln!("crash: btrfs not found; skipping the btrfs check part");
     }
 
     let kernel = kernel_oracle_enabled(btrfs);
@@ -904,7 +704,7 @@ fn crash_consistency() {
                                     c.0 += 1;
                                     drop(c);
                                     let t0 = std::time::Instant::now();
-                                    if let Err(e) = btrfs_check(&img, &what) {
+                                    if let Err(e) = btrfs_check_bytes(&img, &what) {
                                         failures.lock().unwrap().push(e);
                                     }
                                     checks.lock().unwrap().1 += t0.elapsed();

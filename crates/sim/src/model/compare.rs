@@ -1,0 +1,237 @@
+//! The comparison of what the engine's read API shows with the model: one node
+//! ([`compare_node`]), the paths an operation touched ([`compare_paths`]) and the whole
+//! tree ([`compare_tree`]); and [`open_ro`], a fresh read-only open of a device.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use ubtrfs_core::kernel_rdev_to_user;
+use ubtrfs_core::Device;
+use ubtrfs_core::{Error, FsInfo, OpenOptions};
+use ubtrfs_core::{Filesystem, Node};
+
+use super::{join, show, Id, Kind, Model, FS_TREE, ROOT};
+
+fn ftype_of_mode(mode: u32) -> u8 {
+    ubtrfs_core::file_type_of(mode)
+}
+
+/// Compares one engine node with a model node: type, mode, nlink, size, content or
+/// target, xattrs; for directories the entry names and types (not recursively) and
+/// the i_size btrfs keeps (twice the sum of the name lengths).
+pub fn compare_node(
+    fs: &Filesystem,
+    node: Node,
+    m: &Model,
+    id: Id,
+    path: &[u8],
+) -> Result<(), String> {
+    let p = show(path);
+    let n = m.node(id);
+    let st = fs.stat(node).map_err(|e| format!("{p}: stat: {e}"))?;
+    if st.mode != n.mode {
+        return Err(format!("{p}: mode {:o}, model {:o}", st.mode, n.mode));
+    }
+    if st.nlink != n.nlink {
+        return Err(format!("{p}: nlink {}, model {}", st.nlink, n.nlink));
+    }
+    match &n.kind {
+        Kind::Dir(entries) => {
+            let want: u64 = entries.keys().map(|k| 2 * k.len() as u64).sum();
+            if st.size != want {
+                return Err(format!(
+                    "{p}: directory i_size {}, expected {want}",
+                    st.size
+                ));
+            }
+            let got = fs.readdir(node).map_err(|e| format!("{p}: readdir: {e}"))?;
+            let got_names: BTreeMap<Vec<u8>, u8> =
+                got.iter().map(|e| (e.name.clone(), e.ty)).collect();
+            if got_names.len() != got.len() {
+                return Err(format!("{p}: readdir returns a name twice: {got:?}"));
+            }
+            let want_names: BTreeMap<Vec<u8>, u8> = entries
+                .iter()
+                .map(|(k, c)| (k.clone(), ftype_of_mode(m.node(*c).mode)))
+                .collect();
+            if got_names != want_names {
+                let show_set = |s: &BTreeMap<Vec<u8>, u8>| {
+                    s.iter()
+                        .map(|(k, t)| format!("{}:{t}", k.escape_ascii()))
+                        .collect::<Vec<_>>()
+                };
+                return Err(format!(
+                    "{p}: entries {:?}, model {:?}",
+                    show_set(&got_names),
+                    show_set(&want_names)
+                ));
+            }
+            for e in &got {
+                let l = fs
+                    .lookup(node, &e.name)
+                    .map_err(|err| format!("{p}: lookup {}: {err}", e.name.escape_ascii()))?;
+                match l {
+                    Some(l) if l.node == e.node => {}
+                    other => {
+                        return Err(format!(
+                            "{p}: readdir has {} -> {:?}, lookup gives {other:?}",
+                            e.name.escape_ascii(),
+                            e.node
+                        ))
+                    }
+                }
+            }
+        }
+        Kind::File(data) => {
+            if st.size != data.len() as u64 {
+                return Err(format!("{p}: size {}, model {}", st.size, data.len()));
+            }
+            let got = fs
+                .read(node, 0, data.len() + 1)
+                .map_err(|e| format!("{p}: read: {e}"))?;
+            if got != *data {
+                let first = got
+                    .iter()
+                    .zip(data)
+                    .position(|(a, b)| a != b)
+                    .unwrap_or(got.len().min(data.len()));
+                return Err(format!(
+                    "{p}: content differs from byte {first} (read {} bytes, model {}; got {:02x?}, want {:02x?})",
+                    got.len(),
+                    data.len(),
+                    &got[first.min(got.len())..(first + 8).min(got.len())],
+                    &data[first.min(data.len())..(first + 8).min(data.len())]
+                ));
+            }
+        }
+        Kind::Symlink(target) => {
+            let got = fs
+                .readlink(node)
+                .map_err(|e| format!("{p}: readlink: {e}"))?;
+            if got != *target || st.size != target.len() as u64 {
+                return Err(format!(
+                    "{p}: symlink target {} (size {}), model {}",
+                    show(&got),
+                    st.size,
+                    show(target)
+                ));
+            }
+        }
+        Kind::Special(rdev) => {
+            if st.size != 0 || st.rdev != kernel_rdev_to_user(*rdev) {
+                return Err(format!(
+                    "{p}: size {} rdev {:#x}, model rdev {:#x}",
+                    st.size,
+                    st.rdev,
+                    kernel_rdev_to_user(*rdev)
+                ));
+            }
+        }
+    }
+    let xs = fs.xattrs(node).map_err(|e| format!("{p}: xattrs: {e}"))?;
+    let xmap: BTreeMap<Vec<u8>, Vec<u8>> = xs.iter().cloned().collect();
+    if xmap.len() != xs.len() || xmap != n.xattrs {
+        let names = |v: &mut dyn Iterator<Item = (&Vec<u8>, usize)>| {
+            v.map(|(k, l)| format!("{}={l}B", k.escape_ascii()))
+                .collect::<Vec<_>>()
+        };
+        return Err(format!(
+            "{p}: xattrs {:?}, model {:?}",
+            names(&mut xs.iter().map(|(k, v)| (k, v.len()))),
+            names(&mut n.xattrs.iter().map(|(k, v)| (k, v.len())))
+        ));
+    }
+    for (k, v) in &n.xattrs {
+        let g = fs
+            .getxattr(node, k)
+            .map_err(|e| format!("{p}: getxattr: {e}"))?;
+        if g.as_ref() != Some(v) {
+            return Err(format!(
+                "{p}: getxattr {} differs from listing",
+                k.escape_ascii()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the given paths (the cheap per-op check): present ones match the model,
+/// absent ones do not resolve.
+pub fn compare_paths(fs: &Filesystem, m: &Model, paths: &[Vec<u8>]) -> Result<(), String> {
+    for p in paths {
+        match (m.resolve(p), fs.resolve_bytes(p)) {
+            (Some(id), Ok(node)) => compare_node(fs, node, m, id, p)?,
+            (None, Err(Error::NotFound(_) | Error::NotDir(_))) => {}
+            (None, Ok(node)) => {
+                return Err(format!(
+                    "{}: exists (inode {}), the model has no such path",
+                    show(p),
+                    node.ino
+                ))
+            }
+            (_, Err(e)) => return Err(format!("{}: resolve: {e}", show(p))),
+        }
+    }
+    Ok(())
+}
+
+/// Walks the whole tree and compares it with the model: every name, type, mode, nlink,
+/// size, content, symlink target, xattr; hard links must be one inode, distinct model
+/// nodes distinct inodes.
+pub fn compare_tree(fs: &Filesystem, m: &Model) -> Result<(), String> {
+    let mut ino_of: HashMap<Id, u64> = HashMap::new();
+    let mut id_of: HashMap<u64, Id> = HashMap::new();
+    let mut stack = vec![(Vec::new(), fs.top(), ROOT)];
+    let mut seen = BTreeSet::new();
+    while let Some((p, node, id)) = stack.pop() {
+        if node.root != FS_TREE {
+            return Err(format!("{}: in subvolume {}", show(&p), node.root));
+        }
+        match (ino_of.insert(id, node.ino), id_of.insert(node.ino, id)) {
+            (Some(a), _) if a != node.ino => {
+                return Err(format!(
+                    "{}: hard links of one model node are inodes {a} and {}",
+                    show(&p),
+                    node.ino
+                ))
+            }
+            (_, Some(b)) if b != id => {
+                return Err(format!(
+                    "{}: inode {} also stands for another model node",
+                    show(&p),
+                    node.ino
+                ))
+            }
+            _ => {}
+        }
+        if !seen.insert(id) && m.node(id).is_dir() {
+            return Err(format!("{}: directory reached twice", show(&p)));
+        }
+        compare_node(fs, node, m, id, &p)?;
+        if let Some(e) = m.node(id).entries() {
+            for (name, &c) in e {
+                let child = fs
+                    .lookup(node, name)
+                    .map_err(|err| format!("{}: lookup: {err}", show(&join(&p, name))))?
+                    .ok_or_else(|| format!("{}: missing", show(&join(&p, name))))?;
+                stack.push((join(&p, name), child.node, c));
+            }
+        }
+    }
+    if ino_of.len() != m.nodes.len() {
+        return Err(format!(
+            "walk reached {} nodes, the model has {}",
+            ino_of.len(),
+            m.nodes.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Opens a device image read-only from scratch (no caches shared with a writer).
+pub fn open_ro(dev: Arc<dyn Device>) -> Result<Filesystem, Error> {
+    Ok(Filesystem::from_info(FsInfo::open(
+        vec![dev],
+        OpenOptions::default(),
+    )?))
+}

@@ -1,0 +1,492 @@
+//! A model filesystem for differential testing of the write engine: the in-memory
+//! state and its semantics. Submodules hold the rest:
+//!
+//! * here: [`Model`], an in-memory filesystem (directories, regular files, symlinks,
+//!   special files; hard links share one node; modes, xattrs) with the semantics the
+//!   engine's `Trans` API promises ([`Model::apply`]), including the errno each invalid
+//!   call fails with;
+//! * [`op`]: the operations ([`Op`]) both sides apply, and the data they write;
+//! * [`gen`]: the random workload ([`gen_op`]: a random [`Op`] for the current model
+//!   state) and the filesystem features of a run ([`FsConfig`]), both from seeds;
+//! * [`compare`]: the engine's read API against the model ([`compare_tree`],
+//!   [`compare_paths`], [`compare_node`]) and [`open_ro`];
+//! * [`run`]: the engine side ([`apply_engine`], [`Harness`], [`SparseMem`]): seeded
+//!   runs ([`run_seed`]), [`replay`] of recorded [`Step`]s and [`minimize`].
+//!
+//! Everything public is re-exported here: `ubtrfs_sim::model::NAME` works for all.
+
+use std::collections::BTreeMap;
+
+use ubtrfs_core::mode::{S_IFDIR, S_IFMT, S_IFREG};
+
+pub mod compare;
+pub mod gen;
+pub mod op;
+pub mod run;
+
+pub use compare::{compare_node, compare_paths, compare_tree, open_ro};
+pub use gen::{gen_op, FsConfig};
+pub use op::{write_data, Op};
+pub use run::{
+    apply_engine, failure_signature, minimize, replay, run_seed, run_seed_recorded, time_of,
+    Harness, RunConfig, RunStats, SparseMem, Step,
+};
+
+use op::{bulk_data, bulk_name, bulk_victims, link_name};
+
+/// The top-level subvolume and its root directory.
+pub const FS_TREE: u64 = 5;
+pub const TOP_DIR: u64 = 256;
+
+pub const ENOENT: i32 = 2;
+pub const EEXIST: i32 = 17;
+pub const ENOTDIR: i32 = 20;
+pub const EISDIR: i32 = 21;
+pub const EINVAL: i32 = 22;
+pub const ENOSPC: i32 = 28;
+pub const ENOTEMPTY: i32 = 39;
+pub const EOPNOTSUPP: i32 = 95;
+
+/// Identity of a model node (survives renames; shared by hard links).
+pub type Id = u64;
+/// The model's root directory.
+pub const ROOT: Id = 0;
+
+/// Largest file the workload grows (keeps data well inside a small device).
+pub const FILE_SIZE_MAX: u64 = 768 << 10;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Dir(BTreeMap<Vec<u8>, Id>),
+    File(Vec<u8>),
+    Symlink(Vec<u8>),
+    /// fifo, socket, character or block device (mode says which); kernel rdev.
+    Special(u64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MNode {
+    pub kind: Kind,
+    /// Full mode, type bits included.
+    pub mode: u32,
+    /// Number of names (directories: always 1, as btrfs keeps them).
+    pub nlink: u32,
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+impl MNode {
+    fn is_dir(&self) -> bool {
+        matches!(self.kind, Kind::Dir(_))
+    }
+    fn entries(&self) -> Option<&BTreeMap<Vec<u8>, Id>> {
+        match &self.kind {
+            Kind::Dir(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// The model filesystem: nodes by identity, directories map names to identities.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Model {
+    pub nodes: BTreeMap<Id, MNode>,
+    next_id: Id,
+    /// Largest item a leaf holds (nodesize - header - item header): bounds xattrs and
+    /// symlink targets.
+    pub max_item: usize,
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Model::new(0o40755, 16384)
+    }
+}
+
+/// Shows a path with non-UTF-8 bytes escaped.
+pub fn show(p: &[u8]) -> String {
+    format!("/{}", p.escape_ascii())
+}
+
+fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        name.to_vec()
+    } else {
+        let mut p = dir.to_vec();
+        p.push(b'/');
+        p.extend_from_slice(name);
+        p
+    }
+}
+
+/// (parent path, last component); the root has no parent.
+fn split(path: &[u8]) -> Option<(&[u8], &[u8])> {
+    if path.is_empty() {
+        return None;
+    }
+    Some(match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&path[..0], path),
+    })
+}
+
+impl Model {
+    pub fn new(root_mode: u32, nodesize: u32) -> Model {
+        let mut nodes = BTreeMap::new();
+        nodes.insert(
+            ROOT,
+            MNode {
+                kind: Kind::Dir(BTreeMap::new()),
+                mode: root_mode,
+                nlink: 1,
+                xattrs: BTreeMap::new(),
+            },
+        );
+        Model {
+            nodes,
+            next_id: 1,
+            max_item: nodesize as usize - 101 - 25,
+        }
+    }
+
+    pub fn node(&self, id: Id) -> &MNode {
+        &self.nodes[&id]
+    }
+
+    /// Resolves a path ("" is the root; no symlinks followed).
+    pub fn resolve(&self, path: &[u8]) -> Option<Id> {
+        let mut cur = ROOT;
+        for comp in path.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+            cur = *self.nodes[&cur].entries()?.get(comp)?;
+        }
+        Some(cur)
+    }
+
+    /// Every path, parents before children (the root is "").
+    pub fn paths(&self) -> BTreeMap<Vec<u8>, Id> {
+        let mut out = BTreeMap::new();
+        let mut stack = vec![(Vec::new(), ROOT)];
+        while let Some((p, id)) = stack.pop() {
+            if let Some(e) = self.nodes[&id].entries() {
+                for (name, &c) in e {
+                    stack.push((join(&p, name), c));
+                }
+            }
+            out.insert(p, id);
+        }
+        out
+    }
+
+    fn is_ancestor_or_self(&self, anc: Id, mut id: Id) -> bool {
+        // Directories have one name, so walking up by search is unambiguous.
+        loop {
+            if id == anc {
+                return true;
+            }
+            if id == ROOT {
+                return false;
+            }
+            id = self
+                .parent_of_dir(id)
+                .expect("every directory but the root has a parent");
+        }
+    }
+
+    fn parent_of_dir(&self, id: Id) -> Option<Id> {
+        self.nodes
+            .iter()
+            .find(|(_, n)| n.entries().is_some_and(|e| e.values().any(|&c| c == id)))
+            .map(|(&p, _)| p)
+    }
+
+    fn dir_mut(&mut self, id: Id) -> &mut BTreeMap<Vec<u8>, Id> {
+        match &mut self.nodes.get_mut(&id).expect("dir exists").kind {
+            Kind::Dir(e) => e,
+            _ => panic!("model: {id} is not a directory"),
+        }
+    }
+
+    fn lookup(&self, dir: &[u8], name: &[u8]) -> Result<(Id, Option<Id>), i32> {
+        let d = self.resolve(dir).ok_or(ENOENT)?;
+        let e = self.nodes[&d].entries().ok_or(ENOTDIR)?;
+        Ok((d, e.get(name).copied()))
+    }
+
+    fn add(&mut self, dir: Id, name: &[u8], n: MNode) -> Id {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.nodes.insert(id, n);
+        self.dir_mut(dir).insert(name.to_vec(), id);
+        id
+    }
+
+    /// A new node `name` in directory `dir` (EEXIST when the name is taken).
+    fn create(&mut self, dir: &[u8], name: &[u8], kind: Kind, mode: u32) -> Result<Id, i32> {
+        let (d, existing) = self.lookup(dir, name)?;
+        if existing.is_some() {
+            return Err(EEXIST);
+        }
+        let n = MNode {
+            kind,
+            mode,
+            nlink: 1,
+            xattrs: BTreeMap::new(),
+        };
+        Ok(self.add(d, name, n))
+    }
+
+    fn drop_name(&mut self, dir: Id, name: &[u8]) {
+        let id = self.dir_mut(dir).remove(name).expect("name exists");
+        let n = self.nodes.get_mut(&id).expect("node exists");
+        n.nlink -= 1;
+        if n.nlink == 0 || n.is_dir() {
+            self.nodes.remove(&id);
+        }
+    }
+
+    fn file_mut(&mut self, path: &[u8]) -> Result<&mut Vec<u8>, i32> {
+        let id = self.resolve(path).ok_or(ENOENT)?;
+        match &mut self.nodes.get_mut(&id).expect("resolved").kind {
+            Kind::File(d) => Ok(d),
+            _ => Err(EINVAL),
+        }
+    }
+
+    /// Applies an operation; returns the new node's identity for creating ops, or
+    /// the errno the engine must fail with (the model is then unchanged).
+    pub fn apply(&mut self, op: &Op) -> Result<Option<Id>, i32> {
+        match op {
+            Op::Create {
+                dir,
+                name,
+                mode,
+                rdev,
+            } => {
+                let kind = match mode & S_IFMT {
+                    S_IFDIR => Kind::Dir(BTreeMap::new()),
+                    S_IFREG => Kind::File(Vec::new()),
+                    0o020000 | 0o060000 => Kind::Special(*rdev),
+                    _ => Kind::Special(0),
+                };
+                return self.create(dir, name, kind, *mode).map(Some);
+            }
+            Op::Symlink { dir, name, target } => {
+                // Targets live in one inline extent of less than a sector.
+                if target.len() >= 4096 || target.len() > self.max_item - 21 {
+                    return Err(EINVAL);
+                }
+                let kind = Kind::Symlink(target.clone());
+                return self.create(dir, name, kind, 0o120777).map(Some);
+            }
+            Op::Write {
+                path,
+                offset,
+                len,
+                seed,
+            } => {
+                let data = write_data(*len, *seed);
+                let f = self.file_mut(path)?;
+                let off = *offset as usize;
+                if f.len() < off + data.len() {
+                    f.resize(off + data.len(), 0);
+                }
+                f[off..off + data.len()].copy_from_slice(&data);
+            }
+            Op::Truncate { path, size } => {
+                self.file_mut(path)?.resize(*size as usize, 0);
+            }
+            Op::Fallocate {
+                path,
+                offset,
+                len,
+                keep_size,
+            } => {
+                let f = self.file_mut(path)?;
+                let end = (offset + len) as usize;
+                if !keep_size && end > f.len() {
+                    f.resize(end, 0);
+                }
+            }
+            Op::Unlink { dir, name } => {
+                let (d, existing) = self.lookup(dir, name)?;
+                let id = existing.ok_or(ENOENT)?;
+                if self.nodes[&id].is_dir() {
+                    return Err(EISDIR);
+                }
+                self.drop_name(d, name);
+            }
+            Op::Rmdir { dir, name } => {
+                let (d, existing) = self.lookup(dir, name)?;
+                let id = existing.ok_or(ENOENT)?;
+                match self.nodes[&id].entries() {
+                    None => return Err(ENOTDIR),
+                    Some(e) if !e.is_empty() => return Err(ENOTEMPTY),
+                    Some(_) => {}
+                }
+                self.drop_name(d, name);
+            }
+            Op::Rename {
+                odir,
+                oname,
+                ndir,
+                nname,
+                noreplace,
+            } => {
+                let (od, src) = self.lookup(odir, oname)?;
+                let src = src.ok_or(ENOENT)?;
+                let (nd, dst) = self.lookup(ndir, nname)?;
+                if od == nd && oname == nname {
+                    return Ok(None);
+                }
+                let src_dir = self.nodes[&src].is_dir();
+                if src_dir && self.is_ancestor_or_self(src, nd) {
+                    return Err(EINVAL);
+                }
+                if let Some(dst) = dst {
+                    if *noreplace {
+                        return Err(EEXIST);
+                    }
+                    if dst == src {
+                        return Ok(None);
+                    }
+                    match (src_dir, self.nodes[&dst].entries()) {
+                        (true, Some(e)) if !e.is_empty() => return Err(ENOTEMPTY),
+                        (true, Some(_)) | (false, None) => self.drop_name(nd, nname),
+                        (true, None) => return Err(ENOTDIR),
+                        (false, Some(_)) => return Err(EISDIR),
+                    }
+                }
+                self.dir_mut(od).remove(oname.as_slice());
+                self.dir_mut(nd).insert(nname.clone(), src);
+            }
+            Op::Link { src, dir, name } => {
+                let id = self.resolve(src).ok_or(ENOENT)?;
+                if self.nodes[&id].is_dir() {
+                    return Err(EISDIR);
+                }
+                let (d, existing) = self.lookup(dir, name)?;
+                if existing.is_some() {
+                    return Err(EEXIST);
+                }
+                self.dir_mut(d).insert(name.clone(), id);
+                self.nodes.get_mut(&id).expect("resolved").nlink += 1;
+            }
+            Op::SetXattr { path, name, value } => {
+                let id = self.resolve(path).ok_or(ENOENT)?;
+                if 30 + name.len() + value.len() > self.max_item {
+                    return Err(ENOSPC);
+                }
+                self.nodes
+                    .get_mut(&id)
+                    .expect("resolved")
+                    .xattrs
+                    .insert(name.clone(), value.clone());
+            }
+            Op::RemoveXattr { path, name } => {
+                let id = self.resolve(path).ok_or(ENOENT)?;
+                let n = self.nodes.get_mut(&id).expect("resolved");
+                n.xattrs.remove(name).ok_or(ENOENT)?;
+            }
+            Op::Chmod { path, perm } => {
+                let id = self.resolve(path).ok_or(ENOENT)?;
+                let n = self.nodes.get_mut(&id).expect("resolved");
+                n.mode = (n.mode & S_IFMT) | (perm & 0o7777);
+            }
+            Op::PunchHole { path, offset, len }
+            | Op::ZeroRange {
+                path, offset, len, ..
+            } => {
+                let f = self.file_mut(path)?;
+                let end = (offset + len).min(f.len() as u64) as usize;
+                if (*offset as usize) < end {
+                    f[*offset as usize..end].fill(0);
+                }
+                // Zero range without KEEP_SIZE also extends the file.
+                let grow = matches!(
+                    op,
+                    Op::ZeroRange {
+                        keep_size: false,
+                        ..
+                    }
+                );
+                if grow && (offset + len) as usize > f.len() {
+                    f.resize((offset + len) as usize, 0);
+                }
+            }
+            Op::RenameExchange {
+                adir,
+                aname,
+                bdir,
+                bname,
+            } => {
+                let (ad, a) = self.lookup(adir, aname)?;
+                let a = a.ok_or(ENOENT)?;
+                let (bd, b) = self.lookup(bdir, bname)?;
+                let b = b.ok_or(ENOENT)?;
+                if a == b {
+                    return Ok(None);
+                }
+                if self.nodes[&a].is_dir() && self.is_ancestor_or_self(a, bd)
+                    || self.nodes[&b].is_dir() && self.is_ancestor_or_self(b, ad)
+                {
+                    return Err(EINVAL);
+                }
+                self.dir_mut(ad).insert(aname.clone(), b);
+                self.dir_mut(bd).insert(bname.clone(), a);
+            }
+            Op::BulkCreate { dir, first, count } => {
+                let d = self.resolve(dir).ok_or(ENOENT)?;
+                for i in *first..first + count {
+                    if self.nodes[&d]
+                        .entries()
+                        .ok_or(ENOTDIR)?
+                        .contains_key(&bulk_name(i))
+                    {
+                        return Err(EEXIST);
+                    }
+                }
+                for i in *first..first + count {
+                    let mut xattrs = BTreeMap::new();
+                    if i % 5 == 0 {
+                        xattrs.insert(b"user.bulk".to_vec(), i.to_le_bytes().to_vec());
+                    }
+                    let n = MNode {
+                        kind: Kind::File(bulk_data(i)),
+                        mode: S_IFREG | 0o644,
+                        nlink: 1,
+                        xattrs,
+                    };
+                    self.add(d, &bulk_name(i), n);
+                }
+            }
+            Op::BulkLink {
+                src,
+                dir,
+                first,
+                count,
+            } => {
+                let id = self.resolve(src).ok_or(ENOENT)?;
+                if self.nodes[&id].is_dir() {
+                    return Err(EISDIR);
+                }
+                let d = self.resolve(dir).ok_or(ENOENT)?;
+                let e = self.nodes[&d].entries().ok_or(ENOTDIR)?;
+                if (*first..first + count).any(|i| e.contains_key(&link_name(i))) {
+                    return Err(EEXIST);
+                }
+                for i in *first..first + count {
+                    self.dir_mut(d).insert(link_name(i), id);
+                }
+                self.nodes.get_mut(&id).expect("resolved").nlink += *count as u32;
+            }
+            Op::BulkUnlink { dir, keep_every } => {
+                let d = self.resolve(dir).ok_or(ENOENT)?;
+                let victims =
+                    bulk_victims(self.nodes[&d].entries().ok_or(ENOTDIR)?, self, *keep_every);
+                for v in victims {
+                    self.drop_name(d, &v);
+                }
+            }
+        }
+        Ok(None)
+    }
+}

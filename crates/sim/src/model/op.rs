@@ -1,0 +1,334 @@
+//! The operations of a workload: [`Op`] (paths relative to the top directory), how
+//! each prints, which paths it may change, and the data its writes carry. The model
+//! ([`super::Model::apply`]) and the engine ([`super::apply_engine`]) give them their
+//! meaning.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use super::{join, show, Id, Model};
+use crate::rng::Rng;
+
+/// The bytes of a write: deterministic from (len, seed), so ops print compactly.
+pub fn write_data(len: u64, seed: u64) -> Vec<u8> {
+    let mut r = Rng::new(seed);
+    let mut v = vec![0u8; len as usize];
+    match seed % 4 {
+        // A repeated short pattern (zeros included now and then).
+        0 => {
+            let b = (r.next_u64() % 3) as u8 * 0x55;
+            v.fill(b);
+        }
+        _ => r.fill_bytes(&mut v),
+    }
+    v
+}
+
+/// One filesystem operation, with paths relative to the top directory ("" = itself).
+#[derive(Clone, PartialEq, Eq)]
+pub enum Op {
+    Create {
+        dir: Vec<u8>,
+        name: Vec<u8>,
+        mode: u32,
+        rdev: u64,
+    },
+    Symlink {
+        dir: Vec<u8>,
+        name: Vec<u8>,
+        target: Vec<u8>,
+    },
+    Write {
+        path: Vec<u8>,
+        offset: u64,
+        len: u64,
+        seed: u64,
+    },
+    Truncate {
+        path: Vec<u8>,
+        size: u64,
+    },
+    Fallocate {
+        path: Vec<u8>,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    },
+    Unlink {
+        dir: Vec<u8>,
+        name: Vec<u8>,
+    },
+    Rmdir {
+        dir: Vec<u8>,
+        name: Vec<u8>,
+    },
+    Rename {
+        odir: Vec<u8>,
+        oname: Vec<u8>,
+        ndir: Vec<u8>,
+        nname: Vec<u8>,
+        noreplace: bool,
+    },
+    Link {
+        src: Vec<u8>,
+        dir: Vec<u8>,
+        name: Vec<u8>,
+    },
+    SetXattr {
+        path: Vec<u8>,
+        name: Vec<u8>,
+        value: Vec<u8>,
+    },
+    RemoveXattr {
+        path: Vec<u8>,
+        name: Vec<u8>,
+    },
+    Chmod {
+        path: Vec<u8>,
+        perm: u32,
+    },
+    /// FALLOC_FL_PUNCH_HOLE.
+    PunchHole {
+        path: Vec<u8>,
+        offset: u64,
+        len: u64,
+    },
+    /// FALLOC_FL_ZERO_RANGE (with or without FALLOC_FL_KEEP_SIZE).
+    ZeroRange {
+        path: Vec<u8>,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+    },
+    /// RENAME_EXCHANGE.
+    RenameExchange {
+        adir: Vec<u8>,
+        aname: Vec<u8>,
+        bdir: Vec<u8>,
+        bname: Vec<u8>,
+    },
+    /// Creates files `bulk<first>`.. `bulk<first + count - 1>` in `dir`, file i with
+    /// `i % 300` bytes of data and every fifth with an xattr (grows trees quickly).
+    BulkCreate {
+        dir: Vec<u8>,
+        first: u64,
+        count: u64,
+    },
+    /// Unlinks every non-directory entry of `dir` except every `keep_every`-th one.
+    BulkUnlink {
+        dir: Vec<u8>,
+        keep_every: u64,
+    },
+    /// Adds `count` long names (`link_name`) for the non-directory `src` in `dir`:
+    /// enough to overflow the INODE_REF item into INODE_EXTREFs on small nodes.
+    BulkLink {
+        src: Vec<u8>,
+        dir: Vec<u8>,
+        first: u64,
+        count: u64,
+    },
+}
+
+pub(super) fn link_name(i: u64) -> Vec<u8> {
+    let mut n = b"hardlink-".to_vec();
+    n.resize(200, b'x');
+    n.extend_from_slice(i.to_string().as_bytes());
+    n
+}
+
+pub(super) fn bulk_name(i: u64) -> Vec<u8> {
+    format!("bulk{i}").into_bytes()
+}
+
+pub(super) fn bulk_data(i: u64) -> Vec<u8> {
+    (0..i % 300).map(|j| (i + j * 7) as u8).collect()
+}
+
+/// Names `BulkUnlink` removes from a directory listing (sorted).
+pub(super) fn bulk_victims(
+    entries: &BTreeMap<Vec<u8>, Id>,
+    m: &Model,
+    keep_every: u64,
+) -> Vec<Vec<u8>> {
+    entries
+        .iter()
+        .filter(|(_, id)| !m.node(**id).is_dir())
+        .enumerate()
+        .filter(|(i, _)| !(*i as u64).is_multiple_of(keep_every))
+        .map(|(_, (n, _))| n.clone())
+        .collect()
+}
+
+impl fmt::Debug for Op {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let p = |d: &[u8], n: &[u8]| show(&join(d, n));
+        match self {
+            Op::Create {
+                dir,
+                name,
+                mode,
+                rdev,
+            } => write!(f, "create {} mode {mode:o} rdev {rdev}", p(dir, name)),
+            Op::Symlink { dir, name, target } => {
+                write!(
+                    f,
+                    "symlink {} -> {} ({} bytes)",
+                    p(dir, name),
+                    show(&target[..target.len().min(40)]),
+                    target.len()
+                )
+            }
+            Op::Write {
+                path,
+                offset,
+                len,
+                seed,
+            } => write!(
+                f,
+                "write {} offset {offset} len {len} seed {seed}",
+                show(path)
+            ),
+            Op::Truncate { path, size } => write!(f, "truncate {} to {size}", show(path)),
+            Op::Fallocate {
+                path,
+                offset,
+                len,
+                keep_size,
+            } => {
+                write!(
+                    f,
+                    "fallocate {} offset {offset} len {len} keep_size {keep_size}",
+                    show(path)
+                )
+            }
+            Op::Unlink { dir, name } => write!(f, "unlink {}", p(dir, name)),
+            Op::Rmdir { dir, name } => write!(f, "rmdir {}", p(dir, name)),
+            Op::Rename {
+                odir,
+                oname,
+                ndir,
+                nname,
+                noreplace,
+            } => {
+                write!(
+                    f,
+                    "rename {} -> {} noreplace {noreplace}",
+                    p(odir, oname),
+                    p(ndir, nname)
+                )
+            }
+            Op::Link { src, dir, name } => write!(f, "link {} -> {}", show(src), p(dir, name)),
+            Op::SetXattr { path, name, value } => {
+                write!(
+                    f,
+                    "setxattr {} {} ({} bytes)",
+                    show(path),
+                    name.escape_ascii(),
+                    value.len()
+                )
+            }
+            Op::RemoveXattr { path, name } => {
+                write!(f, "removexattr {} {}", show(path), name.escape_ascii())
+            }
+            Op::Chmod { path, perm } => write!(f, "chmod {} {perm:o}", show(path)),
+            Op::BulkCreate { dir, first, count } => write!(
+                f,
+                "bulk create {count} files from {}",
+                p(dir, &bulk_name(*first))
+            ),
+            Op::PunchHole { path, offset, len } => {
+                write!(f, "punch hole {} offset {offset} len {len}", show(path))
+            }
+            Op::ZeroRange {
+                path,
+                offset,
+                len,
+                keep_size,
+            } => write!(
+                f,
+                "zero range {} offset {offset} len {len} keep_size {keep_size}",
+                show(path)
+            ),
+            Op::RenameExchange {
+                adir,
+                aname,
+                bdir,
+                bname,
+            } => {
+                write!(
+                    f,
+                    "rename exchange {} <-> {}",
+                    p(adir, aname),
+                    p(bdir, bname)
+                )
+            }
+            Op::BulkLink {
+                src,
+                dir,
+                first,
+                count,
+            } => write!(
+                f,
+                "bulk link {} as {count} names from {}",
+                show(src),
+                p(dir, &link_name(*first))
+            ),
+            Op::BulkUnlink { dir, keep_every } => write!(
+                f,
+                "bulk unlink in {} keeping every {keep_every}th",
+                show(dir)
+            ),
+        }
+    }
+}
+
+impl Op {
+    /// Paths whose state the op may change (for the cheap check after it).
+    pub fn touched(&self) -> Vec<Vec<u8>> {
+        match self {
+            Op::Create { dir, name, .. } | Op::Symlink { dir, name, .. } => {
+                vec![dir.clone(), join(dir, name)]
+            }
+            Op::Unlink { dir, name } | Op::Rmdir { dir, name } => {
+                vec![dir.clone(), join(dir, name)]
+            }
+            Op::Write { path, .. }
+            | Op::Truncate { path, .. }
+            | Op::Fallocate { path, .. }
+            | Op::SetXattr { path, .. }
+            | Op::RemoveXattr { path, .. }
+            | Op::Chmod { path, .. } => vec![path.clone()],
+            Op::Rename {
+                odir,
+                oname,
+                ndir,
+                nname,
+                ..
+            } => {
+                vec![
+                    odir.clone(),
+                    ndir.clone(),
+                    join(odir, oname),
+                    join(ndir, nname),
+                ]
+            }
+            Op::Link { src, dir, name } => vec![src.clone(), dir.clone(), join(dir, name)],
+            Op::PunchHole { path, .. } | Op::ZeroRange { path, .. } => vec![path.clone()],
+            Op::RenameExchange {
+                adir,
+                aname,
+                bdir,
+                bname,
+            } => {
+                vec![
+                    adir.clone(),
+                    bdir.clone(),
+                    join(adir, aname),
+                    join(bdir, bname),
+                ]
+            }
+            Op::BulkCreate { dir, .. } | Op::BulkUnlink { dir, .. } => vec![dir.clone()],
+            Op::BulkLink { src, dir, .. } => vec![src.clone(), dir.clone()],
+        }
+    }
+}

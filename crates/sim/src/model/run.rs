@@ -1,0 +1,641 @@
+//! The engine side of a model run: [`apply_engine`] applies an [`Op`] to a `Trans`;
+//! [`Harness`] applies each op to the engine and to the model, checks the touched paths
+//! after every op and the whole tree after commits, also on a freshly opened copy of
+//! the device ([`SparseMem`] makes copies cheap). [`run_seed`] runs one seeded
+//! workload; [`replay`] reruns recorded [`Step`]s and [`minimize`] shrinks a failing
+//! sequence to a short reproduction.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+
+use ubtrfs_compress::Compression;
+use ubtrfs_core::format::items::Timespec;
+use ubtrfs_core::mode::S_IFREG;
+use ubtrfs_core::tools::mkfs::make_filesystem;
+use ubtrfs_core::Device;
+use ubtrfs_core::NewInode;
+use ubtrfs_core::{Error, FsInfo, OpenOptions, Trans};
+
+use super::op::{bulk_data, bulk_name, bulk_victims, link_name};
+use super::{
+    compare_paths, compare_tree, gen_op, join, open_ro, show, write_data, FsConfig, Id, Model, Op,
+    FS_TREE, ROOT, TOP_DIR,
+};
+use crate::host::btrfs_check_image;
+use crate::rng::Rng;
+
+/// Wall-clock-free time stamps: deterministic runs.
+pub fn time_of(step: u64) -> Timespec {
+    Timespec {
+        sec: 1_700_000_000 + step as i64,
+        nsec: (step * 7919 % 1_000_000_000) as u32,
+    }
+}
+
+/// Applies `op` to the engine: the new inode for creating ops, else `None`. `ino_of`
+/// maps model identities to inode numbers; a model path resolves to its inode through
+/// it.
+pub fn apply_engine(
+    t: &mut Trans,
+    m: &Model,
+    ino_of: &HashMap<Id, u64>,
+    op: &Op,
+    step: u64,
+) -> Result<Option<u64>, Error> {
+    let tm = time_of(step);
+    let ino = |p: &[u8]| -> Result<u64, Error> {
+        let id = m.resolve(p).ok_or_else(|| Error::NotFound(show(p)))?;
+        ino_of
+            .get(&id)
+            .copied()
+            .ok_or_else(|| Error::NotFound(format!("{} (no inode mapped)", show(p))))
+    };
+    let attr = |mode: u32, uid: u32, gid: u32, rdev: u64| NewInode {
+        mode,
+        uid,
+        gid,
+        rdev,
+        time: tm,
+    };
+    match op {
+        Op::Create {
+            dir,
+            name,
+            mode,
+            rdev,
+        } => {
+            let a = attr(*mode, 1000, 100, *rdev);
+            return t.create(FS_TREE, ino(dir)?, name, a).map(Some);
+        }
+        Op::Symlink { dir, name, target } => {
+            let a = attr(0o120777, 0, 0, 0);
+            return t.symlink(FS_TREE, ino(dir)?, name, target, a).map(Some);
+        }
+        Op::Write {
+            path,
+            offset,
+            len,
+            seed,
+        } => t.write(FS_TREE, ino(path)?, *offset, &write_data(*len, *seed), tm)?,
+        Op::Truncate { path, size } => t.truncate(FS_TREE, ino(path)?, *size, tm)?,
+        Op::Fallocate {
+            path,
+            offset,
+            len,
+            keep_size,
+        } => drop(t.fallocate(FS_TREE, ino(path)?, *offset, *len, *keep_size, tm)?),
+        Op::Unlink { dir, name } => t.unlink(FS_TREE, ino(dir)?, name, tm)?,
+        Op::Rmdir { dir, name } => t.rmdir(FS_TREE, ino(dir)?, name, tm)?,
+        Op::Rename {
+            odir,
+            oname,
+            ndir,
+            nname,
+            noreplace,
+        } => {
+            let (od, nd) = (ino(odir)?, ino(ndir)?);
+            t.rename(FS_TREE, od, oname, nd, nname, *noreplace, tm)?
+        }
+        Op::Link { src, dir, name } => t.link(FS_TREE, ino(src)?, ino(dir)?, name, tm)?,
+        Op::SetXattr { path, name, value } => t.set_xattr(FS_TREE, ino(path)?, name, value, tm)?,
+        Op::RemoveXattr { path, name } => t.remove_xattr(FS_TREE, ino(path)?, name, tm)?,
+        Op::Chmod { path, perm } => {
+            t.setattr(FS_TREE, ino(path)?, Some(*perm), None, None, None, None, tm)?
+        }
+        Op::PunchHole { path, offset, len } => {
+            t.punch_hole(FS_TREE, ino(path)?, *offset, *len, tm)?
+        }
+        Op::ZeroRange {
+            path,
+            offset,
+            len,
+            keep_size,
+        } => t.zero_range(FS_TREE, ino(path)?, *offset, *len, *keep_size, tm)?,
+        Op::RenameExchange {
+            adir,
+            aname,
+            bdir,
+            bname,
+        } => t.rename_exchange(FS_TREE, ino(adir)?, aname, ino(bdir)?, bname, tm)?,
+        Op::BulkCreate { dir, first, count } => {
+            let d = ino(dir)?;
+            for i in *first..first + count {
+                if t.lookup(FS_TREE, d, &bulk_name(i))?.is_some() {
+                    return Err(Error::Exists(show(&bulk_name(i))));
+                }
+            }
+            for i in *first..first + count {
+                let f = t.create(FS_TREE, d, &bulk_name(i), attr(S_IFREG | 0o644, 0, 0, 0))?;
+                t.write(FS_TREE, f, 0, &bulk_data(i), tm)?;
+                if i % 5 == 0 {
+                    t.set_xattr(FS_TREE, f, b"user.bulk", &i.to_le_bytes(), tm)?;
+                }
+            }
+        }
+        Op::BulkLink {
+            src,
+            dir,
+            first,
+            count,
+        } => {
+            let (s, d) = (ino(src)?, ino(dir)?);
+            for i in *first..first + count {
+                t.link(FS_TREE, s, d, &link_name(i), tm)?;
+            }
+        }
+        Op::BulkUnlink { dir, keep_every } => {
+            let d = ino(dir)?;
+            let id = m.resolve(dir).ok_or_else(|| Error::NotFound(show(dir)))?;
+            let entries = m
+                .node(id)
+                .entries()
+                .ok_or_else(|| Error::NotDir(show(dir)))?;
+            for v in bulk_victims(entries, m, *keep_every) {
+                t.unlink(FS_TREE, d, &v, tm)?;
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Granularity of [`SparseMem`].
+const SPARSE_CHUNK: usize = 64 << 10;
+
+/// An in-memory device storing only the 64 KiB chunks ever written (the rest reads as
+/// zeros), so a copy of a mostly empty 128 MiB image costs a few MiB.
+#[derive(Debug)]
+pub struct SparseMem {
+    size: u64,
+    chunks: std::sync::RwLock<Vec<Option<Box<[u8]>>>>,
+    name: String,
+}
+
+impl SparseMem {
+    pub fn new(size: u64, name: &str) -> Arc<SparseMem> {
+        let n = (size as usize).div_ceil(SPARSE_CHUNK);
+        Arc::new(SparseMem {
+            size,
+            chunks: std::sync::RwLock::new(vec![None; n]),
+            name: name.to_string(),
+        })
+    }
+
+    /// An independent copy of the current bytes.
+    pub fn copy(&self, name: &str) -> Arc<SparseMem> {
+        let c = self
+            .chunks
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        Arc::new(SparseMem {
+            size: self.size,
+            chunks: std::sync::RwLock::new(c),
+            name: name.to_string(),
+        })
+    }
+
+    fn check(&self, offset: u64, len: usize) -> io::Result<()> {
+        match offset.checked_add(len as u64) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("{len} bytes at {offset} beyond the end of {}", self.name),
+            )),
+        }
+    }
+}
+
+impl Device for SparseMem {
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check(offset, buf.len())?;
+        let chunks = self.chunks.read().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0;
+        while done < buf.len() {
+            let pos = offset as usize + done;
+            let (ci, co) = (pos / SPARSE_CHUNK, pos % SPARSE_CHUNK);
+            let n = (SPARSE_CHUNK - co).min(buf.len() - done);
+            match &chunks[ci] {
+                Some(c) => buf[done..done + n].copy_from_slice(&c[co..co + n]),
+                None => buf[done..done + n].fill(0),
+            }
+            done += n;
+        }
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.check(offset, buf.len())?;
+        let mut chunks = self.chunks.write().unwrap_or_else(|e| e.into_inner());
+        let mut done = 0;
+        while done < buf.len() {
+            let pos = offset as usize + done;
+            let (ci, co) = (pos / SPARSE_CHUNK, pos % SPARSE_CHUNK);
+            let n = (SPARSE_CHUNK - co).min(buf.len() - done);
+            let c = chunks[ci].get_or_insert_with(|| vec![0u8; SPARSE_CHUNK].into_boxed_slice());
+            c[co..co + n].copy_from_slice(&buf[done..done + n]);
+            done += n;
+        }
+        Ok(())
+    }
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+}
+
+impl SparseMem {
+    /// Writes the stored chunks into `f` (which must be `size` bytes long and read as
+    /// zeros elsewhere, e.g. fresh from `set_len`).
+    pub fn write_to(&self, f: &std::fs::File) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        let chunks = self.chunks.read().unwrap_or_else(|e| e.into_inner());
+        for (i, c) in chunks.iter().enumerate() {
+            if let Some(c) = c {
+                f.write_all_at(c, (i * SPARSE_CHUNK) as u64)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs operations on an engine handle and the model side by side.
+pub struct Harness {
+    pub t: Trans,
+    pub model: Model,
+    pub ino_of: HashMap<Id, u64>,
+    /// Operations applied so far (for failure reports).
+    pub log: Vec<String>,
+    /// The same, replayable.
+    pub steps: Vec<Step>,
+    pub step: u64,
+    /// Calls the engine refused as unsupported where the model expected success
+    /// (fallocate on an inline file).
+    pub unsupported: u64,
+    /// Calls that failed as the model predicted.
+    pub expected_errors: u64,
+    /// Compression set on every handle.
+    pub compress: Option<Compression>,
+}
+
+impl Harness {
+    /// mkfs on `dev`; the model starts as the empty top directory.
+    pub fn mkfs(dev: Arc<dyn Device>, cfg: &FsConfig) -> Result<Harness, String> {
+        let opts = cfg.mkfs_options();
+        let mut t = make_filesystem(dev, &opts).map_err(|e| format!("mkfs: {e}"))?;
+        t.compress = cfg.compress.map(|c| (c, None));
+        let mut ino_of = HashMap::new();
+        ino_of.insert(ROOT, TOP_DIR);
+        Ok(Harness {
+            t,
+            model: Model::new(opts.root_mode, opts.nodesize),
+            ino_of,
+            log: Vec::new(),
+            steps: Vec::new(),
+            step: 1,
+            unsupported: 0,
+            expected_errors: 0,
+            compress: cfg.compress,
+        })
+    }
+
+    /// Replaces the handle by one opened from `dev` (which must hold the last commit).
+    pub fn reopen(&mut self, dev: Arc<dyn Device>) -> Result<(), String> {
+        let info = FsInfo::open(
+            vec![dev],
+            OpenOptions {
+                writable: true,
+                ..Default::default()
+            },
+        )
+        .map_err(|e| format!("reopen for writing: {e}"))?;
+        self.t = Trans::from_fs(info).map_err(|e| format!("Trans::from_fs: {e}"))?;
+        self.t.compress = self.compress.map(|c| (c, None));
+        self.log.push("reopen for writing".into());
+        self.steps.push(Step::Reopen);
+        compare_tree(&self.t.fs, &self.model).map_err(|e| format!("reopened for writing: {e}"))
+    }
+
+    /// Applies one op to both sides and checks the touched paths.
+    pub fn step(&mut self, op: &Op) -> Result<(), String> {
+        self.step += 1;
+        self.log.push(format!("{op:?}"));
+        self.steps.push(Step::Op(op.clone()));
+        let before = self.model.clone();
+        let got = apply_engine(&mut self.t, &self.model, &self.ino_of, op, self.step);
+        let want = self.model.apply(op);
+        match (&got, &want) {
+            (Ok(ino), Ok(id)) => {
+                if let (Some(ino), Some(id)) = (ino, id) {
+                    self.ino_of.insert(*id, *ino);
+                }
+            }
+            (Err(e), Err(errno)) if e.errno() == *errno => self.expected_errors += 1,
+            (Err(e @ Error::Unsupported(_)), Ok(None)) if matches!(op, Op::Fallocate { .. }) => {
+                // fallocate of a file with an inline extent: the engine refuses it (the
+                // kernel would convert the extent). The file must be untouched (checked
+                // below against the restored model).
+                let inline = match op {
+                    Op::Fallocate { path, .. } => self
+                        .t
+                        .fs
+                        .resolve_bytes(path)
+                        .and_then(|n| self.t.fs.file_extents(n))
+                        .is_ok_and(|x| {
+                            x.first().is_some_and(|e| {
+                                matches!(
+                                    e.item.body,
+                                    ubtrfs_core::format::items::FileExtentBody::Inline { .. }
+                                )
+                            })
+                        }),
+                    _ => false,
+                };
+                if !inline {
+                    return Err(format!(
+                        "{op:?}: engine error `{e}` on a file without an inline extent"
+                    ));
+                }
+                self.model = before;
+                self.unsupported += 1;
+            }
+            (Err(e), Err(errno)) => {
+                return Err(format!(
+                    "{op:?}: engine error `{e}` (errno {}), model expects errno {errno}",
+                    e.errno()
+                ))
+            }
+            (Err(e), Ok(_)) => {
+                return Err(format!(
+                    "{op:?}: engine error `{e}`, the model expects success"
+                ))
+            }
+            (Ok(_), Err(errno)) => {
+                return Err(format!(
+                    "{op:?}: engine succeeded, the model expects errno {errno}"
+                ))
+            }
+        }
+        if let (Op::BulkCreate { dir, first, count }, Ok(_)) = (op, &want) {
+            // The new inodes, by name (the engine has them all by now).
+            let d = self.ino_of[&self.model.resolve(dir).expect("bulk dir")];
+            for i in *first..first + count {
+                let id = self
+                    .model
+                    .resolve(&join(dir, &bulk_name(i)))
+                    .expect("just created");
+                let (ino, _, _) = self
+                    .t
+                    .lookup(FS_TREE, d, &bulk_name(i))
+                    .map_err(|e| format!("{op:?}: lookup: {e}"))?
+                    .ok_or_else(|| format!("{op:?}: {} missing", show(&bulk_name(i))))?;
+                self.ino_of.insert(id, ino);
+            }
+        }
+        // Forget inodes of nodes that are gone.
+        self.ino_of
+            .retain(|id, _| self.model.nodes.contains_key(id));
+        compare_paths(&self.t.fs, &self.model, &op.touched())
+            .map_err(|e| format!("after {op:?}: {e}"))
+    }
+
+    pub fn commit(&mut self) -> Result<(), String> {
+        self.log.push("commit".into());
+        self.steps.push(Step::Commit);
+        self.t.commit().map_err(|e| format!("commit: {e}"))?;
+        compare_tree(&self.t.fs, &self.model)
+            .map_err(|e| format!("after commit (uncommitted view): {e}"))
+    }
+
+    /// The last lines of the log, for a failure message.
+    pub fn tail(&self, n: usize) -> String {
+        let s = self.log.len().saturating_sub(n);
+        self.log[s..]
+            .iter()
+            .enumerate()
+            .map(|(i, l)| format!("  #{}: {l}\n", s + i))
+            .collect()
+    }
+}
+
+/// Parameters of one model run.
+#[derive(Clone, Debug)]
+pub struct RunConfig {
+    pub ops: usize,
+    /// Device size (at least what the seed's configuration needs).
+    pub dev_size: u64,
+    /// Run `btrfs check` on the final image.
+    pub btrfs_check: bool,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        RunConfig {
+            ops: 60,
+            dev_size: 0,
+            btrfs_check: false,
+        }
+    }
+}
+
+/// Statistics of a successful run.
+#[derive(Clone, Debug, Default)]
+pub struct RunStats {
+    pub ops: u64,
+    pub commits: u64,
+    pub reopens: u64,
+    pub expected_errors: u64,
+    pub unsupported: u64,
+    /// Deepest FS tree seen at a commit (0 = a single leaf).
+    pub max_fs_tree_level: u8,
+    /// Most model nodes at a commit.
+    pub max_nodes: usize,
+}
+
+/// One seeded run: mkfs on a [`SparseMem`] device, `cfg.ops` random ops with random commits, a
+/// full comparison after every commit (through the handle and through a fresh
+/// read-only open of a copy of the device), sometimes continuing on a handle reopened from disk.
+/// Returns the error and the log tail on failure.
+pub fn run_seed(seed: u64, cfg: &RunConfig) -> Result<RunStats, String> {
+    run_seed_recorded(seed, cfg).map_err(|(e, _)| e)
+}
+
+/// [`run_seed`], returning the steps done up to a failure with it.
+pub fn run_seed_recorded(seed: u64, cfg: &RunConfig) -> Result<RunStats, (String, Vec<Step>)> {
+    let mut steps = Vec::new();
+    run_seed_inner(seed, cfg, &mut steps).map_err(|e| (e, steps))
+}
+
+fn run_seed_inner(
+    seed: u64,
+    cfg: &RunConfig,
+    steps_out: &mut Vec<Step>,
+) -> Result<RunStats, String> {
+    let mut r = Rng::new(seed);
+    let fsc = FsConfig::for_seed(seed);
+    let dev_size = fsc.dev_size(cfg.dev_size);
+    let mem = SparseMem::new(dev_size, &format!("model-{seed}"));
+    let dev: Arc<dyn Device> = mem.clone();
+    let mut h = Harness::mkfs(dev.clone(), &fsc)?;
+    let mut stats = RunStats::default();
+    let res = (|| -> Result<(), String> {
+        for i in 0..cfg.ops {
+            let op = gen_op(&h.model, &mut r);
+            h.step(&op)?;
+            stats.ops += 1;
+            let last = i + 1 == cfg.ops;
+            if last || r.chance(1, 5) {
+                h.commit()?;
+                stats.commits += 1;
+                let level =
+                    h.t.root_ptr(FS_TREE)
+                        .map_err(|e| format!("FS tree root: {e}"))?
+                        .level;
+                stats.max_fs_tree_level = stats.max_fs_tree_level.max(level);
+                stats.max_nodes = stats.max_nodes.max(h.model.nodes.len());
+                // A copy of the bytes, opened from scratch.
+                let fs = open_ro(mem.copy("copy"))
+                    .map_err(|e| format!("open a copy after the commit: {e}"))?;
+                compare_tree(&fs, &h.model)
+                    .map_err(|e| format!("copy of the device after the commit: {e}"))?;
+                if !last && r.chance(1, 3) {
+                    // Continue on a handle opened from disk.
+                    h.reopen(dev.clone())?;
+                    stats.reopens += 1;
+                }
+            }
+        }
+        if cfg.btrfs_check {
+            btrfs_check_image(dev_size, |f| mem.write_to(f), None)
+                .map_err(|e| format!("final image: {e}"))?;
+        }
+        Ok(())
+    })();
+    *steps_out = h.steps.clone();
+    res.map_err(|e| format!("{e}\n{fsc:?}; last operations:\n{}", h.tail(25)))?;
+    stats.expected_errors = h.expected_errors;
+    stats.unsupported = h.unsupported;
+    Ok(stats)
+}
+
+/// One step of a recorded run.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Step {
+    Op(Op),
+    /// Commit, then compare the whole tree, also on a fresh copy of the device.
+    Commit,
+    /// Continue on a handle opened from the device.
+    Reopen,
+}
+
+impl fmt::Debug for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Step::Op(op) => write!(f, "{op:?}"),
+            Step::Commit => write!(f, "commit"),
+            Step::Reopen => write!(f, "reopen for writing"),
+        }
+    }
+}
+
+/// Replays recorded steps on a fresh filesystem with the same checks as [`run_seed`];
+/// ends with a commit (and `btrfs check` if asked).
+pub fn replay(fsc: &FsConfig, steps: &[Step], btrfs_check: bool) -> Result<(), String> {
+    let dev_size = fsc.dev_size(0);
+    let mem = SparseMem::new(dev_size, "replay");
+    let dev: Arc<dyn Device> = mem.clone();
+    let mut h = Harness::mkfs(dev.clone(), fsc)?;
+    let commit = |h: &mut Harness| -> Result<(), String> {
+        h.commit()?;
+        let fs =
+            open_ro(mem.copy("copy")).map_err(|e| format!("open a copy after the commit: {e}"))?;
+        compare_tree(&fs, &h.model).map_err(|e| format!("copy of the device after the commit: {e}"))
+    };
+    for s in steps {
+        match s {
+            Step::Op(op) => h.step(op)?,
+            Step::Commit => commit(&mut h)?,
+            Step::Reopen => h.reopen(dev.clone())?,
+        }
+    }
+    commit(&mut h)?;
+    if btrfs_check {
+        btrfs_check_image(dev_size, |f| mem.write_to(f), None)
+            .map_err(|e| format!("final image: {e}"))?;
+    }
+    Ok(())
+}
+
+/// What kind of failure a message reports, without numbers and paths (so a smaller
+/// reproduction of the same bug still matches).
+pub fn failure_signature(e: &str) -> String {
+    let line = match e.find("btrfs check failed") {
+        // The first complaint btrfs check printed.
+        Some(_) => e
+            .lines()
+            .find(|l| {
+                l.contains("error")
+                    && !l.starts_with("found ")
+                    && !l.starts_with("ERROR: errors found")
+            })
+            .unwrap_or("btrfs check failed"),
+        None => {
+            let first = e.lines().next().unwrap_or("");
+            first.split_once(": ").map_or(first, |(_, rest)| rest)
+        }
+    };
+    line.split_whitespace()
+        .filter(|w| !w.starts_with('/') && !w.starts_with("`/"))
+        .map(|w| {
+            w.chars()
+                .filter(|c| !c.is_ascii_digit())
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Shrinks a failing step list to a (locally) minimal one failing with the same
+/// signature (delta debugging: drop chunks, then single steps).
+pub fn minimize(fsc: &FsConfig, steps: &[Step], btrfs_check: bool, signature: &str) -> Vec<Step> {
+    let fails = |s: &[Step]| {
+        let r =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| replay(fsc, s, btrfs_check)));
+        match r {
+            Ok(Err(e)) => failure_signature(&e) == signature,
+            Ok(Ok(())) => false,
+            Err(_) => signature == "panic",
+        }
+    };
+    let mut cur = steps.to_vec();
+    if !fails(&cur) {
+        return cur;
+    }
+    let mut chunk = cur.len().div_ceil(2).max(1);
+    loop {
+        let mut progress = false;
+        let mut i = 0;
+        while i < cur.len() {
+            let mut cand = cur.clone();
+            cand.drain(i..(i + chunk).min(cur.len()));
+            if fails(&cand) {
+                cur = cand;
+                progress = true;
+            } else {
+                i += chunk;
+            }
+        }
+        if chunk == 1 && !progress {
+            break;
+        }
+        if !progress {
+            chunk = (chunk / 2).max(1);
+        }
+    }
+    cur
+}

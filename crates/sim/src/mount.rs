@@ -1,0 +1,329 @@
+//! Mounts for the integration tests that always clean up: every guard here unmounts
+//! (lazily if it must) and frees its loop devices in `Drop`, so also when the test
+//! panics.
+//!
+//! * [`KernelMount`]: image files mounted by the kernel through loop devices;
+//! * [`ScratchBtrfs`]: a fresh btrfs mounted read-write, to copy or extract into
+//!   ([`mkfs_btrfs`] makes such images);
+//! * [`FuseMount`]: a `ubtrfs mount -f` server, and [`FuseUnmount`] for a mount the
+//!   server made detached.
+//!
+//! Kernel mounts need root: check [`crate::host::require_root`] first. Images with one
+//! fsid must not be mounted at once: hold [`crate::host::serial`] where tests share
+//! images.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::host::{dmesg_tail, forget_devices, output_text, run_text, shell_quote, Ubtrfs};
+
+/// Whether something is mounted at `p`.
+pub fn is_mounted(p: &Path) -> bool {
+    std::fs::canonicalize(p)
+        .map(|c| ubtrfs_fuse::is_mountpoint(&c))
+        .unwrap_or(false)
+}
+
+fn tempdir(prefix: &str) -> Result<tempfile::TempDir, String> {
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir()
+        .map_err(|e| format!("tempdir: {e}"))
+}
+
+/// `umount MNT`, and `umount -l MNT` if that fails (busy): nothing stays mounted.
+fn umount_or_lazy(mnt: &Path) {
+    let ok = Command::new("umount")
+        .arg(mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        let _ = Command::new("umount").arg("-l").arg(mnt).status();
+    }
+}
+
+/// A kernel btrfs mount of image files through loop devices (read-only loop devices
+/// when the options say `ro`). Unmounted and its loop devices detached (and their
+/// btrfs registrations forgotten) on drop, also when the test panics.
+#[derive(Debug)]
+pub struct KernelMount {
+    /// The mountpoint.
+    pub mnt: PathBuf,
+    loops: Vec<String>,
+    mounted: bool,
+    _dir: tempfile::TempDir,
+}
+
+impl KernelMount {
+    /// Mounts the image file `img` with mount options `opts`; panics on failure (with
+    /// the kernel log).
+    pub fn new(img: &Path, opts: &str) -> KernelMount {
+        KernelMount::try_new(&[img], opts).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Mounts a filesystem of one or more image files (`device=` options name all of
+    /// them). Unregisters unmounted btrfs devices first: images reuse fsids.
+    pub fn try_new<P: AsRef<Path>>(devices: &[P], opts: &str) -> Result<KernelMount, String> {
+        assert!(!devices.is_empty(), "KernelMount of no device");
+        forget_devices(None);
+        let dir = tempdir("ubtrfs-mnt.")?;
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
+        let mut k = KernelMount {
+            mnt,
+            loops: Vec::new(),
+            mounted: false,
+            _dir: dir,
+        };
+        let ro = opts.split(',').any(|o| o == "ro");
+        for d in devices {
+            let mut cmd = Command::new("losetup");
+            if ro {
+                cmd.arg("-r");
+            }
+            let dev = run_text(cmd.args(["-f", "--show"]).arg(d.as_ref()))?;
+            k.loops.push(dev.trim().to_string());
+        }
+        let mut all = opts.to_string();
+        if k.loops.len() > 1 {
+            for l in &k.loops {
+                all.push_str(",device=");
+                all.push_str(l);
+            }
+        }
+        let o = Command::new("mount")
+            .args(["-t", "btrfs", "-o", &all, &k.loops[0]])
+            .arg(&k.mnt)
+            .output()
+            .map_err(|e| format!("running mount: {e}"))?;
+        if !o.status.success() {
+            let names: Vec<_> = devices.iter().map(|d| d.as_ref().display()).collect();
+            return Err(format!(
+                "kernel mount -o {opts} of {names:?} failed: {}\nkernel log:\n{}",
+                output_text(&o),
+                dmesg_tail(20)
+            ));
+        }
+        k.mounted = true;
+        Ok(k)
+    }
+
+    /// `rel` under the mountpoint.
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel.trim_start_matches('/'))
+    }
+
+    /// The mountpoint, quoted for a shell command.
+    pub fn q(&self) -> String {
+        shell_quote(&self.mnt)
+    }
+
+    /// The (first) loop device.
+    pub fn dev(&self) -> &str {
+        &self.loops[0]
+    }
+
+    /// Unmounts now, which must succeed (panics otherwise), and detaches the loop
+    /// devices.
+    pub fn umount(self) {
+        self.try_umount()
+            .unwrap_or_else(|e| panic!("umount failed: {e}"));
+    }
+
+    /// Unmounts now and detaches the loop devices; an error if umount fails (the
+    /// drop then still unmounts lazily).
+    pub fn try_umount(mut self) -> Result<(), String> {
+        run_text(Command::new("umount").arg(&self.mnt))?;
+        self.mounted = false;
+        self.detach();
+        Ok(())
+    }
+
+    fn detach(&mut self) {
+        for l in self.loops.drain(..) {
+            forget_devices(Some(&l));
+            let _ = Command::new("losetup").args(["-d", &l]).status();
+        }
+    }
+}
+
+impl Drop for KernelMount {
+    fn drop(&mut self) {
+        if self.mounted {
+            umount_or_lazy(&self.mnt);
+            self.mounted = false;
+        }
+        self.detach();
+    }
+}
+
+/// Makes `img` a fresh sparse btrfs image of `size` bytes: `mkfs.btrfs -q -f ARGS IMG`.
+pub fn mkfs_btrfs(img: &Path, size: u64, args: &[&str]) {
+    File::create(img)
+        .and_then(|f| f.set_len(size))
+        .unwrap_or_else(|e| panic!("{}: {e}", img.display()));
+    let o = Command::new("mkfs.btrfs")
+        .args(["-q", "-f"])
+        .args(args)
+        .arg(img)
+        .output()
+        .unwrap_or_else(|e| panic!("mkfs.btrfs (install btrfs-progs): {e}"));
+    assert!(
+        o.status.success(),
+        "mkfs.btrfs {args:?} {} failed: {}",
+        img.display(),
+        output_text(&o)
+    );
+}
+
+/// A fresh 2 GiB btrfs (64 KiB nodes: the golden images' 16 KiB xattrs fit; tmpfs
+/// and ext4 cannot hold them) loop-mounted read-write, to copy or extract into.
+/// Unmounted and freed on drop, also when the test panics.
+#[derive(Debug)]
+pub struct ScratchBtrfs {
+    // Declared first: unmounted before the directory holding the image goes.
+    mount: KernelMount,
+    _dir: tempfile::TempDir,
+}
+
+impl ScratchBtrfs {
+    pub fn new() -> ScratchBtrfs {
+        let dir = tempdir("ubtrfs-scratch.").unwrap_or_else(|e| panic!("{e}"));
+        let img = dir.path().join("scratch.img");
+        mkfs_btrfs(&img, 2 << 30, &["-n", "65536"]);
+        ScratchBtrfs {
+            mount: KernelMount::new(&img, "rw"),
+            _dir: dir,
+        }
+    }
+
+    /// The mountpoint.
+    pub fn path(&self) -> PathBuf {
+        self.mount.mnt.clone()
+    }
+}
+
+impl Default for ScratchBtrfs {
+    fn default() -> Self {
+        ScratchBtrfs::new()
+    }
+}
+
+/// Unmounts a FUSE mount like a user would (`fusermount3 -u`, else `umount -l`).
+pub fn fuse_unmount(mnt: &Path) {
+    if is_mounted(mnt) {
+        let ok = Command::new("fusermount3")
+            .arg("-u")
+            .arg(mnt)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = Command::new("umount").arg("-l").arg(mnt).status();
+        }
+    }
+}
+
+/// Unmounts the FUSE mount at the path on drop ([`fuse_unmount`]): for a mount that
+/// `ubtrfs mount` made detached.
+#[derive(Debug)]
+pub struct FuseUnmount<'a>(pub &'a Path);
+
+impl Drop for FuseUnmount<'_> {
+    fn drop(&mut self) {
+        fuse_unmount(self.0);
+    }
+}
+
+/// `devices` as one `ubtrfs` image argument: `a.img,b.img`.
+pub fn image_arg<P: AsRef<Path>>(devices: &[P]) -> std::ffi::OsString {
+    let parts: Vec<_> = devices
+        .iter()
+        .map(|d| d.as_ref().as_os_str().to_owned())
+        .collect();
+    parts.join(std::ffi::OsStr::new(","))
+}
+
+/// A `ubtrfs mount -f` server in the background; unmounted and reaped on drop, also
+/// when the test panics.
+#[derive(Debug)]
+pub struct FuseMount {
+    /// The mountpoint.
+    pub mnt: PathBuf,
+    pub child: Child,
+    stderr: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl FuseMount {
+    /// Starts `ubtrfs mount -f DEVICES MNT -o OPT...` and waits until the mount is
+    /// there (panics if the server exits first or it takes 30 s).
+    pub fn start<P: AsRef<Path>>(ubtrfs: &Ubtrfs, devices: &[P], opts: &[&str]) -> FuseMount {
+        let dir = tempdir("ubtrfs-fuse.").unwrap_or_else(|e| panic!("{e}"));
+        let mnt = dir.path().join("mnt");
+        std::fs::create_dir(&mnt).expect("mkdir");
+        let stderr = dir.path().join("stderr");
+        let mut cmd = ubtrfs.command();
+        cmd.arg("mount").arg(image_arg(devices)).arg(&mnt).arg("-f");
+        for o in opts {
+            cmd.arg("-o").arg(o);
+        }
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(File::create(&stderr).expect("stderr file"))
+            .spawn()
+            .expect("spawn ubtrfs mount -f");
+        let mut m = FuseMount {
+            mnt,
+            child,
+            stderr,
+            _dir: dir,
+        };
+        let t0 = Instant::now();
+        while !is_mounted(&m.mnt) {
+            if let Ok(Some(st)) = m.child.try_wait() {
+                panic!("ubtrfs mount -f exited early ({st}): {}", m.log());
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(30),
+                "mount did not appear"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        m
+    }
+
+    /// What the server wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr).unwrap_or_default()
+    }
+
+    /// Unmounts like a user would and waits for the server to exit.
+    pub fn unmount(&mut self) -> ExitStatus {
+        fuse_unmount(&self.mnt);
+        self.wait(Duration::from_secs(20))
+    }
+
+    /// Waits for the server to exit; kills it after `limit`.
+    pub fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st;
+            }
+            if t0.elapsed() > limit {
+                let _ = self.child.kill();
+                return self.child.wait().expect("wait");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        self.unmount();
+    }
+}
