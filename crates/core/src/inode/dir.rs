@@ -4,13 +4,12 @@
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
 use crate::tree::ctree::{lookup_exact, TreeIter};
-use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
 use ubtrfs_format::items::{parse_dir_items, DirItem, RootRef};
 use ubtrfs_format::key::Key;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
     pub name: Vec<u8>,
     pub node: Node,

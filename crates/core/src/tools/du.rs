@@ -8,11 +8,10 @@ use crate::backref::ShareCtx;
 use crate::error::Result;
 use crate::fs::{Filesystem, Node, S_IFDIR, S_IFMT, S_IFREG};
 use crate::tools::fiemap::*;
-use serde::Serialize;
 use std::collections::HashSet;
 use ubtrfs_format::consts::*;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DuLine {
     pub total: u64,
     pub exclusive: u64,
@@ -197,7 +196,7 @@ mod tests {
 
 /// Per compression type: bytes on disk, uncompressed size of those extents, and
 /// bytes the files reference (compsize's columns).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FootprintRow {
     pub disk: u64,
     pub uncompressed: u64,
@@ -206,7 +205,7 @@ pub struct FootprintRow {
 
 /// What a set of paths occupies on disk: every data extent counted once, at its
 /// on-disk (compressed) size; inline data at its stored size.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct Footprint {
     pub files: u64,
     pub regular_extents: u64,

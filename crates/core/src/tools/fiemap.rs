@@ -6,7 +6,6 @@
 use crate::backref::ShareCtx;
 use crate::error::Result;
 use crate::fs::{Filesystem, Node};
-use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::FileExtentBody;
 
@@ -22,7 +21,7 @@ pub const FIEMAP_EXTENT_UNWRITTEN: u32 = 0x0800;
 pub const FIEMAP_EXTENT_MERGED: u32 = 0x1000;
 pub const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FiemapExtent {
     pub logical: u64,
     pub physical: u64,
