@@ -4,6 +4,7 @@
 mod edit;
 mod extract;
 mod fmt;
+mod json;
 mod mount;
 mod share;
 
@@ -442,31 +443,6 @@ fn ls_line(fs: &Filesystem, name: &[u8], node: Node, st: &Stat, long: bool) -> R
     Ok(s)
 }
 
-fn stat_json(fs: &Filesystem, path: &str, node: Node, st: &Stat) -> Result<serde_json::Value> {
-    let mut v = serde_json::json!({
-        "path": path,
-        "type": fmt::type_name(st.mode),
-        "subvol": st.subvol,
-        "ino": st.ino,
-        "mode": st.mode,
-        "nlink": st.nlink,
-        "uid": st.uid,
-        "gid": st.gid,
-        "rdev": st.rdev,
-        "size": st.size,
-        "blocks": st.blocks,
-        "blksize": st.blksize,
-        "atime": fmt::ts_string(&st.atime),
-        "mtime": fmt::ts_string(&st.mtime),
-        "ctime": fmt::ts_string(&st.ctime),
-        "crtime": fmt::ts_string(&st.crtime),
-    });
-    if let Some(t) = target_of(fs, node, st)? {
-        v["target"] = serde_json::Value::String(fmt::name_display(&t));
-    }
-    Ok(v)
-}
-
 fn join(dir: &str, name: &[u8]) -> String {
     let n = fmt::name_display(name);
     if dir.ends_with('/') {
@@ -492,12 +468,11 @@ fn cmd_ls(
 ) -> Result<()> {
     let node = fs.resolve(path)?;
     let st = fs.stat(node)?;
-    let mut json = Vec::new();
+    let mut items = Vec::new();
     if st.mode & S_IFMT != ubtrfs_core::mode::S_IFDIR {
         if format == Format::Json {
-            json.push(stat_json(fs, path, node, &st)?);
-            serde_json::to_writer_pretty(&mut *out, &json)?;
-            writeln!(out)?;
+            let target = target_of(fs, node, &st)?;
+            json::write(out, &[json::stat(path, &st, target.as_deref())])?;
         } else {
             writeln!(out, "{}", ls_line(fs, path.as_bytes(), node, &st, long)?)?;
         }
@@ -528,9 +503,8 @@ fn cmd_ls(
             let st = fs.stat(e.node)?;
             let p = join(&dpath, &e.name);
             if format == Format::Json {
-                let mut v = stat_json(fs, &p, e.node, &st)?;
-                v["name"] = serde_json::Value::String(fmt::name_display(&e.name));
-                json.push(v);
+                let target = target_of(fs, e.node, &st)?;
+                items.push(json::ls_entry(&p, &e.name, &st, target.as_deref()));
             } else {
                 writeln!(out, "{}", ls_line(fs, &e.name, e.node, &st, long)?)?;
             }
@@ -542,8 +516,7 @@ fn cmd_ls(
         stack.extend(subdirs.into_iter().rev());
     }
     if format == Format::Json {
-        serde_json::to_writer_pretty(&mut *out, &json)?;
-        writeln!(out)?;
+        json::write(out, &items)?;
     }
     Ok(())
 }
@@ -573,8 +546,8 @@ fn cmd_stat(fs: &Filesystem, path: &str, format: Format, out: &mut dyn Write) ->
     let node = fs.resolve(path)?;
     let st = fs.stat(node)?;
     if format == Format::Json {
-        serde_json::to_writer_pretty(&mut *out, &stat_json(fs, path, node, &st)?)?;
-        writeln!(out)?;
+        let target = target_of(fs, node, &st)?;
+        json::write(out, &json::stat(path, &st, target.as_deref()))?;
         return Ok(());
     }
     let file = match target_of(fs, node, &st)? {
@@ -629,8 +602,7 @@ fn cmd_subvol_list(
 ) -> Result<()> {
     let subs = fs.subvolumes()?;
     if format == Format::Json {
-        serde_json::to_writer_pretty(&mut *out, &subs)?;
-        writeln!(out)?;
+        json::write(out, &json::subvolumes(&subs))?;
         return Ok(());
     }
     for s in &subs {

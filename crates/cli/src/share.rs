@@ -129,7 +129,7 @@ fn filefrag_count(exts: &[FiemapExtent], blksize: u64) -> usize {
 
 pub fn cmd_fiemap(fs: &Filesystem, a: &FiemapArgs, out: &mut dyn Write) -> Result<()> {
     let mut share = ShareCtx::new(&fs.info)?;
-    let mut json = Vec::new();
+    let mut files = Vec::new();
     let ss = fs.info.sectorsize as u64;
     // filefrag sizes its columns from the filesystem's block count.
     let pw = (int_log10(fs.info.sb.total_bytes / ss) + 1).max(10);
@@ -141,7 +141,7 @@ pub fn cmd_fiemap(fs: &Filesystem, a: &FiemapArgs, out: &mut dyn Write) -> Resul
         }
         let exts = fs.fiemap(node, &mut share)?;
         if a.format == crate::Format::Json {
-            json.push(serde_json::json!({"path": path, "size": st.size, "extents": exts}));
+            files.push(crate::json::fiemap_file(path, st.size, &exts));
             continue;
         }
         let blocks = st.size.div_ceil(ss);
@@ -179,8 +179,7 @@ pub fn cmd_fiemap(fs: &Filesystem, a: &FiemapArgs, out: &mut dyn Write) -> Resul
         }
     }
     if a.format == crate::Format::Json {
-        serde_json::to_writer_pretty(&mut *out, &json)?;
-        writeln!(out)?;
+        crate::json::write(out, &files)?;
     }
     Ok(())
 }
@@ -194,7 +193,7 @@ pub fn cmd_du(fs: &Filesystem, a: &DuArgs, out: &mut dyn Write) -> Result<()> {
             pretty_size(v)
         }
     };
-    let mut json = Vec::new();
+    let mut lines = Vec::new();
     if a.format == crate::Format::Text {
         writeln!(
             out,
@@ -205,7 +204,7 @@ pub fn cmd_du(fs: &Filesystem, a: &DuArgs, out: &mut dyn Write) -> Result<()> {
     for p in &a.paths {
         for l in fs.filesystem_du(&mut share, p, a.summarize)? {
             if a.format == crate::Format::Json {
-                json.push(l);
+                lines.push(l);
                 continue;
             }
             writeln!(
@@ -225,11 +224,7 @@ pub fn cmd_du(fs: &Filesystem, a: &DuArgs, out: &mut dyn Write) -> Result<()> {
         None
     };
     if a.format == crate::Format::Json {
-        serde_json::to_writer_pretty(
-            &mut *out,
-            &serde_json::json!({"du": json, "footprint": footprint}),
-        )?;
-        writeln!(out)?;
+        crate::json::write(out, &crate::json::du(&lines, footprint.as_ref()))?;
         return Ok(());
     }
     if let Some(fp) = footprint {
@@ -308,18 +303,7 @@ pub fn cmd_subvol_du(fs: &Filesystem, a: &SubvolDuArgs, out: &mut dyn Write) -> 
         .collect();
     let freed = (!chosen.is_empty()).then(|| sharing.freed_by(&chosen));
     if a.format == crate::Format::Json {
-        let v: Vec<_> = numbers
-            .iter()
-            .map(|q| {
-                serde_json::json!({"subvol": q.subvol, "path": path_of(q.subvol),
-                    "referenced": q.referenced, "exclusive": q.exclusive})
-            })
-            .collect();
-        serde_json::to_writer_pretty(
-            &mut *out,
-            &serde_json::json!({"subvolumes": v, "freed_by_deleting_all_given": freed}),
-        )?;
-        writeln!(out)?;
+        crate::json::write(out, &crate::json::subvol_du(&numbers, path_of, freed))?;
         return Ok(());
     }
     let size = |v: u64| {

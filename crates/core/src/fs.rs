@@ -12,7 +12,7 @@ use ubtrfs_format::consts::*;
 /// A file as the kernel shows it: an inode in a subvolume. Subvolume roots are
 /// (subvol, 256). A subvolume seen inside a snapshot of its parent is a placeholder
 /// directory with inode 2 (`parent_dir` names the directory it was found in).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Node {
     /// The subvolume (tree id) holding the inode.
     pub root: u64,

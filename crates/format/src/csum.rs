@@ -1,9 +1,6 @@
 //! Checksums (tree blocks, superblocks, data) and the name/back-reference hashes.
 
-use serde::Serialize;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CsumType {
     Crc32c,
     Xxhash64,

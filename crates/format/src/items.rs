@@ -4,9 +4,8 @@ use crate::bytes::{push16, push32, push64, Cursor};
 use crate::consts::*;
 use crate::key::Key;
 use crate::{FormatError, Result};
-use serde::Serialize;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timespec {
     pub sec: i64,
     pub nsec: u32,
@@ -22,7 +21,7 @@ impl Timespec {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InodeItem {
     pub generation: u64,
     pub transid: u64,
@@ -71,7 +70,7 @@ impl InodeItem {
 }
 
 /// One name of an inode in a directory (INODE_REF key offset = parent directory).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InodeRef {
     pub parent: u64,
     pub index: u64,
@@ -112,7 +111,7 @@ pub fn parse_inode_extrefs(b: &[u8]) -> Result<Vec<InodeRef>> {
 }
 
 /// A DIR_ITEM / DIR_INDEX / XATTR_ITEM entry.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirItem {
     pub location: Key,
     pub transid: u64,
@@ -146,7 +145,7 @@ pub fn parse_dir_items(b: &[u8]) -> Result<Vec<DirItem>> {
     Ok(out)
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FileExtentBody {
     /// Inline data (possibly compressed) stored in the item itself.
     Inline { data: Vec<u8> },
@@ -159,7 +158,7 @@ pub enum FileExtentBody {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileExtentItem {
     pub generation: u64,
     pub ram_bytes: u64,
@@ -219,7 +218,7 @@ impl FileExtentItem {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RootItem {
     pub inode: InodeItem,
     pub generation: u64,
@@ -296,7 +295,7 @@ impl RootItem {
 }
 
 /// ROOT_REF (parent, 156, child) and ROOT_BACKREF (child, 144, parent) body.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RootRef {
     pub dirid: u64,
     pub sequence: u64,
@@ -317,7 +316,7 @@ impl RootRef {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InlineRef {
     TreeBlock {
         root: u64,
@@ -353,7 +352,7 @@ impl InlineRef {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentItem {
     pub refs: u64,
     pub generation: u64,
@@ -413,7 +412,7 @@ impl ExtentItem {
 }
 
 /// Keyed EXTENT_DATA_REF body.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentDataRef {
     pub root: u64,
     pub objectid: u64,
@@ -433,7 +432,7 @@ impl ExtentDataRef {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockGroupItem {
     pub used: u64,
     pub chunk_objectid: u64,
@@ -451,7 +450,7 @@ impl BlockGroupItem {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DevItem {
     pub devid: u64,
     pub total_bytes: u64,
@@ -492,14 +491,14 @@ impl DevItem {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stripe {
     pub devid: u64,
     pub offset: u64,
     pub dev_uuid: [u8; 16],
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chunk {
     pub length: u64,
     pub owner: u64,
@@ -557,7 +556,7 @@ impl Chunk {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DevExtent {
     pub chunk_tree: u64,
     pub chunk_objectid: u64,
@@ -579,13 +578,13 @@ impl DevExtent {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FreeSpaceInfo {
     pub extent_count: u32,
     pub flags: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QgroupStatus {
     pub version: u64,
     pub generation: u64,
@@ -594,7 +593,7 @@ pub struct QgroupStatus {
     pub enable_gen: Option<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QgroupInfo {
     pub generation: u64,
     pub rfer: u64,
@@ -603,7 +602,7 @@ pub struct QgroupInfo {
     pub excl_cmpr: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QgroupLimit {
     pub flags: u64,
     pub max_rfer: u64,
@@ -612,7 +611,7 @@ pub struct QgroupLimit {
     pub rsv_excl: u64,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DevReplaceItem {
     pub src_devid: u64,
     pub cursor_left: u64,
@@ -626,7 +625,7 @@ pub struct DevReplaceItem {
 }
 
 /// Every item decoded by its key type; unknown or opaque items keep their bytes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 // Decoded items are built for display and checks, one at a time; boxing the large
 // variants would buy nothing.
 #[allow(clippy::large_enum_variant)]

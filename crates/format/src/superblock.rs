@@ -15,14 +15,13 @@ use crate::csum::CsumType;
 use crate::items::{Chunk, DevItem};
 use crate::key::Key;
 use crate::{FormatError, Result};
-use serde::Serialize;
 
 pub const SYS_CHUNK_ARRAY_OFFSET: usize = 0x32b;
 pub const SUPER_ROOTS_OFFSET: usize = 0xb2b;
 pub const ROOT_BACKUP_SIZE: usize = 168;
 pub const NUM_BACKUP_ROOTS: usize = 4;
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RootBackup {
     pub tree_root: u64,
     pub tree_root_gen: u64,
@@ -121,7 +120,7 @@ impl RootBackup {
     }
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
 pub struct SuperBlock {
     pub csum: [u8; 32],
     pub fsid: [u8; 16],
@@ -151,17 +150,14 @@ pub struct SuperBlock {
     pub chunk_root_level: u8,
     pub log_root_level: u8,
     pub dev_item: DevItem,
-    #[serde(skip)]
     pub label_raw: [u8; 256],
     pub cache_generation: u64,
     pub uuid_tree_generation: u64,
     pub metadata_uuid: [u8; 16],
     pub nr_global_roots: u64,
-    #[serde(skip)]
     pub sys_chunk_array: Vec<u8>,
     pub backup_roots: Vec<RootBackup>,
     /// The whole 4096 bytes as read, so a writer can update fields in place.
-    #[serde(skip)]
     pub raw: Vec<u8>,
 }
 

@@ -5,13 +5,12 @@ use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
 use crate::transaction::Trans;
 use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
-use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
 use ubtrfs_format::items::{parse_dir_items, DirItem, RootRef};
 use ubtrfs_format::key::Key;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 /// One directory entry, in readdir (DIR_INDEX) order.
 pub struct DirEntry {
     /// The name, raw bytes as stored.

@@ -4,14 +4,13 @@ use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node, S_IFDIR};
 use crate::transaction::Trans;
 use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
-use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
 use ubtrfs_format::items::{parse_dir_items, InodeItem, Timespec};
 use ubtrfs_format::key::Key;
 
 /// What stat(2)/statx(2) return for a file on a kernel btrfs mount.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
     /// Subvolume the inode lives in (st_dev differs per subvolume on the kernel).
     pub subvol: u64,

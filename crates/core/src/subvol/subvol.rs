@@ -3,17 +3,19 @@
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
 use crate::tree::ctree::{lookup_exact, TreeIter};
-use serde::Serialize;
 use std::collections::HashMap;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{parse_inode_extrefs, parse_inode_refs, RootItem, RootRef};
 use ubtrfs_format::key::Key;
 
-#[derive(Clone, Debug, Serialize)]
+/// One subvolume or snapshot, as `btrfs subvolume list` shows it.
+#[derive(Clone, Debug)]
 pub struct SubvolInfo {
+    /// Subvolume id (its tree's objectid).
     pub id: u64,
     /// ROOT_ITEM generation (what `btrfs subvolume list` prints as gen).
     pub gen: u64,
+    /// Generation that created the subvolume (ROOT_ITEM otransid).
     pub cgen: u64,
     /// Parent subvolume ("top level").
     pub top_level: u64,
@@ -21,11 +23,17 @@ pub struct SubvolInfo {
     pub dirid: u64,
     /// Path from the top-level subvolume, without a leading slash.
     pub path: String,
+    /// UUID, or "-" when none.
     pub uuid: String,
+    /// UUID of the subvolume this is a snapshot of, or "-".
     pub parent_uuid: String,
+    /// UUID it was received from (`btrfs receive`), or "-".
     pub received_uuid: String,
+    /// ROOT_ITEM flags.
     pub flags: u64,
+    /// The read-only flag (BTRFS_ROOT_SUBVOL_RDONLY) is set.
     pub readonly: bool,
+    /// Creation time, seconds since the epoch.
     pub otime: i64,
 }
 

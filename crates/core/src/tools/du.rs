@@ -8,11 +8,10 @@ use crate::backref::ShareCtx;
 use crate::error::Result;
 use crate::fs::{Filesystem, Node, S_IFDIR, S_IFMT, S_IFREG};
 use crate::tools::fiemap::*;
-use serde::Serialize;
 use std::collections::HashSet;
 use ubtrfs_format::consts::*;
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 /// One line of `btrfs filesystem du`.
 pub struct DuLine {
     /// Bytes of the extents of all files below the path.
@@ -201,7 +200,7 @@ mod tests {
 
 /// Per compression type: bytes on disk, uncompressed size of those extents, and
 /// bytes the files reference (compsize's columns).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FootprintRow {
     /// Bytes on disk (compressed size).
     pub disk: u64,
@@ -213,7 +212,7 @@ pub struct FootprintRow {
 
 /// What a set of paths occupies on disk: every data extent counted once, at its
 /// on-disk (compressed) size; inline data at its stored size.
-#[derive(Clone, Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default)]
 pub struct Footprint {
     /// Regular files seen.
     pub files: u64,

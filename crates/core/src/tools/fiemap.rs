@@ -6,7 +6,6 @@
 use crate::backref::ShareCtx;
 use crate::error::Result;
 use crate::fs::{Filesystem, Node};
-use serde::Serialize;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::FileExtentBody;
 
@@ -33,7 +32,7 @@ pub const FIEMAP_EXTENT_MERGED: u32 = 0x1000;
 /// FIEMAP flag: Shared with another file or snapshot.
 pub const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 /// One fiemap extent, as FS_IOC_FIEMAP returns it.
 pub struct FiemapExtent {
     /// File offset.

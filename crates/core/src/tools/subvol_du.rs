@@ -19,7 +19,6 @@ use crate::io::disk_io::FsInfo;
 use crate::io::root_tree::root_ptr_of;
 use crate::tree::ctree::{read_root, TreeIter};
 use crate::tree::tree_checker::Expect;
-use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{FileExtentBody, FileExtentItem, RootItem};
@@ -66,7 +65,7 @@ impl Sets {
 }
 
 /// Bytes per distinct set of subvolumes that reach them.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default)]
 pub struct Sharing {
     /// (subvolumes, bytes), subvolume lists sorted.
     pub by_set: Vec<(Vec<u64>, u64)>,
@@ -78,7 +77,7 @@ pub struct Sharing {
     pub data_extents: u64,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 /// One subvolume's numbers, as `btrfs qgroup show --raw` gives them after a rescan.
 pub struct QgroupNumbers {
     /// Subvolume id (its level-0 qgroup 0/id).
