@@ -121,12 +121,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
                 o.compress = Some(c.to_string());
             }
             (
-                "default_permissions"
-                | "atime"
-                | "noatime"
-                | "relatime"
-                | "nosuid"
-                | "nodev",
+                "default_permissions" | "atime" | "noatime" | "relatime" | "nosuid" | "nodev",
                 None,
             ) => {}
             ("subvol", Some(p)) => o.subvol = Some(p.to_string()),
@@ -167,6 +162,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     if let Some(mb) = o.cache_mb {
         opts.cache_bytes_max = mb.max(1) << 20;
     }
+    let mnt = ubtrfs_fuse::check_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;
     let writer = match o.rw {
         Some(false) => None,
         want => match open_writable(&paths, &opts) {
@@ -186,7 +182,7 @@ pub fn run(args: MountArgs) -> Result<()> {
                 );
                 None
             }
-            Err(e) => return Err(e.context(format!("cannot mount {} read-write", args.image))),
+            Err(e) => return Err(e),
         },
     };
     // Read-only: a shared lock for the mount's life, so ubtrfs writers (which take it
@@ -214,7 +210,6 @@ pub fn run(args: MountArgs) -> Result<()> {
     let root = engine
         .read(|fs| ubtrfs_fuse::resolve_root(fs, o.subvol.as_deref(), o.subvolid))
         .map_err(anyhow::Error::msg)?;
-    let mnt = ubtrfs_fuse::check_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;
     let fsname = o.fsname.clone().unwrap_or_else(|| {
         std::fs::canonicalize(&paths[0])
             .unwrap_or_else(|_| paths[0].clone())
@@ -295,11 +290,8 @@ pub fn run(args: MountArgs) -> Result<()> {
 fn open_writable(paths: &[PathBuf], opts: &OpenOptions) -> Result<Trans> {
     let mut locks = Vec::new();
     for p in paths {
-        refuse_if_mounted(p).with_context(|| format!("{} is in use", p.display()))?;
-        locks.push(
-            lock_exclusive(p)
-                .with_context(|| format!("{} is in use by another ubtrfs process", p.display()))?,
-        );
+        refuse_if_mounted(p).with_context(|| format!("cannot open {}", p.display()))?;
+        locks.push(lock_exclusive(p).with_context(|| format!("cannot open {}", p.display()))?);
     }
     let opts = OpenOptions {
         writable: true,

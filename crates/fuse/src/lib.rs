@@ -27,8 +27,8 @@ pub mod writer;
 
 pub use channel::{Channel, MountOptions};
 pub use ops::{InoMode, Ops, OpsConfig};
-pub use writer::{Engine, Writer};
 pub use session::{Session, Tuning};
+pub use writer::{Engine, Writer};
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

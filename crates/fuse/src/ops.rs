@@ -427,7 +427,10 @@ impl Ops {
             }
         }
         let node = self.node(h.nodeid)?.node;
-        let inode = self.engine.read(|fs| fs.inode_item(node)).map_err(|e| e.errno())?;
+        let inode = self
+            .engine
+            .read(|fs| fs.inode_item(node))
+            .map_err(|e| e.errno())?;
         Ok(Arc::new(OpenFile {
             nodeid: h.nodeid,
             node,
@@ -445,7 +448,10 @@ impl Ops {
         };
         // One engine call for the whole request: one extent walk, one checksum
         // lookup and one device read per extent piece, however large the request.
-        match self.engine.read(|fs| fs.read_inode(f.node, &f.inode, offset, size as usize)) {
+        match self
+            .engine
+            .read(|fs| fs.read_inode(f.node, &f.inode, offset, size as usize))
+        {
             Ok(data) => reply.ok(&data),
             Err(e) => {
                 self.log_error(f.nodeid, f.node, &format!("read at offset {offset}"), &e);
@@ -538,32 +544,36 @@ impl Ops {
                 abi::encode_dirent(&mut o, *ino, next, DT_DIR, name);
             }
         }
-        let r = self.engine.read(|fs| fs.readdir_from(dir, offset.max(2), |e| {
-            let need = plus_extra + abi::dirent_size(e.name.len());
-            if o.len() + need > max {
-                return Ok(false);
-            }
-            let d_ino = match self.cfg.ino {
-                InoMode::Kernel => e.location,
-                InoMode::Unique => self.st_ino(e.node),
-            };
-            if plus {
-                match self.stat_attr(e.node) {
-                    Ok((_, attr)) => {
-                        let id =
-                            self.nodes
-                                .intern(NodeKey::new(e.node, e.location), h.nodeid, &e.name);
-                        abi::encode_entry(&mut o, id, 0, self.cfg.ttl, &attr);
-                    }
-                    // Listed without attributes; a lookup will report the error.
-                    Err(_) => {
-                        o.zeros(abi::ENTRY_OUT_SIZE);
+        let r = self.engine.read(|fs| {
+            fs.readdir_from(dir, offset.max(2), |e| {
+                let need = plus_extra + abi::dirent_size(e.name.len());
+                if o.len() + need > max {
+                    return Ok(false);
+                }
+                let d_ino = match self.cfg.ino {
+                    InoMode::Kernel => e.location,
+                    InoMode::Unique => self.st_ino(e.node),
+                };
+                if plus {
+                    match self.stat_attr(e.node) {
+                        Ok((_, attr)) => {
+                            let id = self.nodes.intern(
+                                NodeKey::new(e.node, e.location),
+                                h.nodeid,
+                                &e.name,
+                            );
+                            abi::encode_entry(&mut o, id, 0, self.cfg.ttl, &attr);
+                        }
+                        // Listed without attributes; a lookup will report the error.
+                        Err(_) => {
+                            o.zeros(abi::ENTRY_OUT_SIZE);
+                        }
                     }
                 }
-            }
-            abi::encode_dirent(&mut o, d_ino, e.index + 1, dtype(e.ty), &e.name);
-            Ok(true)
-        }));
+                abi::encode_dirent(&mut o, d_ino, e.index + 1, dtype(e.ty), &e.name);
+                Ok(true)
+            })
+        });
         match r {
             // Entries already encoded are returned even if a later one failed.
             Err(e) if o.is_empty() => reply.error(e.errno()),
@@ -734,26 +744,28 @@ impl Ops {
         }
         let mut found: Option<u64> = None;
         let mut pos = offset;
-        let r = self.engine.read(|fs| fs.for_each_extent(f.node, offset, size, |fe| {
-            let start = fe.file_offset;
-            let end = start.saturating_add(fe.len());
-            let data = !fe.is_hole_or_prealloc();
-            match whence {
-                SEEK_DATA => {
-                    if data && end > offset {
-                        found = Some(start.max(offset));
-                        return Ok(false);
+        let r = self.engine.read(|fs| {
+            fs.for_each_extent(f.node, offset, size, |fe| {
+                let start = fe.file_offset;
+                let end = start.saturating_add(fe.len());
+                let data = !fe.is_hole_or_prealloc();
+                match whence {
+                    SEEK_DATA => {
+                        if data && end > offset {
+                            found = Some(start.max(offset));
+                            return Ok(false);
+                        }
+                    }
+                    _ => {
+                        if start > pos || !data {
+                            return Ok(false);
+                        }
+                        pos = pos.max(end);
                     }
                 }
-                _ => {
-                    if start > pos || !data {
-                        return Ok(false);
-                    }
-                    pos = pos.max(end);
-                }
-            }
-            Ok(true)
-        }));
+                Ok(true)
+            })
+        });
         if let Err(e) = r {
             return reply.error(e.errno());
         }

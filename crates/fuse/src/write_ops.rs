@@ -42,11 +42,12 @@ const RENAME_EXCHANGE: u32 = 2;
 const XATTR_CREATE: u32 = 1;
 const XATTR_REPLACE: u32 = 2;
 
-/// The FUSE (kernel `new_encode_dev`) device number as userspace's dev_t.
+/// The FUSE device number (the kernel's `new_encode_dev`) as btrfs stores it in the
+/// inode item (the kernel's MKDEV: major << 20 | minor).
 fn rdev_from_fuse(rdev: u32) -> u64 {
     let major = (rdev >> 8) & 0xfff;
     let minor = (rdev & 0xff) | ((rdev >> 12) & 0xfff00);
-    nix::sys::stat::makedev(major as u64, minor as u64)
+    (u64::from(major) << 20) | u64::from(minor)
 }
 
 impl Ops {
@@ -181,7 +182,9 @@ impl Ops {
         if node.root != parent.root {
             return Err(EXDEV);
         }
-        w.change("link", |t| t.link(parent.root, node.ino, parent.ino, name, now()))?;
+        w.change("link", |t| {
+            t.link(parent.root, node.ino, parent.ino, name, now())
+        })?;
         self.entry(w, h.nodeid, node, name)
     }
 
@@ -241,7 +244,9 @@ impl Ops {
         let data = a.rest();
         let data = data.get(..size as usize).ok_or(errno::EINVAL)?;
         let node = self.node_key(h.nodeid)?.node;
-        w.change("write", |t| t.write(node.root, node.ino, offset, data, now()))?;
+        w.change("write", |t| {
+            t.write(node.root, node.ino, offset, data, now())
+        })?;
         let mut o = Out::with_capacity(8);
         o.u32(size).u32(0);
         Ok(o.buf)
@@ -292,7 +297,11 @@ impl Ops {
                 }
                 t.truncate(node.root, node.ino, size, t0)?;
             }
-            if mode.is_some() || uid.is_some() || gid.is_some() || atime.is_some() || mtime.is_some()
+            if mode.is_some()
+                || uid.is_some()
+                || gid.is_some()
+                || atime.is_some()
+                || mtime.is_some()
             {
                 t.setattr(node.root, node.ino, mode, uid, gid, atime, mtime, t0)?;
             }
@@ -328,15 +337,29 @@ impl Ops {
             }
             t.set_xattr(node.root, node.ino, name, value, now())
         })
-        .map_err(|e| if e == errno::ENOENT { errno::ENODATA } else { e })?;
+        .map_err(|e| {
+            if e == errno::ENOENT {
+                errno::ENODATA
+            } else {
+                e
+            }
+        })?;
         Ok(Vec::new())
     }
 
     fn removexattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
         let name = a.cstr().ok_or(errno::EINVAL)?;
         let node = self.node_key(h.nodeid)?.node;
-        w.change("removexattr", |t| t.remove_xattr(node.root, node.ino, name, now()))
-            .map_err(|e| if e == errno::ENOENT { errno::ENODATA } else { e })?;
+        w.change("removexattr", |t| {
+            t.remove_xattr(node.root, node.ino, name, now())
+        })
+        .map_err(|e| {
+            if e == errno::ENOENT {
+                errno::ENODATA
+            } else {
+                e
+            }
+        })?;
         Ok(Vec::new())
     }
 
@@ -377,7 +400,10 @@ impl Ops {
     /// A new open file handle for `node` (CREATE).
     fn register_open(&self, nodeid: u64, node: Node) -> Result<u64, i32> {
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        let inode = self.engine.read(|fs| fs.inode_item(node)).map_err(|e| e.errno())?;
+        let inode = self
+            .engine
+            .read(|fs| fs.inode_item(node))
+            .map_err(|e| e.errno())?;
         self.insert_open(fh, nodeid, node, inode);
         Ok(fh)
     }
