@@ -9,12 +9,18 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use ubtrfs_core::{Filesystem, OpenOptions};
-use ubtrfs_fuse::InoMode;
+use ubtrfs_core::{lock_exclusive, refuse_if_mounted, Filesystem, FsInfo, OpenOptions, Trans};
+use ubtrfs_fuse::{Engine, InoMode, Writer};
 
 pub const OPTIONS_HELP: &str = "\
 Mount options (-o, comma separated, repeatable):
-  ro                    accepted (the mount is always read-only; rw is refused)
+  rw                    read-write (the default): changes accumulate in a transaction that
+                        is committed every commit= seconds, on sync/fsync and at unmount
+  ro                    read-only; without an explicit rw, an image the write engine cannot
+                        write (e.g. no free-space tree, an unreplayed tree log) is mounted
+                        read-only with a warning, as mount(8) does for write-protected media
+  commit=SECS           interval of periodic commits (default 30, as the kernel)
+  compress=ALG[:LEVEL]  compress new data: zlib, lzo, zstd (the kernel's give-up rule)
   subvol=PATH           show this subvolume (path from the top level) at the mountpoint
   subvolid=N            show subvolume N (5 = top level); default: the default subvolume
   allow_other           let other users in (permissions are still checked, like the kernel)
@@ -32,7 +38,7 @@ Mount options (-o, comma separated, repeatable):
                         a detached mount discards them (-f prints them on stderr)
   fsname=NAME           mount source shown in /proc/mounts (default: the image path)
   default_permissions, atime, noatime, relatime: accepted (permissions are always checked
-                        by the kernel; times cannot change on a read-only mount)";
+                        by the kernel; atime is not updated: noatime)";
 
 #[derive(Args)]
 #[command(after_help = OPTIONS_HELP)]
@@ -68,6 +74,10 @@ struct Opts {
     verify_csum: bool,
     log: Option<PathBuf>,
     fsname: Option<String>,
+    /// Some(true): rw asked for; Some(false): ro; None: rw, falling back to ro.
+    rw: Option<bool>,
+    commit_secs: u64,
+    compress: Option<String>,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -92,6 +102,9 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         verify_csum: true,
         log: None,
         fsname: None,
+        rw: None,
+        commit_secs: 30,
+        compress: None,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -100,17 +113,17 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         };
         match (k, v) {
             ("", None) => {}
+            ("ro", None) => o.rw = Some(false),
+            ("rw", None) => o.rw = Some(true),
+            ("commit", Some(n)) => o.commit_secs = num::<u64>(k, n)?.clamp(1, 300),
+            ("compress" | "compress-force", Some(c)) => {
+                crate::edit::parse_compress(c)?;
+                o.compress = Some(c.to_string());
+            }
             (
-                "ro"
-                | "default_permissions"
-                | "atime"
-                | "noatime"
-                | "relatime"
-                | "nosuid"
-                | "nodev",
+                "default_permissions" | "atime" | "noatime" | "relatime" | "nosuid" | "nodev",
                 None,
             ) => {}
-            ("rw", None) => bail!("ubtrfs mount is read-only: option rw is not supported"),
             ("subvol", Some(p)) => o.subvol = Some(p.to_string()),
             ("subvolid", Some(n)) => o.subvolid = Some(num(k, n)?),
             ("allow_other", None) => o.allow_other = true,
@@ -149,29 +162,54 @@ pub fn run(args: MountArgs) -> Result<()> {
     if let Some(mb) = o.cache_mb {
         opts.cache_bytes_max = mb.max(1) << 20;
     }
-    // A shared lock for the mount's life: ubtrfs writers (which take it exclusively)
-    // refuse the image while it is mounted, and we refuse one being written.
-    let mut _locks = Vec::new();
-    for p in &paths {
-        let f = std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
-        match f.try_lock_shared() {
-            Ok(()) => _locks.push(f),
-            Err(std::fs::TryLockError::WouldBlock) => {
-                anyhow::bail!("{} is being written by another ubtrfs process", p.display())
-            }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("locking {}", p.display()))
-            }
-        }
-    }
-    let fs = Filesystem::open_paths(&paths, opts)
-        .with_context(|| format!("cannot open {}", args.image))?;
-    for w in fs.info.take_warnings() {
-        eprintln!("ubtrfs: warning: {w}");
-    }
-    let root = ubtrfs_fuse::resolve_root(&fs, o.subvol.as_deref(), o.subvolid)
-        .map_err(anyhow::Error::msg)?;
     let mnt = ubtrfs_fuse::check_mountpoint(&args.mountpoint).map_err(anyhow::Error::msg)?;
+    let writer = match o.rw {
+        Some(false) => None,
+        want => match open_writable(&paths, &opts) {
+            Ok(t) => Some(t),
+            // Only what the write engine cannot do yet falls back; a busy image is
+            // an error either way.
+            Err(e)
+                if want.is_none()
+                    && matches!(
+                        e.downcast_ref::<ubtrfs_core::Error>(),
+                        Some(ubtrfs_core::Error::Unsupported(_))
+                    ) =>
+            {
+                eprintln!(
+                    "ubtrfs: warning: {} cannot be written ({e:#}); mounting read-only",
+                    args.image
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    // Read-only: a shared lock for the mount's life, so ubtrfs writers (which take it
+    // exclusively) refuse the image while it is mounted.
+    let mut _locks = Vec::new();
+    let engine = match writer {
+        Some(mut t) => {
+            if let Some(c) = &o.compress {
+                t.compress = Some(crate::edit::parse_compress(c)?);
+            }
+            Engine::ReadWrite(Writer::new(t))
+        }
+        None => {
+            _locks = lock_shared(&paths)?;
+            let fs = Filesystem::open_paths(&paths, opts)
+                .with_context(|| format!("cannot open {}", args.image))?;
+            Engine::ReadOnly(Arc::new(fs))
+        }
+    };
+    engine.read(|fs| {
+        for w in fs.info.take_warnings() {
+            eprintln!("ubtrfs: warning: {w}");
+        }
+    });
+    let root = engine
+        .read(|fs| ubtrfs_fuse::resolve_root(fs, o.subvol.as_deref(), o.subvolid))
+        .map_err(anyhow::Error::msg)?;
     let fsname = o.fsname.clone().unwrap_or_else(|| {
         std::fs::canonicalize(&paths[0])
             .unwrap_or_else(|_| paths[0].clone())
@@ -183,6 +221,10 @@ pub fn run(args: MountArgs) -> Result<()> {
     cfg.mount.suid = o.suid;
     cfg.mount.dev = o.dev;
     cfg.ino = o.ino;
+    if engine.writable() {
+        // Names and attributes change: the kernel revalidates after a second.
+        cfg.ttl = std::time::Duration::from_secs(1);
+    }
     if let Some(s) = o.ttl {
         cfg.ttl = std::time::Duration::from_secs(s);
     }
@@ -205,8 +247,15 @@ pub fn run(args: MountArgs) -> Result<()> {
         ),
         None => None,
     };
-    let session = ubtrfs_fuse::mount(Arc::new(fs), &mnt, &cfg)
+    let writer = match &engine {
+        Engine::ReadWrite(w) => Some(Arc::clone(w)),
+        Engine::ReadOnly(_) => None,
+    };
+    let session = ubtrfs_fuse::mount(engine, &mnt, &cfg)
         .with_context(|| format!("cannot mount on {}", args.mountpoint.display()))?;
+    let committer = writer
+        .as_ref()
+        .map(|w| w.spawn_committer(std::time::Duration::from_secs(o.commit_secs)));
     if args.daemon_child {
         // Tell the waiting parent, then let go of its stdout/stderr.
         let mut out = std::io::stdout();
@@ -216,9 +265,60 @@ pub fn run(args: MountArgs) -> Result<()> {
     } else if let Some(f) = &log {
         redirect_fd(f, 2)?;
     }
-    session
+    let served = session
         .run()
-        .with_context(|| format!("serving {}", args.mountpoint.display()))
+        .with_context(|| format!("serving {}", args.mountpoint.display()));
+    if let Some(w) = writer {
+        // Unmounted (fusermount3 -u, umount, a signal): the last commit.
+        w.stop();
+        if let Some(c) = committer {
+            let _ = c.join();
+        }
+        if w.commit().is_err() || w.is_aborted() {
+            bail!(
+                "{}: the last changes were not committed (see the error above); the image \
+                 is at its last good commit",
+                args.image
+            );
+        }
+    }
+    served
+}
+
+/// Opens the devices for the write engine: refuses devices the kernel has mounted,
+/// takes exclusive locks, validates what writing needs.
+fn open_writable(paths: &[PathBuf], opts: &OpenOptions) -> Result<Trans> {
+    let mut locks = Vec::new();
+    for p in paths {
+        refuse_if_mounted(p).with_context(|| format!("cannot open {}", p.display()))?;
+        locks.push(lock_exclusive(p).with_context(|| format!("cannot open {}", p.display()))?);
+    }
+    let opts = OpenOptions {
+        writable: true,
+        ..opts.clone()
+    };
+    let fs = FsInfo::open_paths(paths, opts)?;
+    let mut t = Trans::from_fs(fs)?;
+    t.hold_locks(locks);
+    Ok(t)
+}
+
+/// Shared locks on the devices of a read-only mount.
+fn lock_shared(paths: &[PathBuf]) -> Result<Vec<std::fs::File>> {
+    let mut locks = Vec::new();
+    for p in paths {
+        let f = std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
+        match f.try_lock_shared() {
+            Ok(()) => locks.push(f),
+            Err(std::fs::TryLockError::WouldBlock) => {
+                bail!("{} is being written by another ubtrfs process", p.display())
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(e).with_context(|| format!("locking {}", p.display()))
+            }
+        }
+    }
+    Ok(locks)
 }
 
 fn redirect_fd(f: &std::fs::File, to: i32) -> Result<()> {

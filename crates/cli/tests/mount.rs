@@ -475,14 +475,14 @@ fn mount_refuses_bad_image_and_mountpoint() {
         &full,
     );
     check(
-        "rw",
+        "unknown option",
         ubtrfs_mount(&[
             img.as_os_str(),
             mnt.as_os_str(),
             "-o".as_ref(),
-            "rw".as_ref(),
+            "nosuchoption".as_ref(),
         ]),
-        "read-only",
+        "unknown mount option",
         &mnt,
     );
     // Detached mount: returns once ready; a second mount there is refused.

@@ -21,6 +21,8 @@ pub struct MountOptions {
     /// Keep setuid bits and device nodes working (FUSE defaults to nosuid,nodev).
     pub suid: bool,
     pub dev: bool,
+    /// Mount read-only (MS_RDONLY), as `-o ro`.
+    pub read_only: bool,
 }
 
 /// A mounted FUSE connection.
@@ -141,7 +143,11 @@ pub fn unmount(mountpoint: &Path, via_fusermount: bool) -> io::Result<()> {
 }
 
 fn flags(o: &MountOptions) -> MsFlags {
-    let mut f = MsFlags::MS_RDONLY;
+    let mut f = if o.read_only {
+        MsFlags::MS_RDONLY
+    } else {
+        MsFlags::empty()
+    };
     if !o.suid {
         f |= MsFlags::MS_NOSUID;
     }
@@ -196,7 +202,8 @@ fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<File> {
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )?;
     let mut opts = format!(
-        "ro,default_permissions,fsname={},subtype={}",
+        "{},default_permissions,fsname={},subtype={}",
+        if o.read_only { "ro" } else { "rw" },
         o.fsname.replace(',', "\\,"),
         o.subtype
     );

@@ -1,5 +1,5 @@
-//! `ubtrfs mount`: a read-only FUSE mount of a btrfs image that shows what the
-//! kernel's btrfs mount shows.
+//! `ubtrfs mount`: a FUSE mount of a btrfs image, read-only or read-write, that shows
+//! what the kernel's btrfs mount shows.
 //!
 //! The crate speaks the `/dev/fuse` protocol itself (module [`abi`]) instead of going
 //! through a FUSE library, because the kernel names inodes by a node id that is
@@ -9,8 +9,10 @@
 //!
 //! * [`channel`]: mounting (mount(2) as root, fusermount3 otherwise), request I/O.
 //! * [`session`]: the INIT handshake, worker threads, unmount on signals.
-//! * [`ops`]: requests answered from the engine; writes go to a [`ops::WriteOps`]
-//!   (the read-only mount answers EROFS).
+//! * [`ops`]: reading requests answered from the engine; `write_ops.rs`: requests
+//!   that change the filesystem (EROFS on a read-only mount).
+//! * [`writer`]: the [`Engine`] behind a mount; read-write, a running transaction
+//!   committed on a timer, on sync and at unmount.
 //! * [`statfs`]: the kernel's df numbers from block groups and device items.
 
 pub mod abi;
@@ -20,13 +22,15 @@ pub mod ops;
 pub mod reply;
 pub mod session;
 pub mod statfs;
+mod write_ops;
+pub mod writer;
 
 pub use channel::{Channel, MountOptions};
-pub use ops::{InoMode, Ops, OpsConfig, ReadOnly, WriteOps};
+pub use ops::{InoMode, Ops, OpsConfig};
 pub use session::{Session, Tuning};
+pub use writer::{Engine, Writer};
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 use ubtrfs_core::lookup_exact;
 use ubtrfs_core::{Filesystem, Node};
@@ -54,6 +58,7 @@ impl Config {
                 allow_other: false,
                 suid: false,
                 dev: false,
+                read_only: true,
             },
             root,
             ttl: DEFAULT_TTL,
@@ -73,18 +78,21 @@ pub const DEFAULT_THREADS: usize = 8;
 
 /// Mounts `fs` at `mountpoint` (which [`check_mountpoint`] should have vetted) and
 /// completes the FUSE handshake; serve it with [`Session::run`].
-pub fn mount(fs: Arc<Filesystem>, mountpoint: &Path, cfg: &Config) -> std::io::Result<Session> {
+pub fn mount(engine: Engine, mountpoint: &Path, cfg: &Config) -> std::io::Result<Session> {
+    let mut cfg = cfg.clone();
+    cfg.mount.read_only = !engine.writable();
+    let cfg = &cfg;
     // Fail before mounting if the root cannot be read.
-    fs.stat(cfg.root)
+    engine
+        .read(|fs| fs.stat(cfg.root))
         .map_err(|e| std::io::Error::other(format!("cannot read the root directory: {e}")))?;
     let ops = Ops::new(
-        fs,
+        engine,
         OpsConfig {
             root: cfg.root,
             ttl: cfg.ttl,
             ino: cfg.ino,
         },
-        Box::new(ReadOnly),
     );
     let ch = Channel::mount(mountpoint, &cfg.mount)?;
     Session::new(ch, ops, cfg.tuning.clone())

@@ -1,10 +1,9 @@
 //! The filesystem side of the mount: FUSE requests answered from the ubtrfs engine.
 //!
 //! Reading requests (lookup, getattr, statx, readdir[plus], open/read, readlink,
-//! xattrs, statfs, access, lseek, the GETFLAGS ioctls) are handled here. Every
-//! request that would change the filesystem goes to a [`WriteOps`]; the read-only
-//! mount plugs in [`ReadOnly`], which answers EROFS, and a write path can replace it
-//! without touching the read side.
+//! xattrs, statfs, access, lseek, the GETFLAGS ioctls) are handled here, through the
+//! [`Engine`]; requests that change the filesystem are answered in `write_ops.rs` on
+//! a read-write mount and with EROFS on a read-only one.
 
 use crate::abi::{self, op, Args, Attr, InHeader, Out};
 use crate::nodes::{NodeKey, Nodes};
@@ -15,7 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use ubtrfs_core::Stat;
-use ubtrfs_core::{Error, Filesystem, Node};
+use ubtrfs_core::{Error, Node};
+
+use crate::writer::Engine;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::InodeItem;
 
@@ -35,21 +36,6 @@ pub mod errno {
     pub const ENOSYS: i32 = 38;
     pub const ENODATA: i32 = 61;
     pub const ESTALE: i32 = 116;
-}
-
-/// Requests that modify the filesystem. `opcode` is the FUSE opcode and `body` the
-/// raw request arguments; the handler must answer `reply`.
-pub trait WriteOps: Send + Sync {
-    fn handle(&self, h: &InHeader, opcode: u32, body: &[u8], reply: Reply<'_>);
-}
-
-/// The read-only mount: every change is refused with EROFS, like a kernel `ro` mount.
-pub struct ReadOnly;
-
-impl WriteOps for ReadOnly {
-    fn handle(&self, _h: &InHeader, _opcode: u32, _body: &[u8], reply: Reply<'_>) {
-        reply.error(errno::EROFS);
-    }
 }
 
 /// What st_ino shows.
@@ -80,13 +66,12 @@ struct OpenFile {
 }
 
 pub struct Ops {
-    fs: Arc<Filesystem>,
+    pub(crate) engine: Engine,
     nodes: Nodes,
     files: RwLock<HashMap<u64, Arc<OpenFile>>>,
-    next_fh: AtomicU64,
+    pub(crate) next_fh: AtomicU64,
     statfs: StatFs,
     cfg: OpsConfig,
-    writes: Box<dyn WriteOps>,
     /// (subvolume, inode) whose read errors were already logged.
     logged: Mutex<HashSet<(u64, u64)>>,
     /// The kernel can do without OPEN / OPENDIR (we answer ENOSYS once, and it then
@@ -111,24 +96,24 @@ const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 
 impl Ops {
-    pub fn new(fs: Arc<Filesystem>, cfg: OpsConfig, writes: Box<dyn WriteOps>) -> Ops {
-        let statfs = crate::statfs::compute(&fs).unwrap_or_else(|e| {
+    pub fn new(engine: Engine, cfg: OpsConfig) -> Ops {
+        let statfs = engine.read(crate::statfs::compute).unwrap_or_else(|e| {
             eprintln!("ubtrfs: warning: statfs numbers unavailable: {e}");
+            let sectorsize = engine.read(|fs| fs.info.sectorsize);
             StatFs {
-                bsize: fs.info.sectorsize,
-                frsize: fs.info.sectorsize,
+                bsize: sectorsize,
+                frsize: sectorsize,
                 namelen: 255,
                 ..Default::default()
             }
         });
         Ops {
             nodes: Nodes::new(cfg.root),
-            fs,
+            engine,
             files: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             statfs,
             cfg,
-            writes,
             logged: Mutex::new(HashSet::new()),
             no_open: AtomicBool::new(false),
             no_opendir: AtomicBool::new(false),
@@ -181,11 +166,17 @@ impl Ops {
             op::ACCESS => self.access(h, a, reply),
             // Nothing to flush: ENOSYS tells the kernel not to send FLUSH again.
             op::FLUSH => reply.error(errno::ENOSYS),
-            op::FSYNC | op::FSYNCDIR | op::SYNCFS => reply.ok(&[]),
+            op::FSYNC | op::FSYNCDIR | op::SYNCFS => match &self.engine {
+                Engine::ReadWrite(w) => self.sync(w, reply),
+                Engine::ReadOnly(_) => reply.ok(&[]),
+            },
             op::IOCTL => self.ioctl(h, a, reply),
             op::LSEEK => self.lseek(h, a, reply),
             op::INTERRUPT => reply.none(),
-            op::DESTROY => reply.ok(&[]),
+            op::DESTROY => match &self.engine {
+                Engine::ReadWrite(w) => self.sync(w, reply),
+                Engine::ReadOnly(_) => reply.ok(&[]),
+            },
             op::SETATTR
             | op::SYMLINK
             | op::MKNOD
@@ -201,13 +192,50 @@ impl Ops {
             | op::CREATE
             | op::TMPFILE
             | op::FALLOCATE
-            | op::COPY_FILE_RANGE => self.writes.handle(h, h.opcode, body, reply),
+            | op::COPY_FILE_RANGE => match &self.engine {
+                Engine::ReadWrite(w) => self.write_op(w, h, body, reply),
+                Engine::ReadOnly(_) => reply.error(errno::EROFS),
+            },
             _ => reply.error(errno::ENOSYS),
         }
     }
 
     fn node(&self, nodeid: u64) -> Result<NodeKey, i32> {
         self.nodes.get(nodeid).ok_or(errno::ESTALE)
+    }
+
+    /// The (subvolume, inode) a node id names.
+    pub(crate) fn node_key(&self, nodeid: u64) -> Result<NodeKey, i32> {
+        self.node(nodeid)
+    }
+
+    /// The node id table.
+    pub(crate) fn node_ids(&self) -> &Nodes {
+        &self.nodes
+    }
+
+    /// How long the kernel may cache attributes and names.
+    pub(crate) fn ttl(&self) -> Duration {
+        self.cfg.ttl
+    }
+
+    /// The FUSE attributes of a file.
+    pub(crate) fn attr_of(&self, node: Node, st: &Stat) -> Attr {
+        self.attr(node, st)
+    }
+
+    /// Remembers an open file handle.
+    pub(crate) fn insert_open(&self, fh: u64, nodeid: u64, node: Node, inode: InodeItem) {
+        if let Ok(mut m) = self.files.write() {
+            m.insert(
+                fh,
+                Arc::new(OpenFile {
+                    nodeid,
+                    node,
+                    inode,
+                }),
+            );
+        }
     }
 
     /// st_ino of a node.
@@ -260,7 +288,7 @@ impl Ops {
     }
 
     fn stat_attr(&self, node: Node) -> Result<(Stat, Attr), Error> {
-        let st = self.fs.stat(node)?;
+        let st = self.engine.read(|fs| fs.stat(node))?;
         let a = self.attr(node, &st);
         Ok((st, a))
     }
@@ -273,7 +301,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        let entry = match self.fs.lookup(dir, name) {
+        let entry = match self.engine.read(|fs| fs.lookup(dir, name)) {
             Ok(Some(e)) => e,
             Ok(None) => {
                 let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
@@ -348,7 +376,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        match self.fs.readlink(node) {
+        match self.engine.read(|fs| fs.readlink(node)) {
             Ok(t) => reply.ok(&t),
             Err(e) => {
                 self.log_error(h.nodeid, node, "readlink", &e);
@@ -361,7 +389,7 @@ impl Ops {
         let Some(flags) = a.u32() else {
             return reply.error(errno::EINVAL);
         };
-        if flags & O_ACCMODE != 0 || flags & O_TRUNC != 0 {
+        if !self.engine.writable() && (flags & O_ACCMODE != 0 || flags & O_TRUNC != 0) {
             return reply.error(errno::EROFS);
         }
         if self.no_open.load(Ordering::Relaxed) {
@@ -371,7 +399,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        let inode = match self.fs.inode_item(node) {
+        let inode = match self.engine.read(|fs| fs.inode_item(node)) {
             Ok(i) => i,
             Err(e) => return reply.error(e.errno()),
         };
@@ -392,13 +420,17 @@ impl Ops {
     /// The open file: from OPEN's handle, or (without OPEN, fh 0) from the node id,
     /// reading the inode item now.
     fn file(&self, h: &InHeader, fh: u64) -> Result<Arc<OpenFile>, i32> {
-        if fh != 0 {
+        // On a read-write mount the inode changes under an open file: read it anew.
+        if fh != 0 && !self.engine.writable() {
             if let Some(f) = self.files.read().ok().and_then(|m| m.get(&fh).cloned()) {
                 return Ok(f);
             }
         }
         let node = self.node(h.nodeid)?.node;
-        let inode = self.fs.inode_item(node).map_err(|e| e.errno())?;
+        let inode = self
+            .engine
+            .read(|fs| fs.inode_item(node))
+            .map_err(|e| e.errno())?;
         Ok(Arc::new(OpenFile {
             nodeid: h.nodeid,
             node,
@@ -416,7 +448,10 @@ impl Ops {
         };
         // One engine call for the whole request: one extent walk, one checksum
         // lookup and one device read per extent piece, however large the request.
-        match self.fs.read_inode(f.node, &f.inode, offset, size as usize) {
+        match self
+            .engine
+            .read(|fs| fs.read_inode(f.node, &f.inode, offset, size as usize))
+        {
             Ok(data) => reply.ok(&data),
             Err(e) => {
                 self.log_error(f.nodeid, f.node, &format!("read at offset {offset}"), &e);
@@ -460,10 +495,14 @@ impl Ops {
             return reply.error(errno::ENOSYS);
         }
         let mut o = Out::with_capacity(16);
-        // The listing never changes: let the kernel keep it in its page cache.
-        o.u64(0)
-            .u32(abi::FOPEN_KEEP_CACHE | abi::FOPEN_CACHE_DIR)
-            .u32(0);
+        // Read-only, the listing never changes: let the kernel keep it in its page
+        // cache.
+        let flags = if self.engine.writable() {
+            0
+        } else {
+            abi::FOPEN_KEEP_CACHE | abi::FOPEN_CACHE_DIR
+        };
+        o.u64(0).u32(flags).u32(0);
         reply.ok(&o.buf);
     }
 
@@ -505,31 +544,35 @@ impl Ops {
                 abi::encode_dirent(&mut o, *ino, next, DT_DIR, name);
             }
         }
-        let r = self.fs.readdir_from(dir, offset.max(2), |e| {
-            let need = plus_extra + abi::dirent_size(e.name.len());
-            if o.len() + need > max {
-                return Ok(false);
-            }
-            let d_ino = match self.cfg.ino {
-                InoMode::Kernel => e.location,
-                InoMode::Unique => self.st_ino(e.node),
-            };
-            if plus {
-                match self.stat_attr(e.node) {
-                    Ok((_, attr)) => {
-                        let id =
-                            self.nodes
-                                .intern(NodeKey::new(e.node, e.location), h.nodeid, &e.name);
-                        abi::encode_entry(&mut o, id, 0, self.cfg.ttl, &attr);
-                    }
-                    // Listed without attributes; a lookup will report the error.
-                    Err(_) => {
-                        o.zeros(abi::ENTRY_OUT_SIZE);
+        let r = self.engine.read(|fs| {
+            fs.readdir_from(dir, offset.max(2), |e| {
+                let need = plus_extra + abi::dirent_size(e.name.len());
+                if o.len() + need > max {
+                    return Ok(false);
+                }
+                let d_ino = match self.cfg.ino {
+                    InoMode::Kernel => e.location,
+                    InoMode::Unique => self.st_ino(e.node),
+                };
+                if plus {
+                    match self.stat_attr(e.node) {
+                        Ok((_, attr)) => {
+                            let id = self.nodes.intern(
+                                NodeKey::new(e.node, e.location),
+                                h.nodeid,
+                                &e.name,
+                            );
+                            abi::encode_entry(&mut o, id, 0, self.cfg.ttl, &attr);
+                        }
+                        // Listed without attributes; a lookup will report the error.
+                        Err(_) => {
+                            o.zeros(abi::ENTRY_OUT_SIZE);
+                        }
                     }
                 }
-            }
-            abi::encode_dirent(&mut o, d_ino, e.index + 1, dtype(e.ty), &e.name);
-            Ok(true)
+                abi::encode_dirent(&mut o, d_ino, e.index + 1, dtype(e.ty), &e.name);
+                Ok(true)
+            })
         });
         match r {
             // Entries already encoded are returned even if a later one failed.
@@ -539,7 +582,14 @@ impl Ops {
     }
 
     fn statfs(&self, reply: Reply<'_>) {
-        let s = self.statfs;
+        // Read-write, space changes: count it now (a few dozen items).
+        let s = match &self.engine {
+            Engine::ReadWrite(_) => self
+                .engine
+                .read(crate::statfs::compute)
+                .unwrap_or(self.statfs),
+            Engine::ReadOnly(_) => self.statfs,
+        };
         let mut o = Out::with_capacity(80);
         o.u64(s.blocks)
             .u64(s.bfree)
@@ -577,7 +627,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        match self.fs.getxattr(node, name) {
+        match self.engine.read(|fs| fs.getxattr(node, name)) {
             Ok(Some(v)) => Self::xattr_reply(&v, size, reply),
             Ok(None) => reply.error(errno::ENODATA),
             Err(e) => reply.error(e.errno()),
@@ -592,7 +642,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        match self.fs.xattrs(node) {
+        match self.engine.read(|fs| fs.xattrs(node)) {
             Ok(list) => {
                 let mut names = Vec::new();
                 for (n, _) in list {
@@ -619,7 +669,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        let st = match self.fs.stat(node) {
+        let st = match self.engine.read(|fs| fs.stat(node)) {
             Ok(s) => s,
             Err(e) => return reply.error(e.errno()),
         };
@@ -658,7 +708,7 @@ impl Ops {
         if node.is_placeholder() {
             return reply.error(errno::ENOTTY);
         }
-        let st = match self.fs.stat(node) {
+        let st = match self.engine.read(|fs| fs.stat(node)) {
             Ok(s) => s,
             Err(e) => return reply.error(e.errno()),
         };
@@ -694,25 +744,27 @@ impl Ops {
         }
         let mut found: Option<u64> = None;
         let mut pos = offset;
-        let r = self.fs.for_each_extent(f.node, offset, size, |fe| {
-            let start = fe.file_offset;
-            let end = start.saturating_add(fe.len());
-            let data = !fe.is_hole_or_prealloc();
-            match whence {
-                SEEK_DATA => {
-                    if data && end > offset {
-                        found = Some(start.max(offset));
-                        return Ok(false);
+        let r = self.engine.read(|fs| {
+            fs.for_each_extent(f.node, offset, size, |fe| {
+                let start = fe.file_offset;
+                let end = start.saturating_add(fe.len());
+                let data = !fe.is_hole_or_prealloc();
+                match whence {
+                    SEEK_DATA => {
+                        if data && end > offset {
+                            found = Some(start.max(offset));
+                            return Ok(false);
+                        }
+                    }
+                    _ => {
+                        if start > pos || !data {
+                            return Ok(false);
+                        }
+                        pos = pos.max(end);
                     }
                 }
-                _ => {
-                    if start > pos || !data {
-                        return Ok(false);
-                    }
-                    pos = pos.max(end);
-                }
-            }
-            Ok(true)
+                Ok(true)
+            })
         });
         if let Err(e) = r {
             return reply.error(e.errno());

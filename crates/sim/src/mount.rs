@@ -257,8 +257,9 @@ pub struct FuseMount {
 }
 
 impl FuseMount {
-    /// Starts `ubtrfs mount -f DEVICES MNT -o OPT...` and waits until the mount is
-    /// there (panics if the server exits first or it takes 30 s).
+    /// Starts `ubtrfs mount -f DEVICES MNT -o OPT...` (read-only unless `opts` say
+    /// `rw`) and waits until the mount is there (panics if the server exits first or
+    /// it takes 30 s).
     pub fn start<P: AsRef<Path>>(ubtrfs: &Ubtrfs, devices: &[P], opts: &[&str]) -> FuseMount {
         let dir = tempdir("ubtrfs-fuse.").unwrap_or_else(|e| panic!("{e}"));
         let mnt = dir.path().join("mnt");
@@ -266,6 +267,15 @@ impl FuseMount {
         let stderr = dir.path().join("stderr");
         let mut cmd = ubtrfs.command();
         cmd.arg("mount").arg(image_arg(devices)).arg(&mnt).arg("-f");
+        // The read-side tests compare with the kernel's `ro` mount: read-only unless
+        // the caller asks for rw.
+        let mode_given = opts
+            .iter()
+            .flat_map(|o| o.split(','))
+            .any(|o| o == "rw" || o == "ro");
+        if !mode_given {
+            cmd.arg("-o").arg("ro");
+        }
         for o in opts {
             cmd.arg("-o").arg(o);
         }

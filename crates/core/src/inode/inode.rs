@@ -137,7 +137,8 @@ pub struct NewInode {
     pub uid: u32,
     /// Owner group id.
     pub gid: u32,
-    /// Device number of a device node (userspace encoding), else 0.
+    /// Device number of a device node as the inode item stores it (the kernel's
+    /// MKDEV: major << 20 | minor), else 0.
     pub rdev: u64,
     /// Its atime, mtime, ctime and birth time.
     pub time: Timespec,

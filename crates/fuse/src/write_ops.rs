@@ -1,0 +1,410 @@
+//! Requests that change the filesystem, on a read-write mount: each is one change to
+//! the running transaction ([`Writer::change`]), answered with the kernel's errno
+//! values. Permission checks are the kernel's own (the mount uses
+//! `default_permissions`), as on a kernel btrfs mount.
+
+use crate::abi::{self, op, Args, InHeader, Out};
+use crate::nodes::NodeKey;
+use crate::ops::{errno, Ops};
+use crate::reply::Reply;
+use crate::writer::Writer;
+use std::sync::atomic::Ordering;
+use ubtrfs_core::format::items::Timespec;
+use ubtrfs_core::mode::{S_IFDIR, S_IFLNK, S_IFMT};
+use ubtrfs_core::{now, Error, NewInode, Node};
+
+const EXDEV: i32 = 18;
+const EPERM: i32 = 1;
+const EOPNOTSUPP: i32 = 95;
+
+const S_ISGID: u32 = 0o2000;
+
+// fuse_setattr_in.valid
+const FATTR_MODE: u32 = 1 << 0;
+const FATTR_UID: u32 = 1 << 1;
+const FATTR_GID: u32 = 1 << 2;
+const FATTR_SIZE: u32 = 1 << 3;
+const FATTR_ATIME: u32 = 1 << 4;
+const FATTR_MTIME: u32 = 1 << 5;
+const FATTR_ATIME_NOW: u32 = 1 << 7;
+const FATTR_MTIME_NOW: u32 = 1 << 8;
+
+// fallocate(2) modes
+const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
+const FALLOC_FL_PUNCH_HOLE: u32 = 0x02;
+const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
+
+// renameat2(2) flags
+const RENAME_NOREPLACE: u32 = 1;
+const RENAME_EXCHANGE: u32 = 2;
+
+// setxattr(2) flags
+const XATTR_CREATE: u32 = 1;
+const XATTR_REPLACE: u32 = 2;
+
+/// The FUSE device number (the kernel's `new_encode_dev`) as btrfs stores it in the
+/// inode item (the kernel's MKDEV: major << 20 | minor).
+fn rdev_from_fuse(rdev: u32) -> u64 {
+    let major = (rdev >> 8) & 0xfff;
+    let minor = (rdev & 0xff) | ((rdev >> 12) & 0xfff00);
+    (u64::from(major) << 20) | u64::from(minor)
+}
+
+impl Ops {
+    /// Answers a request that changes the filesystem.
+    pub(crate) fn write_op(&self, w: &Writer, h: &InHeader, body: &[u8], reply: Reply<'_>) {
+        let a = Args::new(body);
+        let r = match h.opcode {
+            op::MKNOD => self.mknod(w, h, a, false),
+            op::MKDIR => self.mknod(w, h, a, true),
+            op::CREATE => return self.create(w, h, a, reply),
+            op::SYMLINK => self.symlink(w, h, a),
+            op::LINK => self.link(w, h, a),
+            op::UNLINK | op::RMDIR => self.remove(w, h, a, h.opcode == op::RMDIR),
+            op::RENAME => self.rename(w, h, a, false),
+            op::RENAME2 => self.rename(w, h, a, true),
+            op::WRITE => self.write(w, h, a),
+            op::SETATTR => self.setattr(w, h, a),
+            op::SETXATTR => self.setxattr(w, h, a),
+            op::REMOVEXATTR => self.removexattr(w, h, a),
+            op::FALLOCATE => self.fallocate(w, h, a),
+            // Not yet: the kernel falls back to reading and writing for
+            // copy_file_range, and O_TMPFILE gets EOPNOTSUPP.
+            op::COPY_FILE_RANGE => Err(errno::ENOSYS),
+            op::TMPFILE => Err(EOPNOTSUPP),
+            _ => Err(errno::ENOSYS),
+        };
+        match r {
+            Ok(body) => reply.ok(&body),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// The directory a request names, which must be a real one (not the empty
+    /// placeholder of a subvolume seen inside a snapshot).
+    fn dir_of(&self, nodeid: u64) -> Result<Node, i32> {
+        let n = self.node_key(nodeid)?.node;
+        if n.is_placeholder() {
+            return Err(EPERM);
+        }
+        Ok(n)
+    }
+
+    /// Owner and group of a new inode: the caller's, or the directory's group when
+    /// it is setgid (directories then inherit setgid), as the kernel's inode_init_owner.
+    fn new_inode(&self, w: &Writer, h: &InHeader, dir: Node, mode: u32) -> Result<NewInode, i32> {
+        let parent = w.read(|fs| fs.stat(dir)).map_err(|e| e.errno())?;
+        let mut mode = mode;
+        let mut gid = h.gid;
+        if parent.mode & S_ISGID != 0 {
+            gid = parent.gid;
+            if mode & S_IFMT == S_IFDIR {
+                mode |= S_ISGID;
+            }
+        }
+        Ok(NewInode {
+            mode,
+            uid: h.uid,
+            gid,
+            rdev: 0,
+            time: now(),
+        })
+    }
+
+    /// An entry reply for `node`, found as `name` in the directory `parent`.
+    fn entry(&self, w: &Writer, parent: u64, node: Node, name: &[u8]) -> Result<Vec<u8>, i32> {
+        let st = w.read(|fs| fs.stat(node)).map_err(|e| e.errno())?;
+        let attr = self.attr_of(node, &st);
+        let id = self.node_ids().intern(NodeKey::new(node, 0), parent, name);
+        let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
+        abi::encode_entry(&mut o, id, 0, self.ttl(), &attr);
+        Ok(o.buf)
+    }
+
+    fn mknod(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, dir: bool) -> Result<Vec<u8>, i32> {
+        let (mode, rdev) = if dir {
+            let mode = a.u32().ok_or(errno::EINVAL)?;
+            a.u32().ok_or(errno::EINVAL)?; // umask, applied by the kernel
+            (mode & 0o7777 | S_IFDIR, 0)
+        } else {
+            let mode = a.u32().ok_or(errno::EINVAL)?;
+            let rdev = a.u32().ok_or(errno::EINVAL)?;
+            a.skip(8).ok_or(errno::EINVAL)?; // umask, padding
+            (mode, rdev_from_fuse(rdev))
+        };
+        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let parent = self.dir_of(h.nodeid)?;
+        let mut attr = self.new_inode(w, h, parent, mode)?;
+        attr.rdev = rdev;
+        let ino = w.change("mknod", |t| t.create(parent.root, parent.ino, name, attr))?;
+        self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
+    }
+
+    fn create(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
+        let r = (|| {
+            let _flags = a.u32().ok_or(errno::EINVAL)?;
+            let mode = a.u32().ok_or(errno::EINVAL)?;
+            a.skip(8).ok_or(errno::EINVAL)?; // umask, open_flags
+            let name = a.cstr().ok_or(errno::EINVAL)?;
+            let parent = self.dir_of(h.nodeid)?;
+            let attr = self.new_inode(w, h, parent, mode)?;
+            let ino = w.change("create", |t| t.create(parent.root, parent.ino, name, attr))?;
+            let node = Node::new(parent.root, ino);
+            let mut body = self.entry(w, h.nodeid, node, name)?;
+            let fh = self.register_open(h.nodeid, node)?;
+            let mut o = Out::with_capacity(16);
+            o.u64(fh).u32(abi::FOPEN_KEEP_CACHE).u32(0);
+            body.extend_from_slice(&o.buf);
+            Ok(body)
+        })();
+        match r {
+            Ok(b) => reply.ok(&b),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn symlink(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let target = a.cstr().ok_or(errno::EINVAL)?;
+        let parent = self.dir_of(h.nodeid)?;
+        let attr = self.new_inode(w, h, parent, S_IFLNK | 0o777)?;
+        let ino = w.change("symlink", |t| {
+            t.symlink(parent.root, parent.ino, name, target, attr)
+        })?;
+        self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
+    }
+
+    fn link(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+        let old = a.u64().ok_or(errno::EINVAL)?;
+        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let node = self.node_key(old)?.node;
+        let parent = self.dir_of(h.nodeid)?;
+        if node.root != parent.root {
+            return Err(EXDEV);
+        }
+        w.change("link", |t| {
+            t.link(parent.root, node.ino, parent.ino, name, now())
+        })?;
+        self.entry(w, h.nodeid, node, name)
+    }
+
+    fn remove(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, dir: bool) -> Result<Vec<u8>, i32> {
+        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let parent = self.dir_of(h.nodeid)?;
+        let t0 = now();
+        if dir {
+            w.change("rmdir", |t| t.rmdir(parent.root, parent.ino, name, t0))?;
+        } else {
+            w.change("unlink", |t| t.unlink(parent.root, parent.ino, name, t0))?;
+        }
+        Ok(Vec::new())
+    }
+
+    fn rename(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, v2: bool) -> Result<Vec<u8>, i32> {
+        let newdir = a.u64().ok_or(errno::EINVAL)?;
+        let flags = if v2 {
+            let f = a.u32().ok_or(errno::EINVAL)?;
+            a.u32().ok_or(errno::EINVAL)?;
+            f
+        } else {
+            0
+        };
+        let oname = a.cstr().ok_or(errno::EINVAL)?;
+        let nname = a.cstr().ok_or(errno::EINVAL)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            // RENAME_WHITEOUT, as on btrfs without overlayfs support here.
+            return Err(errno::EINVAL);
+        }
+        let od = self.dir_of(h.nodeid)?;
+        let nd = self.dir_of(newdir)?;
+        if od.root != nd.root {
+            return Err(EXDEV);
+        }
+        let t0 = now();
+        if flags & RENAME_EXCHANGE != 0 {
+            w.change("rename", |t| {
+                t.rename_exchange(od.root, od.ino, oname, nd.ino, nname, t0)
+            })?;
+        } else {
+            let noreplace = flags & RENAME_NOREPLACE != 0;
+            w.change("rename", |t| {
+                t.rename(od.root, od.ino, oname, nd.ino, nname, noreplace, t0)
+            })?;
+        }
+        Ok(Vec::new())
+    }
+
+    fn write(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+        let _fh = a.u64().ok_or(errno::EINVAL)?;
+        let offset = a.u64().ok_or(errno::EINVAL)?;
+        let size = a.u32().ok_or(errno::EINVAL)?;
+        a.skip(4 + 8 + 4 + 4).ok_or(errno::EINVAL)?; // write_flags, lock_owner, flags, padding
+        let data = a.rest();
+        let data = data.get(..size as usize).ok_or(errno::EINVAL)?;
+        let node = self.node_key(h.nodeid)?.node;
+        w.change("write", |t| {
+            t.write(node.root, node.ino, offset, data, now())
+        })?;
+        let mut o = Out::with_capacity(8);
+        o.u32(size).u32(0);
+        Ok(o.buf)
+    }
+
+    fn setattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+        let valid = a.u32().ok_or(errno::EINVAL)?;
+        a.skip(4 + 8).ok_or(errno::EINVAL)?; // padding, fh
+        let size = a.u64().ok_or(errno::EINVAL)?;
+        a.skip(8).ok_or(errno::EINVAL)?; // lock_owner
+        let atime = a.u64().ok_or(errno::EINVAL)?;
+        let mtime = a.u64().ok_or(errno::EINVAL)?;
+        let _ctime = a.u64().ok_or(errno::EINVAL)?;
+        let atimensec = a.u32().ok_or(errno::EINVAL)?;
+        let mtimensec = a.u32().ok_or(errno::EINVAL)?;
+        let _ctimensec = a.u32().ok_or(errno::EINVAL)?;
+        let mode = a.u32().ok_or(errno::EINVAL)?;
+        a.skip(4).ok_or(errno::EINVAL)?;
+        let uid = a.u32().ok_or(errno::EINVAL)?;
+        let gid = a.u32().ok_or(errno::EINVAL)?;
+        let node = self.node_key(h.nodeid)?.node;
+        if node.is_placeholder() {
+            return Err(EPERM);
+        }
+        let t0 = now();
+        let at = |s: u64, ns: u32| Timespec {
+            sec: s as i64,
+            nsec: ns,
+        };
+        let atime = if valid & FATTR_ATIME_NOW != 0 {
+            Some(t0)
+        } else {
+            (valid & FATTR_ATIME != 0).then(|| at(atime, atimensec))
+        };
+        let mtime = if valid & FATTR_MTIME_NOW != 0 {
+            Some(t0)
+        } else {
+            (valid & FATTR_MTIME != 0).then(|| at(mtime, mtimensec))
+        };
+        let mode = (valid & FATTR_MODE != 0).then_some(mode);
+        let uid = (valid & FATTR_UID != 0).then_some(uid);
+        let gid = (valid & FATTR_GID != 0).then_some(gid);
+        w.change("setattr", |t| {
+            if valid & FATTR_SIZE != 0 {
+                let i = t.read_inode(node.root, node.ino)?;
+                if i.mode & S_IFMT == S_IFDIR {
+                    return Err(Error::IsDir(format!("inode {}", node.ino)));
+                }
+                t.truncate(node.root, node.ino, size, t0)?;
+            }
+            if mode.is_some()
+                || uid.is_some()
+                || gid.is_some()
+                || atime.is_some()
+                || mtime.is_some()
+            {
+                t.setattr(node.root, node.ino, mode, uid, gid, atime, mtime, t0)?;
+            }
+            Ok(())
+        })?;
+        let st = w.read(|fs| fs.stat(node)).map_err(|e| e.errno())?;
+        let attr = self.attr_of(node, &st);
+        let (s, ns) = abi::ttl_parts(self.ttl());
+        let mut o = Out::with_capacity(16 + abi::ATTR_SIZE);
+        o.u64(s).u32(ns).u32(0);
+        attr.encode(&mut o);
+        Ok(o.buf)
+    }
+
+    fn setxattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+        let size = a.u32().ok_or(errno::EINVAL)?;
+        let flags = a.u32().ok_or(errno::EINVAL)?;
+        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let value = a.rest().get(..size as usize).ok_or(errno::EINVAL)?;
+        let node = self.node_key(h.nodeid)?.node;
+        if node.is_placeholder() {
+            return Err(EPERM);
+        }
+        w.change("setxattr", |t| {
+            if flags & (XATTR_CREATE | XATTR_REPLACE) != 0 {
+                let have = t.fs.getxattr(node, name)?.is_some();
+                if flags & XATTR_CREATE != 0 && have {
+                    return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
+                }
+                if flags & XATTR_REPLACE != 0 && !have {
+                    return Err(Error::NotFound(String::from_utf8_lossy(name).into_owned()));
+                }
+            }
+            t.set_xattr(node.root, node.ino, name, value, now())
+        })
+        .map_err(|e| {
+            if e == errno::ENOENT {
+                errno::ENODATA
+            } else {
+                e
+            }
+        })?;
+        Ok(Vec::new())
+    }
+
+    fn removexattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let node = self.node_key(h.nodeid)?.node;
+        w.change("removexattr", |t| {
+            t.remove_xattr(node.root, node.ino, name, now())
+        })
+        .map_err(|e| {
+            if e == errno::ENOENT {
+                errno::ENODATA
+            } else {
+                e
+            }
+        })?;
+        Ok(Vec::new())
+    }
+
+    fn fallocate(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+        let _fh = a.u64().ok_or(errno::EINVAL)?;
+        let offset = a.u64().ok_or(errno::EINVAL)?;
+        let len = a.u64().ok_or(errno::EINVAL)?;
+        let mode = a.u32().ok_or(errno::EINVAL)?;
+        let node = self.node_key(h.nodeid)?.node;
+        let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
+        let t0 = now();
+        match mode & !FALLOC_FL_KEEP_SIZE {
+            0 => w
+                .change("fallocate", |t| {
+                    t.fallocate(node.root, node.ino, offset, len, keep, t0)
+                })
+                .map(|_| ()),
+            FALLOC_FL_PUNCH_HOLE if keep => w.change("punch hole", |t| {
+                t.punch_hole(node.root, node.ino, offset, len, t0)
+            }),
+            FALLOC_FL_ZERO_RANGE => w.change("zero range", |t| {
+                t.zero_range(node.root, node.ino, offset, len, keep, t0)
+            }),
+            _ => Err(EOPNOTSUPP),
+        }?;
+        Ok(Vec::new())
+    }
+
+    /// fsync, fsyncdir, syncfs: durable when answered (a commit; the tree log comes
+    /// later).
+    pub(crate) fn sync(&self, w: &Writer, reply: Reply<'_>) {
+        match w.commit() {
+            Ok(()) => reply.ok(&[]),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// A new open file handle for `node` (CREATE).
+    fn register_open(&self, nodeid: u64, node: Node) -> Result<u64, i32> {
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        let inode = self
+            .engine
+            .read(|fs| fs.inode_item(node))
+            .map_err(|e| e.errno())?;
+        self.insert_open(fh, nodeid, node, inode);
+        Ok(fh)
+    }
+}
