@@ -27,7 +27,8 @@
 //! records that rounded length as `disk_num_bytes`. For an inline extent the
 //! unpadded bytes are the inline payload.
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
+#![deny(unreachable_pub)]
 
 mod error;
 mod lzo;

@@ -11,21 +11,27 @@ pub struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
+    /// A cursor at the start of `buf`; `what` names the structure in errors.
     pub fn new(buf: &'a [u8], what: &'static str) -> Self {
         Cursor { buf, pos: 0, what }
     }
+    /// A cursor at offset `pos` of `buf`.
     pub fn at(buf: &'a [u8], pos: usize, what: &'static str) -> Self {
         Cursor { buf, pos, what }
     }
+    /// Current offset.
     pub fn pos(&self) -> usize {
         self.pos
     }
+    /// Bytes left after the current offset.
     pub fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
+    /// Whether no bytes are left.
     pub fn is_empty(&self) -> bool {
         self.remaining() == 0
     }
+    /// The next `n` bytes.
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
         match end {
@@ -42,24 +48,30 @@ impl<'a> Cursor<'a> {
             }),
         }
     }
+    /// Skips `n` bytes.
     pub fn skip(&mut self, n: usize) -> Result<()> {
         self.bytes(n).map(|_| ())
     }
+    /// The next `N` bytes as an array.
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         let s = self.bytes(N)?;
         let mut a = [0u8; N];
         a.copy_from_slice(s);
         Ok(a)
     }
+    /// Reads a u8.
     pub fn u8(&mut self) -> Result<u8> {
         Ok(self.array::<1>()?[0])
     }
+    /// Reads a little-endian u16.
     pub fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(self.array()?))
     }
+    /// Reads a little-endian u32.
     pub fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.array()?))
     }
+    /// Reads a little-endian u64.
     pub fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }
@@ -69,9 +81,11 @@ impl<'a> Cursor<'a> {
 pub fn le64(buf: &[u8], off: usize, what: &'static str) -> Result<u64> {
     Cursor::at(buf, off, what).u64()
 }
+/// Reads a little-endian u32 at `off`, or a truncation error.
 pub fn le32(buf: &[u8], off: usize, what: &'static str) -> Result<u32> {
     Cursor::at(buf, off, what).u32()
 }
+/// Reads a little-endian u16 at `off`, or a truncation error.
 pub fn le16(buf: &[u8], off: usize, what: &'static str) -> Result<u16> {
     Cursor::at(buf, off, what).u16()
 }
@@ -80,9 +94,11 @@ pub fn le16(buf: &[u8], off: usize, what: &'static str) -> Result<u16> {
 pub fn put64(buf: &mut [u8], off: usize, v: u64) {
     buf[off..off + 8].copy_from_slice(&v.to_le_bytes());
 }
+/// Writes a little-endian u32 at `off` (panics if out of bounds).
 pub fn put32(buf: &mut [u8], off: usize, v: u32) {
     buf[off..off + 4].copy_from_slice(&v.to_le_bytes());
 }
+/// Writes a little-endian u16 at `off` (panics if out of bounds).
 pub fn put16(buf: &mut [u8], off: usize, v: u16) {
     buf[off..off + 2].copy_from_slice(&v.to_le_bytes());
 }
@@ -91,9 +107,11 @@ pub fn put16(buf: &mut [u8], off: usize, v: u16) {
 pub fn push64(out: &mut Vec<u8>, v: u64) {
     out.extend_from_slice(&v.to_le_bytes());
 }
+/// Appends a little-endian u32.
 pub fn push32(out: &mut Vec<u8>, v: u32) {
     out.extend_from_slice(&v.to_le_bytes());
 }
+/// Appends a little-endian u16.
 pub fn push16(out: &mut Vec<u8>, v: u16) {
     out.extend_from_slice(&v.to_le_bytes());
 }

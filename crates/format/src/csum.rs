@@ -1,14 +1,20 @@
 //! Checksums (tree blocks, superblocks, data) and the name/back-reference hashes.
 
+/// Checksum algorithm of a filesystem (superblock csum_type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CsumType {
+    /// CRC32C (type 0, 4 bytes).
     Crc32c,
+    /// xxHash64 (type 1, 8 bytes).
     Xxhash64,
+    /// SHA-256 (type 2, 32 bytes).
     Sha256,
+    /// BLAKE2b-256 (type 3, 32 bytes).
     Blake2b,
 }
 
 impl CsumType {
+    /// The type for an on-disk csum_type value.
     pub fn from_u16(v: u16) -> Option<CsumType> {
         Some(match v {
             0 => CsumType::Crc32c,
@@ -18,6 +24,7 @@ impl CsumType {
             _ => return None,
         })
     }
+    /// The on-disk csum_type value.
     pub fn as_u16(self) -> u16 {
         match self {
             CsumType::Crc32c => 0,
@@ -43,6 +50,7 @@ impl CsumType {
             CsumType::Blake2b => "blake2b",
         }
     }
+    /// The type for a name as `mkfs.btrfs --csum` accepts it.
     pub fn from_name(s: &str) -> Option<CsumType> {
         Some(match s {
             "crc32c" => CsumType::Crc32c,

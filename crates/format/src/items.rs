@@ -5,13 +5,17 @@ use crate::consts::*;
 use crate::key::Key;
 use crate::{FormatError, Result};
 
+/// A timestamp (struct btrfs_timespec).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Timespec {
+    /// Seconds since the Unix epoch.
     pub sec: i64,
+    /// Nanoseconds within the second.
     pub nsec: u32,
 }
 
 impl Timespec {
+    /// On-disk size in bytes.
     pub const SIZE: usize = 12;
     fn parse(c: &mut Cursor<'_>) -> Result<Timespec> {
         Ok(Timespec {
@@ -21,28 +25,47 @@ impl Timespec {
     }
 }
 
+/// An INODE_ITEM body (struct btrfs_inode_item).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct InodeItem {
+    /// NFS-style generation: transaction id that created the inode.
     pub generation: u64,
+    /// Transaction id that last changed the inode.
     pub transid: u64,
+    /// File size in bytes (st_size).
     pub size: u64,
+    /// Bytes of data extents the file references (st_blocks in bytes).
     pub nbytes: u64,
+    /// Block group allocation hint (unused by current kernels).
     pub block_group: u64,
+    /// Number of hard links.
     pub nlink: u32,
+    /// Owner user id.
     pub uid: u32,
+    /// Owner group id.
     pub gid: u32,
+    /// File type and permission bits (st_mode).
     pub mode: u32,
+    /// Device number of a character or block device inode.
     pub rdev: u64,
+    /// Inode flags (`INODE_*`).
     pub flags: u64,
+    /// Change counter for NFS (i_version).
     pub sequence: u64,
+    /// Last access time.
     pub atime: Timespec,
+    /// Last status change time.
     pub ctime: Timespec,
+    /// Last modification time.
     pub mtime: Timespec,
+    /// Creation time.
     pub otime: Timespec,
 }
 
 impl InodeItem {
+    /// On-disk size in bytes.
     pub const SIZE: usize = 160;
+    /// Decodes a 160-byte INODE_ITEM body.
     pub fn parse(b: &[u8]) -> Result<InodeItem> {
         let mut c = Cursor::new(b, "inode item");
         let mut i = InodeItem {
@@ -72,8 +95,11 @@ impl InodeItem {
 /// One name of an inode in a directory (INODE_REF key offset = parent directory).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InodeRef {
+    /// Inode number of the parent directory.
     pub parent: u64,
+    /// Index of the entry in the parent (its DIR_INDEX key offset).
     pub index: u64,
+    /// The name, raw bytes.
     pub name: Vec<u8>,
 }
 
@@ -113,16 +139,22 @@ pub fn parse_inode_extrefs(b: &[u8]) -> Result<Vec<InodeRef>> {
 /// A DIR_ITEM / DIR_INDEX / XATTR_ITEM entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirItem {
+    /// Key of the target: its INODE_ITEM, or the ROOT_ITEM of a subvolume (zeros for xattrs).
     pub location: Key,
+    /// Transaction id that created the entry.
     pub transid: u64,
+    /// Entry type (`FT_*`).
     pub ty: u8,
+    /// Entry or xattr name, raw bytes.
     pub name: Vec<u8>,
     /// xattr value (empty for directory entries).
     pub data: Vec<u8>,
 }
 
+/// Size of struct btrfs_dir_item, before the name and data.
 pub const DIR_ITEM_HEADER_SIZE: usize = 30;
 
+/// Decodes the packed entries of a DIR_ITEM / DIR_INDEX / XATTR_ITEM body.
 pub fn parse_dir_items(b: &[u8]) -> Result<Vec<DirItem>> {
     let mut c = Cursor::new(b, "dir item");
     let mut out = Vec::new();
@@ -145,34 +177,53 @@ pub fn parse_dir_items(b: &[u8]) -> Result<Vec<DirItem>> {
     Ok(out)
 }
 
+/// The type-specific part of a file extent item.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FileExtentBody {
     /// Inline data (possibly compressed) stored in the item itself.
-    Inline { data: Vec<u8> },
+    Inline {
+        /// The payload as stored (compressed if `compression` is set).
+        data: Vec<u8>,
+    },
     /// Regular or prealloc extent. disk_bytenr 0 means a hole.
     Regular {
+        /// Logical address of the extent on disk (0: a hole).
         disk_bytenr: u64,
+        /// Size of the extent on disk (compressed size if compressed).
         disk_num_bytes: u64,
+        /// Offset into the uncompressed extent where this file range starts.
         offset: u64,
+        /// Bytes of the file this item covers.
         num_bytes: u64,
     },
 }
 
+/// An EXTENT_DATA body (struct btrfs_file_extent_item).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileExtentItem {
+    /// Transaction id that created the extent.
     pub generation: u64,
+    /// Size of the extent's data uncompressed.
     pub ram_bytes: u64,
+    /// Compression type (0 none, 1 zlib, 2 lzo, 3 zstd).
     pub compression: u8,
+    /// Encryption type (always 0).
     pub encryption: u8,
+    /// Other encoding (reserved, always 0).
     pub other_encoding: u16,
+    /// Extent type (`FILE_EXTENT_*`).
     pub ty: u8,
+    /// Inline data or the on-disk extent.
     pub body: FileExtentBody,
 }
 
+/// Offset of inline data in the item (the fixed header's size).
 pub const FILE_EXTENT_INLINE_DATA_START: usize = 21;
+/// Size of a regular or prealloc file extent item.
 pub const FILE_EXTENT_SIZE: usize = 53;
 
 impl FileExtentItem {
+    /// Decodes an EXTENT_DATA body.
     pub fn parse(b: &[u8]) -> Result<FileExtentItem> {
         let mut c = Cursor::new(b, "file extent item");
         let generation = c.u64()?;
@@ -218,38 +269,65 @@ impl FileExtentItem {
     }
 }
 
+/// A ROOT_ITEM body (struct btrfs_root_item).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RootItem {
+    /// Embedded inode item (mostly unused; see [`INODE_ROOT_ITEM_INIT`]).
     pub inode: InodeItem,
+    /// Transaction id of the tree's last commit.
     pub generation: u64,
+    /// Object id of the tree's root directory (256 for subvolumes).
     pub root_dirid: u64,
+    /// Logical address of the tree's root block.
     pub bytenr: u64,
+    /// Byte limit (unused).
     pub byte_limit: u64,
+    /// Bytes of tree blocks the tree uses.
     pub bytes_used: u64,
+    /// Transaction id of the latest snapshot of this tree.
     pub last_snapshot: u64,
+    /// Root flags (`ROOT_SUBVOL_*`).
     pub flags: u64,
+    /// Reference count (0 once the subvolume is deleted).
     pub refs: u32,
+    /// Key where an interrupted subvolume deletion resumes.
     pub drop_progress: Key,
+    /// Tree level of `drop_progress`.
     pub drop_level: u8,
+    /// Level of the root block.
     pub level: u8,
     /// Fields below exist only in the 439-byte item (generation_v2 == generation).
     pub generation_v2: u64,
+    /// UUID of the subvolume.
     pub uuid: [u8; 16],
+    /// UUID of the subvolume this is a snapshot of.
     pub parent_uuid: [u8; 16],
+    /// UUID of the sent subvolume this one was received from.
     pub received_uuid: [u8; 16],
+    /// Transaction id of the last change to the subvolume.
     pub ctransid: u64,
+    /// Transaction id that created the subvolume.
     pub otransid: u64,
+    /// Transaction id of the source when sent (received subvolumes).
     pub stransid: u64,
+    /// Transaction id when received (received subvolumes).
     pub rtransid: u64,
+    /// Time of the last change to the subvolume.
     pub ctime: Timespec,
+    /// Creation time.
     pub otime: Timespec,
+    /// Time the source was sent (received subvolumes).
     pub stime: Timespec,
+    /// Time the subvolume was received.
     pub rtime: Timespec,
 }
 
 impl RootItem {
+    /// Size of the current (v2) root item.
     pub const SIZE: usize = 439;
+    /// Size of the legacy root item (before generation_v2).
     pub const LEGACY_SIZE: usize = 239;
+    /// Decodes a ROOT_ITEM body, legacy or v2.
     pub fn parse(b: &[u8]) -> Result<RootItem> {
         if b.len() < Self::LEGACY_SIZE {
             return Err(FormatError::invalid(
@@ -289,6 +367,7 @@ impl RootItem {
         }
         Ok(r)
     }
+    /// Whether the v2 fields are valid (generation_v2 matches generation).
     pub fn is_v2(&self) -> bool {
         self.generation_v2 == self.generation
     }
@@ -297,12 +376,16 @@ impl RootItem {
 /// ROOT_REF (parent, 156, child) and ROOT_BACKREF (child, 144, parent) body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RootRef {
+    /// Directory (in the parent subvolume) holding the subvolume's entry.
     pub dirid: u64,
+    /// Index of that entry in the directory (its DIR_INDEX key offset).
     pub sequence: u64,
+    /// Name of the entry, raw bytes.
     pub name: Vec<u8>,
 }
 
 impl RootRef {
+    /// Decodes a ROOT_REF / ROOT_BACKREF body.
     pub fn parse(b: &[u8]) -> Result<RootRef> {
         let mut c = Cursor::new(b, "root ref");
         let dirid = c.u64()?;
@@ -316,25 +399,40 @@ impl RootRef {
     }
 }
 
+/// A back reference stored inline in an extent item.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum InlineRef {
+    /// TREE_BLOCK_REF: a tree block referenced by its tree.
     TreeBlock {
+        /// Object id of the tree.
         root: u64,
     },
+    /// SHARED_BLOCK_REF: a tree block referenced by a parent block.
     SharedBlock {
+        /// Logical address of the parent block.
         parent: u64,
     },
+    /// EXTENT_DATA_REF: data referenced by file extents of one inode.
     ExtentData {
+        /// Subvolume tree id.
         root: u64,
+        /// Inode number.
         objectid: u64,
+        /// File offset of the extent's start (file extent key offset minus its `offset`).
         offset: u64,
+        /// Number of references.
         count: u32,
     },
+    /// SHARED_DATA_REF: data referenced by file extents of one leaf.
     SharedData {
+        /// Logical address of the leaf.
         parent: u64,
+        /// Number of references.
         count: u32,
     },
+    /// EXTENT_OWNER_REF: the root owning a data extent (simple quotas).
     Owner {
+        /// Object id of the owning tree.
         root: u64,
     },
 }
@@ -352,13 +450,18 @@ impl InlineRef {
     }
 }
 
+/// An EXTENT_ITEM or METADATA_ITEM body (struct btrfs_extent_item).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentItem {
+    /// Total references to the extent.
     pub refs: u64,
+    /// Transaction id that allocated the extent.
     pub generation: u64,
+    /// Extent flags (`EXTENT_FLAG_*`, [`BLOCK_FLAG_FULL_BACKREF`]).
     pub flags: u64,
     /// Non-skinny tree block: first key of the block and its level.
     pub tree_block_info: Option<(Key, u8)>,
+    /// Back references stored in the item.
     pub inline_refs: Vec<InlineRef>,
 }
 
@@ -414,13 +517,18 @@ impl ExtentItem {
 /// Keyed EXTENT_DATA_REF body.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExtentDataRef {
+    /// Subvolume tree id.
     pub root: u64,
+    /// Inode number.
     pub objectid: u64,
+    /// File offset of the extent's start (file extent key offset minus its `offset`).
     pub offset: u64,
+    /// Number of references.
     pub count: u32,
 }
 
 impl ExtentDataRef {
+    /// Decodes a keyed EXTENT_DATA_REF body.
     pub fn parse(b: &[u8]) -> Result<ExtentDataRef> {
         let mut c = Cursor::new(b, "extent data ref");
         Ok(ExtentDataRef {
@@ -432,14 +540,19 @@ impl ExtentDataRef {
     }
 }
 
+/// A BLOCK_GROUP_ITEM body (struct btrfs_block_group_item).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockGroupItem {
+    /// Bytes used in the block group.
     pub used: u64,
+    /// Object id of the chunk item ([`FIRST_CHUNK_TREE_OBJECTID`]).
     pub chunk_objectid: u64,
+    /// Type and profile flags (`BLOCK_GROUP_*`).
     pub flags: u64,
 }
 
 impl BlockGroupItem {
+    /// Decodes a BLOCK_GROUP_ITEM body.
     pub fn parse(b: &[u8]) -> Result<BlockGroupItem> {
         let mut c = Cursor::new(b, "block group item");
         Ok(BlockGroupItem {
@@ -450,26 +563,43 @@ impl BlockGroupItem {
     }
 }
 
+/// A DEV_ITEM body (struct btrfs_dev_item), also embedded in the superblock.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DevItem {
+    /// Device id within the filesystem.
     pub devid: u64,
+    /// Size of the device in bytes.
     pub total_bytes: u64,
+    /// Bytes allocated to device extents.
     pub bytes_used: u64,
+    /// Optimal I/O alignment.
     pub io_align: u32,
+    /// Optimal I/O width.
     pub io_width: u32,
+    /// Minimal I/O size.
     pub sector_size: u32,
+    /// Device type (unused).
     pub ty: u64,
+    /// Expected generation of the device (unused).
     pub generation: u64,
+    /// Start of the usable area on the device (unused).
     pub start_offset: u64,
+    /// Allocation group (unused).
     pub dev_group: u32,
+    /// Seek speed hint, 0-100 (unused).
     pub seek_speed: u8,
+    /// Bandwidth hint, 0-100 (unused).
     pub bandwidth: u8,
+    /// UUID of the device.
     pub uuid: [u8; 16],
+    /// fsid of the filesystem owning the device.
     pub fsid: [u8; 16],
 }
 
 impl DevItem {
+    /// On-disk size in bytes.
     pub const SIZE: usize = 98;
+    /// Decodes a DEV_ITEM body.
     pub fn parse(b: &[u8]) -> Result<DevItem> {
         let mut c = Cursor::new(b, "dev item");
         Ok(DevItem {
@@ -491,31 +621,49 @@ impl DevItem {
     }
 }
 
+/// One stripe of a chunk (struct btrfs_stripe).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stripe {
+    /// Device id.
     pub devid: u64,
+    /// Physical byte offset on the device.
     pub offset: u64,
+    /// UUID of the device.
     pub dev_uuid: [u8; 16],
 }
 
+/// A CHUNK_ITEM body (struct btrfs_chunk).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chunk {
+    /// Logical size of the chunk in bytes.
     pub length: u64,
+    /// Object id of the tree referencing the chunk (the extent tree).
     pub owner: u64,
+    /// Stripe length.
     pub stripe_len: u64,
+    /// Type and profile flags (`BLOCK_GROUP_*`).
     pub ty: u64,
+    /// Optimal I/O alignment.
     pub io_align: u32,
+    /// Optimal I/O width.
     pub io_width: u32,
+    /// Minimal I/O size.
     pub sector_size: u32,
+    /// Number of stripes as stored.
     pub num_stripes: u16,
+    /// Sub-stripes (2 for RAID10, else 1).
     pub sub_stripes: u16,
+    /// The stripes.
     pub stripes: Vec<Stripe>,
 }
 
+/// Size of struct btrfs_chunk before its stripes.
 pub const CHUNK_BASE_SIZE: usize = 48;
+/// Size of a struct btrfs_stripe.
 pub const STRIPE_SIZE: usize = 32;
 
 impl Chunk {
+    /// Decodes a CHUNK_ITEM body.
     pub fn parse(b: &[u8]) -> Result<Chunk> {
         let mut c = Cursor::new(b, "chunk item");
         let length = c.u64()?;
@@ -551,21 +699,29 @@ impl Chunk {
             stripes,
         })
     }
+    /// Size of the item with its stripes.
     pub fn item_size(&self) -> usize {
         CHUNK_BASE_SIZE + STRIPE_SIZE * self.stripes.len()
     }
 }
 
+/// A DEV_EXTENT body (struct btrfs_dev_extent).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DevExtent {
+    /// Object id of the chunk tree ([`CHUNK_TREE_OBJECTID`]).
     pub chunk_tree: u64,
+    /// Object id of the chunk item ([`FIRST_CHUNK_TREE_OBJECTID`]).
     pub chunk_objectid: u64,
+    /// Logical start of the chunk this extent backs.
     pub chunk_offset: u64,
+    /// Length of the extent on the device.
     pub length: u64,
+    /// UUID of the chunk tree.
     pub chunk_tree_uuid: [u8; 16],
 }
 
 impl DevExtent {
+    /// Decodes a DEV_EXTENT body.
     pub fn parse(b: &[u8]) -> Result<DevExtent> {
         let mut c = Cursor::new(b, "dev extent");
         Ok(DevExtent {
@@ -578,49 +734,80 @@ impl DevExtent {
     }
 }
 
+/// A FREE_SPACE_INFO body (struct btrfs_free_space_info).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FreeSpaceInfo {
+    /// Number of free extents in the block group.
     pub extent_count: u32,
+    /// Flags (1: the block group uses bitmaps).
     pub flags: u32,
 }
 
+/// A QGROUP_STATUS body (struct btrfs_qgroup_status_item).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QgroupStatus {
+    /// Format version.
     pub version: u64,
+    /// Transaction id of the last update.
     pub generation: u64,
+    /// Status flags (on, rescan, inconsistent, simple mode).
     pub flags: u64,
+    /// Rescan progress: the next logical address to scan.
     pub rescan: u64,
+    /// Transaction id quotas were enabled in (simple quotas; absent in older items).
     pub enable_gen: Option<u64>,
 }
 
+/// A QGROUP_INFO body (struct btrfs_qgroup_info_item).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QgroupInfo {
+    /// Transaction id of the last update.
     pub generation: u64,
+    /// Referenced bytes.
     pub rfer: u64,
+    /// Referenced bytes, compressed.
     pub rfer_cmpr: u64,
+    /// Exclusive bytes.
     pub excl: u64,
+    /// Exclusive bytes, compressed.
     pub excl_cmpr: u64,
 }
 
+/// A QGROUP_LIMIT body (struct btrfs_qgroup_limit_item).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct QgroupLimit {
+    /// Which limits are set.
     pub flags: u64,
+    /// Limit on referenced bytes.
     pub max_rfer: u64,
+    /// Limit on exclusive bytes.
     pub max_excl: u64,
+    /// Reserved referenced bytes.
     pub rsv_rfer: u64,
+    /// Reserved exclusive bytes.
     pub rsv_excl: u64,
 }
 
+/// A DEV_REPLACE body (struct btrfs_dev_replace_item).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DevReplaceItem {
+    /// Device id being replaced.
     pub src_devid: u64,
+    /// Start of the source range being copied (everything before it is done).
     pub cursor_left: u64,
+    /// End of the source range being copied.
     pub cursor_right: u64,
+    /// Whether reads use the source device (0 always, 1 avoid).
     pub cont_reading_from_srcdev_mode: u64,
+    /// Replace state (never started, started, finished, canceled, suspended).
     pub replace_state: u64,
+    /// Start time, seconds since the epoch.
     pub time_started: u64,
+    /// Stop time, seconds since the epoch.
     pub time_stopped: u64,
+    /// Write errors seen.
     pub num_write_errors: u64,
+    /// Uncorrectable read errors seen.
     pub num_uncorrectable_read_errors: u64,
 }
 
@@ -630,37 +817,78 @@ pub struct DevReplaceItem {
 // variants would buy nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Item {
+    /// INODE_ITEM.
     Inode(InodeItem),
+    /// INODE_REF entries.
     InodeRef(Vec<InodeRef>),
+    /// INODE_EXTREF entries.
     InodeExtref(Vec<InodeRef>),
+    /// DIR_ITEM or DIR_INDEX entries.
     DirItems(Vec<DirItem>),
+    /// XATTR_ITEM entries.
     Xattrs(Vec<DirItem>),
+    /// EXTENT_DATA.
     FileExtent(FileExtentItem),
+    /// EXTENT_CSUM: packed checksums.
     Csum(Vec<u8>),
+    /// ROOT_ITEM.
     Root(RootItem),
+    /// ROOT_REF or ROOT_BACKREF.
     RootRef(RootRef),
+    /// EXTENT_ITEM or METADATA_ITEM.
     Extent(ExtentItem),
+    /// Keyed TREE_BLOCK_REF (no body).
     TreeBlockRef,
+    /// Keyed SHARED_BLOCK_REF (no body).
     SharedBlockRef,
+    /// Keyed EXTENT_DATA_REF.
     ExtentDataRef(ExtentDataRef),
-    SharedDataRef { count: u32 },
-    ExtentOwnerRef { root: u64 },
+    /// Keyed SHARED_DATA_REF.
+    SharedDataRef {
+        /// Number of references from the parent leaf.
+        count: u32,
+    },
+    /// Keyed EXTENT_OWNER_REF.
+    ExtentOwnerRef {
+        /// Object id of the owning tree.
+        root: u64,
+    },
+    /// BLOCK_GROUP_ITEM.
     BlockGroup(BlockGroupItem),
+    /// FREE_SPACE_INFO.
     FreeSpaceInfo(FreeSpaceInfo),
+    /// FREE_SPACE_EXTENT (no body; the key holds the range).
     FreeSpaceExtent,
+    /// FREE_SPACE_BITMAP: the bitmap bytes.
     FreeSpaceBitmap(Vec<u8>),
+    /// DEV_EXTENT.
     DevExtent(DevExtent),
+    /// DEV_ITEM.
     Dev(DevItem),
+    /// CHUNK_ITEM.
     Chunk(Chunk),
+    /// QGROUP_STATUS.
     QgroupStatus(QgroupStatus),
+    /// QGROUP_INFO.
     QgroupInfo(QgroupInfo),
+    /// QGROUP_LIMIT.
     QgroupLimit(QgroupLimit),
+    /// QGROUP_RELATION (no body).
     QgroupRelation,
+    /// Device statistics counters (PERSISTENT_ITEM of [`DEV_STATS_OBJECTID`]).
     DevStats(Vec<u64>),
+    /// DEV_REPLACE.
     DevReplace(DevReplaceItem),
+    /// UUID tree item: subvolume ids.
     UuidList(Vec<u64>),
+    /// ORPHAN_ITEM (no body).
     Orphan,
-    DirLogIndex { end: u64 },
+    /// DIR_LOG_ITEM or DIR_LOG_INDEX.
+    DirLogIndex {
+        /// End of the logged range (the key offset is its start).
+        end: u64,
+    },
+    /// Any other item: its body bytes.
     Raw(Vec<u8>),
 }
 

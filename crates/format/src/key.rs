@@ -5,24 +5,31 @@ use crate::consts::*;
 use crate::Result;
 use std::fmt;
 
+/// A btree key (struct btrfs_disk_key): object id, item type, offset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Key {
+    /// Object id: inode number, tree id, logical address... by item type.
     pub objectid: u64,
+    /// Item type (`*_KEY` constants).
     pub ty: u8,
+    /// Type-specific offset.
     pub offset: u64,
 }
 
 impl Key {
+    /// The smallest key.
     pub const MIN: Key = Key {
         objectid: 0,
         ty: 0,
         offset: 0,
     };
+    /// The largest key.
     pub const MAX: Key = Key {
         objectid: u64::MAX,
         ty: u8::MAX,
         offset: u64::MAX,
     };
+    /// A key from its three fields.
     pub const fn new(objectid: u64, ty: u8, offset: u64) -> Self {
         Key {
             objectid,
@@ -41,6 +48,7 @@ impl Key {
             offset,
         })
     }
+    /// Decodes a 17-byte disk key from the start of `b`.
     pub fn from_bytes(b: &[u8]) -> Result<Key> {
         Key::parse(&mut Cursor::new(b, "disk key"))
     }
@@ -97,6 +105,7 @@ pub fn fmt_objectid(id: u64, ty: u8) -> String {
     }
 }
 
+/// Formats a qgroup id as level/id.
 pub fn fmt_qgroupid(id: u64) -> String {
     format!("{}/{}", id >> 48, id & ((1u64 << 48) - 1))
 }

@@ -4,6 +4,8 @@
 //! Every parser takes a byte slice and returns either a typed value or a [`FormatError`]
 //! saying what was being read and why it failed; nothing here panics on hostile input.
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![deny(unreachable_pub)]
 
 pub mod bytes;
 pub mod consts;
@@ -21,18 +23,30 @@ pub use key::Key;
 /// A parse failure. `what` names the structure being decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FormatError {
+    /// The input ended before the structure did.
     #[error("{what}: truncated (needs {need} bytes at offset {offset}, have {have})")]
     Truncated {
+        /// The structure being decoded.
         what: &'static str,
+        /// Offset of the read that failed.
         offset: usize,
+        /// Bytes the read needed.
         need: usize,
+        /// Bytes left at that offset.
         have: usize,
     },
+    /// The bytes are present but break a rule of the format.
     #[error("{what}: {detail}")]
-    Invalid { what: &'static str, detail: String },
+    Invalid {
+        /// The structure being decoded.
+        what: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
 }
 
 impl FormatError {
+    /// A [`FormatError::Invalid`] for `what` with the given detail.
     pub fn invalid(what: &'static str, detail: impl Into<String>) -> Self {
         FormatError::Invalid {
             what,
@@ -41,4 +55,5 @@ impl FormatError {
     }
 }
 
+/// Result of every parser in this crate.
 pub type Result<T> = std::result::Result<T, FormatError>;

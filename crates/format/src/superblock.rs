@@ -16,33 +16,59 @@ use crate::items::{Chunk, DevItem};
 use crate::key::Key;
 use crate::{FormatError, Result};
 
+/// Offset of sys_chunk_array in the superblock.
 pub const SYS_CHUNK_ARRAY_OFFSET: usize = 0x32b;
+/// Offset of the backup roots (super_roots) in the superblock.
 pub const SUPER_ROOTS_OFFSET: usize = 0xb2b;
+/// Size of one backup root (struct btrfs_root_backup).
 pub const ROOT_BACKUP_SIZE: usize = 168;
+/// Number of backup roots in the superblock (BTRFS_NUM_BACKUP_ROOTS).
 pub const NUM_BACKUP_ROOTS: usize = 4;
 
+/// One backup of the main tree roots (struct btrfs_root_backup), kept in the superblock.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RootBackup {
+    /// Logical address of the root tree root.
     pub tree_root: u64,
+    /// Generation of the root tree root.
     pub tree_root_gen: u64,
+    /// Logical address of the chunk tree root.
     pub chunk_root: u64,
+    /// Generation of the chunk tree root.
     pub chunk_root_gen: u64,
+    /// Logical address of the extent tree root.
     pub extent_root: u64,
+    /// Generation of the extent tree root.
     pub extent_root_gen: u64,
+    /// Logical address of the FS tree root.
     pub fs_root: u64,
+    /// Generation of the FS tree root.
     pub fs_root_gen: u64,
+    /// Logical address of the device tree root.
     pub dev_root: u64,
+    /// Generation of the device tree root.
     pub dev_root_gen: u64,
+    /// Logical address of the checksum tree root.
     pub csum_root: u64,
+    /// Generation of the checksum tree root.
     pub csum_root_gen: u64,
+    /// Total bytes of all devices at that commit.
     pub total_bytes: u64,
+    /// Bytes used at that commit.
     pub bytes_used: u64,
+    /// Number of devices at that commit.
     pub num_devices: u64,
+    /// Level of the root tree root.
     pub tree_root_level: u8,
+    /// Level of the chunk tree root.
     pub chunk_root_level: u8,
+    /// Level of the extent tree root.
     pub extent_root_level: u8,
+    /// Level of the FS tree root.
     pub fs_root_level: u8,
+    /// Level of the device tree root.
     pub dev_root_level: u8,
+    /// Level of the checksum tree root.
     pub csum_root_level: u8,
 }
 
@@ -120,42 +146,78 @@ impl RootBackup {
     }
 }
 
+/// A decoded superblock (struct btrfs_super_block).
 #[derive(Clone, Debug)]
 pub struct SuperBlock {
+    /// Checksum of bytes 0x20..0x1000 (left-aligned).
     pub csum: [u8; 32],
+    /// Filesystem UUID (fsid).
     pub fsid: [u8; 16],
+    /// Physical address of this copy.
     pub bytenr: u64,
+    /// Superblock flags (`SUPER_FLAG_*`).
     pub flags: u64,
+    /// Magic number ([`BTRFS_MAGIC`]).
     pub magic: u64,
+    /// Transaction id of the last commit.
     pub generation: u64,
+    /// Logical address of the root tree root.
     pub root: u64,
+    /// Logical address of the chunk tree root.
     pub chunk_root: u64,
+    /// Logical address of the log tree root (0: no log).
     pub log_root: u64,
+    /// Unused by current kernels (log_root_transid).
     pub log_root_transid: u64,
+    /// Total bytes of all devices.
     pub total_bytes: u64,
+    /// Bytes used.
     pub bytes_used: u64,
+    /// Object id of the root tree directory ([`ROOT_TREE_DIR_OBJECTID`]).
     pub root_dir_objectid: u64,
+    /// Number of devices.
     pub num_devices: u64,
+    /// Sector size: the unit of data allocation.
     pub sectorsize: u32,
+    /// Tree block size.
     pub nodesize: u32,
+    /// Legacy leaf size (equals nodesize).
     pub leafsize: u32,
+    /// Stripe size (unused; equals sectorsize).
     pub stripesize: u32,
+    /// Bytes of sys_chunk_array in use.
     pub sys_chunk_array_size: u32,
+    /// Generation of the chunk tree root.
     pub chunk_root_generation: u64,
+    /// compat feature flags (none defined).
     pub compat_flags: u64,
+    /// compat_ro feature flags (`FEATURE_COMPAT_RO_*`).
     pub compat_ro_flags: u64,
+    /// incompat feature flags (`FEATURE_INCOMPAT_*`).
     pub incompat_flags: u64,
+    /// Checksum type as stored (see [`SuperBlock::csum_type`]).
     pub csum_type_raw: u16,
+    /// Level of the root tree root.
     pub root_level: u8,
+    /// Level of the chunk tree root.
     pub chunk_root_level: u8,
+    /// Level of the log tree root.
     pub log_root_level: u8,
+    /// The device this copy belongs to.
     pub dev_item: DevItem,
+    /// Label, NUL-padded.
     pub label_raw: [u8; 256],
+    /// Generation of the v1 free space cache (invalid if it differs from generation).
     pub cache_generation: u64,
+    /// Generation at which the UUID tree was last checked.
     pub uuid_tree_generation: u64,
+    /// UUID that tree block headers carry when METADATA_UUID is set.
     pub metadata_uuid: [u8; 16],
+    /// Number of global roots (extent-tree-v2).
     pub nr_global_roots: u64,
+    /// The 2048-byte sys_chunk_array: (key, chunk) pairs of the SYSTEM chunks.
     pub sys_chunk_array: Vec<u8>,
+    /// The four backup roots.
     pub backup_roots: Vec<RootBackup>,
     /// The whole 4096 bytes as read, so a writer can update fields in place.
     pub raw: Vec<u8>,
@@ -343,10 +405,12 @@ impl SuperBlock {
         out
     }
 
+    /// The checksum type, if known.
     pub fn csum_type(&self) -> Option<CsumType> {
         CsumType::from_u16(self.csum_type_raw)
     }
 
+    /// The label up to its first NUL, lossily decoded as UTF-8.
     pub fn label(&self) -> String {
         let end = self
             .label_raw

@@ -11,20 +11,31 @@ use crate::csum::CsumType;
 use crate::key::Key;
 use crate::{FormatError, Result};
 
+/// A tree block header (struct btrfs_header).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Header {
+    /// Checksum of the block from byte 0x20 on (left-aligned).
     pub csum: [u8; 32],
+    /// fsid (or metadata_uuid) of the filesystem.
     pub fsid: [u8; 16],
+    /// Logical address of this block.
     pub bytenr: u64,
+    /// Flags (low 56 bits) and back reference revision (top byte).
     pub flags: u64,
+    /// UUID of the chunk tree.
     pub chunk_tree_uuid: [u8; 16],
+    /// Transaction id that wrote the block.
     pub generation: u64,
+    /// Object id of the tree owning the block.
     pub owner: u64,
+    /// Number of items (leaf) or key pointers (node).
     pub nritems: u32,
+    /// Level in the tree: 0 for leaves.
     pub level: u8,
 }
 
 impl Header {
+    /// Decodes the 101-byte header at the start of `buf`.
     pub fn parse(buf: &[u8]) -> Result<Header> {
         let mut c = Cursor::new(buf, "tree block header");
         Ok(Header {
@@ -58,9 +69,11 @@ impl Header {
         self.write(&mut b);
         b
     }
+    /// Back reference revision (top byte of the flags).
     pub fn backref_rev(&self) -> u64 {
         self.flags >> BACKREF_REV_SHIFT
     }
+    /// Block flags (`HEADER_FLAG_*`), without the back reference revision.
     pub fn block_flags(&self) -> u64 {
         self.flags & ((1u64 << BACKREF_REV_SHIFT) - 1)
     }
@@ -69,17 +82,22 @@ impl Header {
 /// A leaf item header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ItemHeader {
+    /// The item's key.
     pub key: Key,
     /// Data offset relative to the end of the block header.
     pub offset: u32,
+    /// Size of the item's data.
     pub size: u32,
 }
 
 /// A node's pointer to a child block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KeyPtr {
+    /// First key of the child block.
     pub key: Key,
+    /// Logical address of the child block.
     pub blockptr: u64,
+    /// Transaction id the child block was written in.
     pub generation: u64,
 }
 
@@ -87,31 +105,40 @@ pub struct KeyPtr {
 /// buffer; structural rules (ordering, overlap, sizes) are the tree checker's job.
 #[derive(Clone, Copy, Debug)]
 pub struct BlockView<'a> {
+    /// The block's bytes.
     pub buf: &'a [u8],
 }
 
 impl<'a> BlockView<'a> {
+    /// A view of `buf`.
     pub fn new(buf: &'a [u8]) -> Self {
         BlockView { buf }
     }
+    /// The decoded header.
     pub fn header(&self) -> Result<Header> {
         Header::parse(self.buf)
     }
+    /// Header bytenr (0 if the buffer is too short).
     pub fn bytenr(&self) -> u64 {
         le64(self.buf, 0x30, "header").unwrap_or(0)
     }
+    /// Header generation (0 if the buffer is too short).
     pub fn generation(&self) -> u64 {
         le64(self.buf, 0x50, "header").unwrap_or(0)
     }
+    /// Header owner (0 if the buffer is too short).
     pub fn owner(&self) -> u64 {
         le64(self.buf, 0x58, "header").unwrap_or(0)
     }
+    /// Header nritems (0 if the buffer is too short).
     pub fn nritems(&self) -> u32 {
         le32(self.buf, 0x60, "header").unwrap_or(0)
     }
+    /// Header level (0 if the buffer is too short).
     pub fn level(&self) -> u8 {
         self.buf.get(0x64).copied().unwrap_or(0)
     }
+    /// Leaf item header `i`.
     pub fn item(&self, i: usize) -> Result<ItemHeader> {
         let off = HEADER_SIZE + i * ITEM_SIZE;
         let mut c = Cursor::at(self.buf, off, "leaf item header");
@@ -121,6 +148,7 @@ impl<'a> BlockView<'a> {
             size: c.u32()?,
         })
     }
+    /// Key of leaf item `i`.
     pub fn item_key(&self, i: usize) -> Result<Key> {
         Key::parse(&mut Cursor::at(
             self.buf,
@@ -146,6 +174,7 @@ impl<'a> BlockView<'a> {
             )
         })
     }
+    /// Node key pointer `i`.
     pub fn key_ptr(&self, i: usize) -> Result<KeyPtr> {
         let off = HEADER_SIZE + i * KEY_PTR_SIZE;
         let mut c = Cursor::at(self.buf, off, "node key pointer");

@@ -56,7 +56,9 @@ pub fn basic_image(dir: &Path) -> PathBuf {
 
 /// A golden set's devices, unpacked into a temporary directory.
 pub struct Unpacked {
+    /// Temporary directory holding the devices (removed on drop).
     pub dir: tempfile::TempDir,
+    /// The unpacked device images, in manifest order.
     pub devices: Vec<PathBuf>,
 }
 

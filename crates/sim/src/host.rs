@@ -181,6 +181,7 @@ pub fn show_args<S: AsRef<OsStr>>(args: &[S]) -> String {
 /// (`Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"))`).
 #[derive(Clone, Copy, Debug)]
 pub struct Ubtrfs {
+    /// Path of the binary.
     pub bin: &'static str,
     /// Seconds a run may take before it counts as hung (killed by `timeout`, exit
     /// 124 or 137); none: no limit.
@@ -188,6 +189,7 @@ pub struct Ubtrfs {
 }
 
 impl Ubtrfs {
+    /// The binary at `bin`, with no time limit.
     pub const fn new(bin: &'static str) -> Ubtrfs {
         Ubtrfs {
             bin,
@@ -351,6 +353,7 @@ pub fn btrfs_check_image(
 /// directory; removed on drop.
 #[derive(Debug)]
 pub struct ScratchFile {
+    /// Path of the file.
     pub path: PathBuf,
 }
 

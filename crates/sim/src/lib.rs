@@ -14,6 +14,8 @@
 //! * [`golden`]: the kernel-made golden images and their manifests.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![deny(unreachable_pub)]
 
 pub mod fault_dev;
 pub mod golden;

@@ -189,6 +189,7 @@ pub struct ScratchBtrfs {
 }
 
 impl ScratchBtrfs {
+    /// Makes and loop-mounts the filesystem (panics on failure).
     pub fn new() -> ScratchBtrfs {
         let dir = tempdir("ubtrfs-scratch.").unwrap_or_else(|e| panic!("{e}"));
         let img = dir.path().join("scratch.img");
@@ -251,6 +252,7 @@ pub fn image_arg<P: AsRef<Path>>(devices: &[P]) -> std::ffi::OsString {
 pub struct FuseMount {
     /// The mountpoint.
     pub mnt: PathBuf,
+    /// The `ubtrfs mount -f` process.
     pub child: Child,
     stderr: PathBuf,
     _dir: tempfile::TempDir,

@@ -17,6 +17,7 @@ fn splitmix64(x: u64) -> u64 {
 }
 
 impl Rng {
+    /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Rng {
         let state = splitmix64(seed);
         Rng {
@@ -29,6 +30,7 @@ impl Rng {
         }
     }
 
+    /// The next 64 pseudo-random bits.
     pub fn next_u64(&mut self) -> u64 {
         let mut x = self.state;
         x ^= x >> 12;

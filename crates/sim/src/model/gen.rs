@@ -396,11 +396,15 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
 /// The filesystem features a run uses (varied by seed).
 #[derive(Clone, Debug)]
 pub struct FsConfig {
+    /// Tree block size.
     pub nodesize: u32,
     /// Dup metadata (two copies of every tree block) instead of single.
     pub dup: bool,
+    /// The NO_HOLES feature.
     pub no_holes: bool,
+    /// Checksum type.
     pub csum: CsumType,
+    /// The block-group-tree feature.
     pub block_group_tree: bool,
     /// Compress file data on write.
     pub compress: Option<Compression>,

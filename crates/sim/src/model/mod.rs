@@ -34,17 +34,26 @@ pub use run::{
 
 use op::{bulk_data, bulk_name, bulk_victims, link_name};
 
-/// The top-level subvolume and its root directory.
+/// Tree id of the top-level subvolume.
 pub const FS_TREE: u64 = 5;
+/// Inode number of the top-level subvolume's root directory (the model's [`ROOT`]).
 pub const TOP_DIR: u64 = 256;
 
+/// errno ENOENT: no such file or directory.
 pub const ENOENT: i32 = 2;
+/// errno EEXIST: file exists.
 pub const EEXIST: i32 = 17;
+/// errno ENOTDIR: not a directory.
 pub const ENOTDIR: i32 = 20;
+/// errno EISDIR: is a directory.
 pub const EISDIR: i32 = 21;
+/// errno EINVAL: invalid argument.
 pub const EINVAL: i32 = 22;
+/// errno ENOSPC: no space left on device.
 pub const ENOSPC: i32 = 28;
+/// errno ENOTEMPTY: directory not empty.
 pub const ENOTEMPTY: i32 = 39;
+/// errno EOPNOTSUPP: operation not supported.
 pub const EOPNOTSUPP: i32 = 95;
 
 /// Identity of a model node (survives renames; shared by hard links).
@@ -55,22 +64,29 @@ pub const ROOT: Id = 0;
 /// Largest file the workload grows (keeps data well inside a small device).
 pub const FILE_SIZE_MAX: u64 = 768 << 10;
 
+/// What a model node is, with its contents.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Kind {
+    /// A directory: its entries, name to identity.
     Dir(BTreeMap<Vec<u8>, Id>),
+    /// A regular file: its bytes.
     File(Vec<u8>),
+    /// A symbolic link: its target.
     Symlink(Vec<u8>),
     /// fifo, socket, character or block device (mode says which); kernel rdev.
     Special(u64),
 }
 
+/// One node of the model (an inode).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MNode {
+    /// Type and contents.
     pub kind: Kind,
     /// Full mode, type bits included.
     pub mode: u32,
     /// Number of names (directories: always 1, as btrfs keeps them).
     pub nlink: u32,
+    /// Extended attributes, name to value.
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
 }
 
@@ -89,6 +105,7 @@ impl MNode {
 /// The model filesystem: nodes by identity, directories map names to identities.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Model {
+    /// Every node by identity.
     pub nodes: BTreeMap<Id, MNode>,
     next_id: Id,
     /// Largest item a leaf holds (nodesize - header - item header): bounds xattrs and
@@ -130,6 +147,7 @@ fn split(path: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 impl Model {
+    /// A model holding only the root directory (mode `root_mode`), for `nodesize` tree blocks.
     pub fn new(root_mode: u32, nodesize: u32) -> Model {
         let mut nodes = BTreeMap::new();
         nodes.insert(
@@ -148,6 +166,7 @@ impl Model {
         }
     }
 
+    /// Node `id` (panics if there is none).
     pub fn node(&self, id: Id) -> &MNode {
         &self.nodes[&id]
     }

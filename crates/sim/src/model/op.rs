@@ -27,104 +27,172 @@ pub fn write_data(len: u64, seed: u64) -> Vec<u8> {
 /// One filesystem operation, with paths relative to the top directory ("" = itself).
 #[derive(Clone, PartialEq, Eq)]
 pub enum Op {
+    /// Creates a node of any type (`mknod`/`mkdir`/`creat`).
     Create {
+        /// Parent directory.
         dir: Vec<u8>,
+        /// New name.
         name: Vec<u8>,
+        /// Full mode, type bits included.
         mode: u32,
+        /// Device number (character and block devices).
         rdev: u64,
     },
+    /// Creates a symbolic link.
     Symlink {
+        /// Parent directory.
         dir: Vec<u8>,
+        /// New name.
         name: Vec<u8>,
+        /// Link target.
         target: Vec<u8>,
     },
+    /// Writes `write_data(len, seed)` at `offset`.
     Write {
+        /// The file.
         path: Vec<u8>,
+        /// File offset.
         offset: u64,
+        /// Bytes to write.
         len: u64,
+        /// Seed of the data ([`write_data`]).
         seed: u64,
     },
+    /// Sets the file size.
     Truncate {
+        /// The file.
         path: Vec<u8>,
+        /// New size.
         size: u64,
     },
+    /// Preallocates a range (fallocate mode 0 or FALLOC_FL_KEEP_SIZE).
     Fallocate {
+        /// The file.
         path: Vec<u8>,
+        /// Start of the range.
         offset: u64,
+        /// Length of the range.
         len: u64,
+        /// FALLOC_FL_KEEP_SIZE: the file size does not grow.
         keep_size: bool,
     },
+    /// Removes a non-directory name.
     Unlink {
+        /// Parent directory.
         dir: Vec<u8>,
+        /// Name to remove.
         name: Vec<u8>,
     },
+    /// Removes an empty directory.
     Rmdir {
+        /// Parent directory.
         dir: Vec<u8>,
+        /// Name to remove.
         name: Vec<u8>,
     },
+    /// Renames `odir/oname` to `ndir/nname`, replacing a compatible target.
     Rename {
+        /// Old parent directory.
         odir: Vec<u8>,
+        /// Old name.
         oname: Vec<u8>,
+        /// New parent directory.
         ndir: Vec<u8>,
+        /// New name.
         nname: Vec<u8>,
+        /// RENAME_NOREPLACE: fail with EEXIST if the new name exists.
         noreplace: bool,
     },
+    /// Adds a hard link to a non-directory.
     Link {
+        /// The existing file.
         src: Vec<u8>,
+        /// Directory of the new name.
         dir: Vec<u8>,
+        /// New name.
         name: Vec<u8>,
     },
+    /// Sets an extended attribute.
     SetXattr {
+        /// The node.
         path: Vec<u8>,
+        /// Attribute name.
         name: Vec<u8>,
+        /// Attribute value.
         value: Vec<u8>,
     },
+    /// Removes an extended attribute.
     RemoveXattr {
+        /// The node.
         path: Vec<u8>,
+        /// Attribute name.
         name: Vec<u8>,
     },
+    /// Changes the permission bits.
     Chmod {
+        /// The node.
         path: Vec<u8>,
+        /// New permission bits.
         perm: u32,
     },
     /// FALLOC_FL_PUNCH_HOLE.
     PunchHole {
+        /// The file.
         path: Vec<u8>,
+        /// Start of the hole.
         offset: u64,
+        /// Length of the hole.
         len: u64,
     },
     /// FALLOC_FL_ZERO_RANGE (with or without FALLOC_FL_KEEP_SIZE).
     ZeroRange {
+        /// The file.
         path: Vec<u8>,
+        /// Start of the range.
         offset: u64,
+        /// Length of the range.
         len: u64,
+        /// FALLOC_FL_KEEP_SIZE: the file size does not grow.
         keep_size: bool,
     },
     /// RENAME_EXCHANGE.
     RenameExchange {
+        /// Directory of the first name.
         adir: Vec<u8>,
+        /// First name.
         aname: Vec<u8>,
+        /// Directory of the second name.
         bdir: Vec<u8>,
+        /// Second name.
         bname: Vec<u8>,
     },
     /// Creates files `bulk<first>`.. `bulk<first + count - 1>` in `dir`, file i with
     /// `i % 300` bytes of data and every fifth with an xattr (grows trees quickly).
     BulkCreate {
+        /// Directory to create the files in.
         dir: Vec<u8>,
+        /// Number of the first file.
         first: u64,
+        /// Number of files.
         count: u64,
     },
     /// Unlinks every non-directory entry of `dir` except every `keep_every`-th one.
     BulkUnlink {
+        /// Directory to thin out.
         dir: Vec<u8>,
+        /// Keep every `keep_every`-th entry.
         keep_every: u64,
     },
     /// Adds `count` long names (`link_name`) for the non-directory `src` in `dir`:
     /// enough to overflow the INODE_REF item into INODE_EXTREFs on small nodes.
     BulkLink {
+        /// The existing non-directory.
         src: Vec<u8>,
+        /// Directory of the new names.
         dir: Vec<u8>,
+        /// Number of the first name.
         first: u64,
+        /// Number of names.
         count: u64,
     },
 }

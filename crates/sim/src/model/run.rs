@@ -173,6 +173,7 @@ pub struct SparseMem {
 }
 
 impl SparseMem {
+    /// An all-zero device of `size` bytes; `name` identifies it in messages.
     pub fn new(size: u64, name: &str) -> Arc<SparseMem> {
         let n = (size as usize).div_ceil(SPARSE_CHUNK);
         Arc::new(SparseMem {
@@ -266,13 +267,17 @@ impl SparseMem {
 
 /// Runs operations on an engine handle and the model side by side.
 pub struct Harness {
+    /// The engine's write handle.
     pub t: Trans,
+    /// The model, kept in step with the engine.
     pub model: Model,
+    /// Inode number of each model node.
     pub ino_of: HashMap<Id, u64>,
     /// Operations applied so far (for failure reports).
     pub log: Vec<String>,
     /// The same, replayable.
     pub steps: Vec<Step>,
+    /// Step counter; the source of the operations' timestamps ([`time_of`]).
     pub step: u64,
     /// Calls the engine refused as unsupported where the model expected success
     /// (fallocate on an inline file).
@@ -404,6 +409,7 @@ impl Harness {
             .map_err(|e| format!("after {op:?}: {e}"))
     }
 
+    /// Commits the engine and compares the whole tree with the model.
     pub fn commit(&mut self) -> Result<(), String> {
         self.log.push("commit".into());
         self.steps.push(Step::Commit);
@@ -426,6 +432,7 @@ impl Harness {
 /// Parameters of one model run.
 #[derive(Clone, Debug)]
 pub struct RunConfig {
+    /// Random operations to run.
     pub ops: usize,
     /// Device size (at least what the seed's configuration needs).
     pub dev_size: u64,
@@ -446,10 +453,15 @@ impl Default for RunConfig {
 /// Statistics of a successful run.
 #[derive(Clone, Debug, Default)]
 pub struct RunStats {
+    /// Operations applied.
     pub ops: u64,
+    /// Commits made.
     pub commits: u64,
+    /// Reopens of the handle from the device.
     pub reopens: u64,
+    /// Calls that failed as the model predicted.
     pub expected_errors: u64,
+    /// Calls the engine refused as unsupported where the model expected success.
     pub unsupported: u64,
     /// Deepest FS tree seen at a commit (0 = a single leaf).
     pub max_fs_tree_level: u8,
@@ -526,6 +538,7 @@ fn run_seed_inner(
 /// One step of a recorded run.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Step {
+    /// Apply an operation to both sides.
     Op(Op),
     /// Commit, then compare the whole tree, also on a fresh copy of the device.
     Commit,
