@@ -6,91 +6,94 @@
 //! UAPI header `linux/fuse.h`.
 
 /// Protocol version we speak. 7.39 adds FUSE_STATX (birth time).
-pub const KERNEL_VERSION: u32 = 7;
-pub const KERNEL_MINOR_VERSION: u32 = 39;
+pub(crate) const KERNEL_VERSION: u32 = 7;
+pub(crate) const KERNEL_MINOR_VERSION: u32 = 39;
 
 /// The node id of the mount's root directory.
-pub const ROOT_ID: u64 = 1;
+pub(crate) const ROOT_ID: u64 = 1;
 
-pub mod op {
-    pub const LOOKUP: u32 = 1;
-    pub const FORGET: u32 = 2;
-    pub const GETATTR: u32 = 3;
-    pub const SETATTR: u32 = 4;
-    pub const READLINK: u32 = 5;
-    pub const SYMLINK: u32 = 6;
-    pub const MKNOD: u32 = 8;
-    pub const MKDIR: u32 = 9;
-    pub const UNLINK: u32 = 10;
-    pub const RMDIR: u32 = 11;
-    pub const RENAME: u32 = 12;
-    pub const LINK: u32 = 13;
-    pub const OPEN: u32 = 14;
-    pub const READ: u32 = 15;
-    pub const WRITE: u32 = 16;
-    pub const STATFS: u32 = 17;
-    pub const RELEASE: u32 = 18;
-    pub const FSYNC: u32 = 20;
-    pub const SETXATTR: u32 = 21;
-    pub const GETXATTR: u32 = 22;
-    pub const LISTXATTR: u32 = 23;
-    pub const REMOVEXATTR: u32 = 24;
-    pub const FLUSH: u32 = 25;
-    pub const INIT: u32 = 26;
-    pub const OPENDIR: u32 = 27;
-    pub const READDIR: u32 = 28;
-    pub const RELEASEDIR: u32 = 29;
-    pub const FSYNCDIR: u32 = 30;
-    pub const GETLK: u32 = 31;
-    pub const SETLK: u32 = 32;
-    pub const SETLKW: u32 = 33;
-    pub const ACCESS: u32 = 34;
-    pub const CREATE: u32 = 35;
-    pub const INTERRUPT: u32 = 36;
-    pub const BMAP: u32 = 37;
-    pub const DESTROY: u32 = 38;
-    pub const IOCTL: u32 = 39;
-    pub const POLL: u32 = 40;
-    pub const BATCH_FORGET: u32 = 42;
-    pub const FALLOCATE: u32 = 43;
-    pub const READDIRPLUS: u32 = 44;
-    pub const RENAME2: u32 = 45;
-    pub const LSEEK: u32 = 46;
-    pub const COPY_FILE_RANGE: u32 = 47;
-    pub const SYNCFS: u32 = 50;
-    pub const TMPFILE: u32 = 51;
-    pub const STATX: u32 = 52;
+/// Request opcodes (the whole table of `linux/fuse.h`, used or not).
+#[allow(dead_code)]
+pub(crate) mod op {
+    pub(crate) const LOOKUP: u32 = 1;
+    pub(crate) const FORGET: u32 = 2;
+    pub(crate) const GETATTR: u32 = 3;
+    pub(crate) const SETATTR: u32 = 4;
+    pub(crate) const READLINK: u32 = 5;
+    pub(crate) const SYMLINK: u32 = 6;
+    pub(crate) const MKNOD: u32 = 8;
+    pub(crate) const MKDIR: u32 = 9;
+    pub(crate) const UNLINK: u32 = 10;
+    pub(crate) const RMDIR: u32 = 11;
+    pub(crate) const RENAME: u32 = 12;
+    pub(crate) const LINK: u32 = 13;
+    pub(crate) const OPEN: u32 = 14;
+    pub(crate) const READ: u32 = 15;
+    pub(crate) const WRITE: u32 = 16;
+    pub(crate) const STATFS: u32 = 17;
+    pub(crate) const RELEASE: u32 = 18;
+    pub(crate) const FSYNC: u32 = 20;
+    pub(crate) const SETXATTR: u32 = 21;
+    pub(crate) const GETXATTR: u32 = 22;
+    pub(crate) const LISTXATTR: u32 = 23;
+    pub(crate) const REMOVEXATTR: u32 = 24;
+    pub(crate) const FLUSH: u32 = 25;
+    pub(crate) const INIT: u32 = 26;
+    pub(crate) const OPENDIR: u32 = 27;
+    pub(crate) const READDIR: u32 = 28;
+    pub(crate) const RELEASEDIR: u32 = 29;
+    pub(crate) const FSYNCDIR: u32 = 30;
+    pub(crate) const GETLK: u32 = 31;
+    pub(crate) const SETLK: u32 = 32;
+    pub(crate) const SETLKW: u32 = 33;
+    pub(crate) const ACCESS: u32 = 34;
+    pub(crate) const CREATE: u32 = 35;
+    pub(crate) const INTERRUPT: u32 = 36;
+    pub(crate) const BMAP: u32 = 37;
+    pub(crate) const DESTROY: u32 = 38;
+    pub(crate) const IOCTL: u32 = 39;
+    pub(crate) const POLL: u32 = 40;
+    pub(crate) const BATCH_FORGET: u32 = 42;
+    pub(crate) const FALLOCATE: u32 = 43;
+    pub(crate) const READDIRPLUS: u32 = 44;
+    pub(crate) const RENAME2: u32 = 45;
+    pub(crate) const LSEEK: u32 = 46;
+    pub(crate) const COPY_FILE_RANGE: u32 = 47;
+    pub(crate) const SYNCFS: u32 = 50;
+    pub(crate) const TMPFILE: u32 = 51;
+    pub(crate) const STATX: u32 = 52;
 }
 
 /// INIT flags (fuse_init_in/out `flags`).
-pub mod init {
-    pub const ASYNC_READ: u32 = 1 << 0;
-    pub const DO_READDIRPLUS: u32 = 1 << 13;
-    pub const READDIRPLUS_AUTO: u32 = 1 << 14;
-    pub const NO_OPEN_SUPPORT: u32 = 1 << 17;
-    pub const PARALLEL_DIROPS: u32 = 1 << 18;
-    pub const POSIX_ACL: u32 = 1 << 20;
-    pub const MAX_PAGES: u32 = 1 << 22;
-    pub const CACHE_SYMLINKS: u32 = 1 << 23;
-    pub const NO_OPENDIR_SUPPORT: u32 = 1 << 24;
+#[allow(dead_code)]
+pub(crate) mod init {
+    pub(crate) const ASYNC_READ: u32 = 1 << 0;
+    pub(crate) const DO_READDIRPLUS: u32 = 1 << 13;
+    pub(crate) const READDIRPLUS_AUTO: u32 = 1 << 14;
+    pub(crate) const NO_OPEN_SUPPORT: u32 = 1 << 17;
+    pub(crate) const PARALLEL_DIROPS: u32 = 1 << 18;
+    pub(crate) const POSIX_ACL: u32 = 1 << 20;
+    pub(crate) const MAX_PAGES: u32 = 1 << 22;
+    pub(crate) const CACHE_SYMLINKS: u32 = 1 << 23;
+    pub(crate) const NO_OPENDIR_SUPPORT: u32 = 1 << 24;
 }
 
 /// fuse_open_out `open_flags`.
-pub const FOPEN_KEEP_CACHE: u32 = 1 << 1;
-pub const FOPEN_CACHE_DIR: u32 = 1 << 3;
+pub(crate) const FOPEN_KEEP_CACHE: u32 = 1 << 1;
+pub(crate) const FOPEN_CACHE_DIR: u32 = 1 << 3;
 
-pub const IN_HEADER_SIZE: usize = 40;
-pub const OUT_HEADER_SIZE: usize = 16;
+pub(crate) const IN_HEADER_SIZE: usize = 40;
+pub(crate) const OUT_HEADER_SIZE: usize = 16;
 /// fuse_attr
-pub const ATTR_SIZE: usize = 88;
+pub(crate) const ATTR_SIZE: usize = 88;
 /// fuse_entry_out
-pub const ENTRY_OUT_SIZE: usize = 40 + ATTR_SIZE;
+pub(crate) const ENTRY_OUT_SIZE: usize = 40 + ATTR_SIZE;
 /// fuse_dirent without its name
-pub const DIRENT_SIZE: usize = 24;
+pub(crate) const DIRENT_SIZE: usize = 24;
 
 /// STATX_* mask bits (statx(2)).
-pub const STATX_BASIC_STATS: u32 = 0x7ff;
-pub const STATX_BTIME: u32 = 0x800;
+pub(crate) const STATX_BASIC_STATS: u32 = 0x7ff;
+pub(crate) const STATX_BTIME: u32 = 0x800;
 
 /// The request header every message from the kernel starts with.
 #[derive(Clone, Copy, Debug)]
@@ -107,12 +110,12 @@ pub struct InHeader {
 /// Reads little fixed-size fields off a request body; every read is bounds checked
 /// (a short body yields None, answered with EIO by the caller).
 #[derive(Clone, Copy)]
-pub struct Args<'a> {
+pub(crate) struct Args<'a> {
     b: &'a [u8],
 }
 
 impl<'a> Args<'a> {
-    pub fn new(b: &'a [u8]) -> Args<'a> {
+    pub(crate) fn new(b: &'a [u8]) -> Args<'a> {
         Args { b }
     }
     fn take(&mut self, n: usize) -> Option<&'a [u8]> {
@@ -123,31 +126,31 @@ impl<'a> Args<'a> {
         self.b = t;
         Some(h)
     }
-    pub fn u16(&mut self) -> Option<u16> {
+    pub(crate) fn u16(&mut self) -> Option<u16> {
         self.take(2)?.try_into().ok().map(u16::from_ne_bytes)
     }
-    pub fn u32(&mut self) -> Option<u32> {
+    pub(crate) fn u32(&mut self) -> Option<u32> {
         self.take(4)?.try_into().ok().map(u32::from_ne_bytes)
     }
-    pub fn u64(&mut self) -> Option<u64> {
+    pub(crate) fn u64(&mut self) -> Option<u64> {
         self.take(8)?.try_into().ok().map(u64::from_ne_bytes)
     }
-    pub fn skip(&mut self, n: usize) -> Option<()> {
+    pub(crate) fn skip(&mut self, n: usize) -> Option<()> {
         self.take(n).map(|_| ())
     }
     /// A NUL-terminated name (without the NUL).
-    pub fn cstr(&mut self) -> Option<&'a [u8]> {
+    pub(crate) fn cstr(&mut self) -> Option<&'a [u8]> {
         let n = self.b.iter().position(|&c| c == 0)?;
         let s = self.take(n)?;
         self.take(1)?;
         Some(s)
     }
-    pub fn rest(&self) -> &'a [u8] {
+    pub(crate) fn rest(&self) -> &'a [u8] {
         self.b
     }
 }
 
-pub fn parse_header(buf: &[u8]) -> Option<(InHeader, &[u8])> {
+pub(crate) fn parse_header(buf: &[u8]) -> Option<(InHeader, &[u8])> {
     let mut a = Args::new(buf);
     let h = InHeader {
         len: a.u32()?,
@@ -166,55 +169,55 @@ pub fn parse_header(buf: &[u8]) -> Option<(InHeader, &[u8])> {
 
 /// Appends native-endian fields to a reply body.
 #[derive(Default)]
-pub struct Out {
+pub(crate) struct Out {
     pub buf: Vec<u8>,
 }
 
 impl Out {
-    pub fn with_capacity(n: usize) -> Out {
+    pub(crate) fn with_capacity(n: usize) -> Out {
         Out {
             buf: Vec::with_capacity(n),
         }
     }
-    pub fn u16(&mut self, v: u16) -> &mut Self {
+    pub(crate) fn u16(&mut self, v: u16) -> &mut Self {
         self.buf.extend_from_slice(&v.to_ne_bytes());
         self
     }
-    pub fn u32(&mut self, v: u32) -> &mut Self {
+    pub(crate) fn u32(&mut self, v: u32) -> &mut Self {
         self.buf.extend_from_slice(&v.to_ne_bytes());
         self
     }
-    pub fn i32(&mut self, v: i32) -> &mut Self {
+    pub(crate) fn i32(&mut self, v: i32) -> &mut Self {
         self.buf.extend_from_slice(&v.to_ne_bytes());
         self
     }
-    pub fn u64(&mut self, v: u64) -> &mut Self {
+    pub(crate) fn u64(&mut self, v: u64) -> &mut Self {
         self.buf.extend_from_slice(&v.to_ne_bytes());
         self
     }
-    pub fn i64(&mut self, v: i64) -> &mut Self {
+    pub(crate) fn i64(&mut self, v: i64) -> &mut Self {
         self.buf.extend_from_slice(&v.to_ne_bytes());
         self
     }
-    pub fn zeros(&mut self, n: usize) -> &mut Self {
+    pub(crate) fn zeros(&mut self, n: usize) -> &mut Self {
         self.buf.resize(self.buf.len() + n, 0);
         self
     }
-    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+    pub(crate) fn bytes(&mut self, b: &[u8]) -> &mut Self {
         self.buf.extend_from_slice(b);
         self
     }
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.buf.len()
     }
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
 }
 
 /// What a file looks like to the kernel (fuse_attr / fuse_statx contents).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Attr {
+pub(crate) struct Attr {
     pub ino: u64,
     pub size: u64,
     pub blocks: u64,
@@ -237,13 +240,13 @@ pub struct Attr {
 
 impl Attr {
     /// The kernel's 32-bit dev_t encoding (new_encode_dev), as fuse_attr.rdev carries it.
-    pub fn rdev32(&self) -> u32 {
+    pub(crate) fn rdev32(&self) -> u32 {
         let (ma, mi) = (self.rdev_major, self.rdev_minor);
         (mi & 0xff) | ((ma & 0xfff) << 8) | ((mi & !0xff) << 12)
     }
 
     /// fuse_attr
-    pub fn encode(&self, o: &mut Out) {
+    pub(crate) fn encode(&self, o: &mut Out) {
         o.u64(self.ino)
             .u64(self.size)
             .u64(self.blocks)
@@ -263,7 +266,7 @@ impl Attr {
     }
 
     /// fuse_statx (256 bytes)
-    pub fn encode_statx(&self, o: &mut Out) {
+    pub(crate) fn encode_statx(&self, o: &mut Out) {
         let start = o.len();
         let mask = STATX_BASIC_STATS | if self.btime.is_some() { STATX_BTIME } else { 0 };
         let t = |o: &mut Out, (s, ns): (i64, u32)| {
@@ -292,12 +295,12 @@ impl Attr {
 }
 
 /// Splits a TTL into the (seconds, nanoseconds) pair the protocol uses.
-pub fn ttl_parts(d: std::time::Duration) -> (u64, u32) {
+pub(crate) fn ttl_parts(d: std::time::Duration) -> (u64, u32) {
     (d.as_secs(), d.subsec_nanos())
 }
 
 /// fuse_entry_out: `nodeid` (the kernel's handle) and `attr.ino` (st_ino) are separate.
-pub fn encode_entry(
+pub(crate) fn encode_entry(
     o: &mut Out,
     nodeid: u64,
     generation: u64,
@@ -310,14 +313,14 @@ pub fn encode_entry(
 }
 
 /// A negative entry: the name does not exist, and the kernel may remember that.
-pub fn encode_negative_entry(o: &mut Out, ttl: std::time::Duration) {
+pub(crate) fn encode_negative_entry(o: &mut Out, ttl: std::time::Duration) {
     let (s, ns) = ttl_parts(ttl);
     o.u64(0).u64(0).u64(s).u64(0).u32(ns).u32(0);
     o.zeros(ATTR_SIZE);
 }
 
 /// One fuse_dirent, padded to 8 bytes. `off` is where the next readdir resumes.
-pub fn encode_dirent(o: &mut Out, ino: u64, off: u64, dtype: u32, name: &[u8]) {
+pub(crate) fn encode_dirent(o: &mut Out, ino: u64, off: u64, dtype: u32, name: &[u8]) {
     o.u64(ino)
         .u64(off)
         .u32(name.len() as u32)
@@ -326,11 +329,11 @@ pub fn encode_dirent(o: &mut Out, ino: u64, off: u64, dtype: u32, name: &[u8]) {
     o.zeros(dirent_padding(name.len()));
 }
 
-pub fn dirent_padding(namelen: usize) -> usize {
+pub(crate) fn dirent_padding(namelen: usize) -> usize {
     (8 - (DIRENT_SIZE + namelen) % 8) % 8
 }
 
-pub fn dirent_size(namelen: usize) -> usize {
+pub(crate) fn dirent_size(namelen: usize) -> usize {
     DIRENT_SIZE + namelen + dirent_padding(namelen)
 }
 

@@ -17,9 +17,11 @@ pub struct MountOptions {
     pub fsname: String,
     /// Mount type becomes `fuse.<subtype>`.
     pub subtype: String,
+    /// Let other users in (`allow_other`; permissions are still checked).
     pub allow_other: bool,
-    /// Keep setuid bits and device nodes working (FUSE defaults to nosuid,nodev).
+    /// Keep setuid bits working (FUSE defaults to nosuid).
     pub suid: bool,
+    /// Keep device nodes working (FUSE defaults to nodev).
     pub dev: bool,
     /// Mount read-only (MS_RDONLY), as `-o ro`.
     pub read_only: bool,
@@ -107,7 +109,7 @@ fn libc_eperm() -> i32 {
 
 /// Unmounts a FUSE mountpoint: umount(2) as root, `fusermount3 -u` otherwise; a busy
 /// mount is detached lazily (it goes away when its last user does).
-pub fn unmount(mountpoint: &Path, via_fusermount: bool) -> io::Result<()> {
+pub(crate) fn unmount(mountpoint: &Path, via_fusermount: bool) -> io::Result<()> {
     if !via_fusermount && nix::unistd::geteuid().is_root() {
         return match nix::mount::umount2(mountpoint, MntFlags::empty()) {
             Ok(()) => Ok(()),

@@ -15,19 +15,25 @@
 //!   committed on a timer, on sync and at unmount.
 //! * [`statfs`]: the kernel's df numbers from block groups and device items.
 
-pub mod abi;
-pub mod channel;
-pub mod nodes;
-pub mod ops;
-pub mod reply;
-pub mod session;
-pub mod statfs;
-mod write_ops;
-pub mod writer;
+#![deny(missing_docs)]
+#![deny(unreachable_pub)]
 
-pub use channel::{Channel, MountOptions};
-pub use ops::{InoMode, Ops, OpsConfig};
+mod abi;
+mod channel;
+mod nodes;
+mod ops;
+mod reply;
+mod session;
+mod statfs;
+mod write_ops;
+mod writer;
+
+pub use channel::MountOptions;
+pub use ops::InoMode;
 pub use session::{Session, Tuning};
+
+use channel::Channel;
+use ops::{Ops, OpsConfig};
 pub use writer::{Engine, Writer};
 
 use std::path::{Path, PathBuf};
@@ -42,14 +48,20 @@ use ubtrfs_format::key::Key;
 /// Everything `ubtrfs mount` can set.
 #[derive(Clone, Debug)]
 pub struct Config {
+    /// What mount(2) (or fusermount3) is given.
     pub mount: MountOptions,
+    /// The directory shown at the mountpoint (a subvolume root).
     pub root: Node,
+    /// How long the kernel may cache names and attributes.
     pub ttl: Duration,
+    /// What st_ino shows.
     pub ino: InoMode,
+    /// Request sizes, readahead and threads.
     pub tuning: Tuning,
 }
 
 impl Config {
+    /// The defaults for an image shown as `fsname`, with `root` at the mountpoint.
     pub fn new(fsname: &str, root: Node) -> Config {
         Config {
             mount: MountOptions {
@@ -72,11 +84,12 @@ impl Config {
     }
 }
 
-/// The image never changes under the mount, so the kernel may cache for long.
+/// The image never changes under a read-only mount, so the kernel may cache for long.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// Threads serving requests.
 pub const DEFAULT_THREADS: usize = 8;
 
-/// Mounts `fs` at `mountpoint` (which [`check_mountpoint`] should have vetted) and
+/// Mounts `engine` at `mountpoint` (which [`check_mountpoint`] should have vetted) and
 /// completes the FUSE handshake; serve it with [`Session::run`].
 pub fn mount(engine: Engine, mountpoint: &Path, cfg: &Config) -> std::io::Result<Session> {
     let mut cfg = cfg.clone();

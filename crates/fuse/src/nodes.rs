@@ -17,13 +17,13 @@ use crate::abi::ROOT_ID;
 /// What a node id stands for. Placeholders (ino 2) are told apart by the subvolume
 /// id their directory entry names: two of them can sit in one directory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct NodeKey {
+pub(crate) struct NodeKey {
     pub node: Node,
     pub location: u64,
 }
 
 impl NodeKey {
-    pub fn new(node: Node, location: u64) -> NodeKey {
+    pub(crate) fn new(node: Node, location: u64) -> NodeKey {
         NodeKey {
             node,
             location: if node.is_placeholder() { location } else { 0 },
@@ -47,12 +47,12 @@ struct Table {
 }
 
 #[derive(Debug)]
-pub struct Nodes {
+pub(crate) struct Nodes {
     t: Mutex<Table>,
 }
 
 impl Nodes {
-    pub fn new(root: Node) -> Nodes {
+    pub(crate) fn new(root: Node) -> Nodes {
         let mut t = Table {
             next: ROOT_ID + 1,
             ..Default::default()
@@ -77,18 +77,18 @@ impl Nodes {
         self.t.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn get(&self, id: u64) -> Option<NodeKey> {
+    pub(crate) fn get(&self, id: u64) -> Option<NodeKey> {
         self.lock().by_id.get(&id).map(|e| e.key)
     }
 
     /// The node id of the directory `id` was found in (itself for the root).
-    pub fn parent(&self, id: u64) -> Option<u64> {
+    pub(crate) fn parent(&self, id: u64) -> Option<u64> {
         self.lock().by_id.get(&id).map(|e| e.parent)
     }
 
     /// Returns the node id for `key` found as `name` in directory `parent`, counting
     /// one kernel lookup.
-    pub fn intern(&self, key: NodeKey, parent: u64, name: &[u8]) -> u64 {
+    pub(crate) fn intern(&self, key: NodeKey, parent: u64, name: &[u8]) -> u64 {
         let mut t = self.lock();
         if let Some(&id) = t.by_key.get(&key) {
             if let Some(e) = t.by_id.get_mut(&id) {
@@ -112,7 +112,7 @@ impl Nodes {
     }
 
     /// The kernel dropped `n` references to `id`.
-    pub fn forget(&self, id: u64, n: u64) {
+    pub(crate) fn forget(&self, id: u64, n: u64) {
         if id == ROOT_ID {
             return;
         }
@@ -133,7 +133,7 @@ impl Nodes {
     }
 
     /// A path for messages ("/dir/file"), from the names nodes were found under.
-    pub fn path(&self, id: u64) -> String {
+    pub(crate) fn path(&self, id: u64) -> String {
         let t = self.lock();
         let mut parts: Vec<&[u8]> = Vec::new();
         let mut cur = id;
@@ -156,13 +156,6 @@ impl Nodes {
         s
     }
 
-    pub fn len(&self) -> usize {
-        self.lock().by_id.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 #[cfg(test)]

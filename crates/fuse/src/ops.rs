@@ -21,21 +21,22 @@ use ubtrfs_format::consts::*;
 use ubtrfs_format::items::InodeItem;
 
 /// errno values (Linux).
-pub mod errno {
-    pub const EPERM: i32 = 1;
-    pub const ENOENT: i32 = 2;
-    pub const EIO: i32 = 5;
-    pub const ENXIO: i32 = 6;
-    pub const EBADF: i32 = 9;
-    pub const EACCES: i32 = 13;
-    pub const ENOTDIR: i32 = 20;
-    pub const EINVAL: i32 = 22;
-    pub const ENOTTY: i32 = 25;
-    pub const EROFS: i32 = 30;
-    pub const ERANGE: i32 = 34;
-    pub const ENOSYS: i32 = 38;
-    pub const ENODATA: i32 = 61;
-    pub const ESTALE: i32 = 116;
+#[allow(dead_code)]
+pub(crate) mod errno {
+    pub(crate) const EPERM: i32 = 1;
+    pub(crate) const ENOENT: i32 = 2;
+    pub(crate) const EIO: i32 = 5;
+    pub(crate) const ENXIO: i32 = 6;
+    pub(crate) const EBADF: i32 = 9;
+    pub(crate) const EACCES: i32 = 13;
+    pub(crate) const ENOTDIR: i32 = 20;
+    pub(crate) const EINVAL: i32 = 22;
+    pub(crate) const ENOTTY: i32 = 25;
+    pub(crate) const EROFS: i32 = 30;
+    pub(crate) const ERANGE: i32 = 34;
+    pub(crate) const ENOSYS: i32 = 38;
+    pub(crate) const ENODATA: i32 = 61;
+    pub(crate) const ESTALE: i32 = 116;
 }
 
 /// What st_ino shows.
@@ -798,7 +799,7 @@ fn dtype(ft: u8) -> u32 {
 }
 
 /// btrfs inode flags to the FS_*_FL flags lsattr shows.
-pub fn fs_flags(f: u64) -> u32 {
+pub(crate) fn fs_flags(f: u64) -> u32 {
     let mut o = 0u32;
     for (bit, fl) in [
         (INODE_SYNC, 0x8u32),

@@ -11,7 +11,7 @@ pub struct Reply<'a> {
     sent: bool,
 }
 
-pub const EIO: i32 = 5;
+pub(crate) const EIO: i32 = 5;
 
 impl<'a> Reply<'a> {
     pub fn new(ch: &'a Channel, unique: u64) -> Reply<'a> {

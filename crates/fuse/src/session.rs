@@ -29,6 +29,7 @@ const MAX_WRITE: u32 = 128 << 10;
 /// SETXATTR with a 64 KiB value.
 const BUF_SIZE: usize = MAX_WRITE as usize + (64 << 10) + 4096;
 
+/// A mounted FUSE connection and the threads that serve it.
 pub struct Session {
     ch: Arc<Channel>,
     ops: Arc<Ops>,
@@ -50,10 +51,6 @@ impl Session {
         }
         s.tune_readahead();
         Ok(s)
-    }
-
-    pub fn channel(&self) -> &Arc<Channel> {
-        &self.ch
     }
 
     fn handshake(&self) -> io::Result<()> {

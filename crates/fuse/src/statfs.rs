@@ -95,12 +95,12 @@ struct Space {
 }
 
 /// The numbers a read-only loop mount of the image shows (no device is writable).
-pub fn compute(fs: &Filesystem) -> Result<StatFs> {
+pub(crate) fn compute(fs: &Filesystem) -> Result<StatFs> {
     compute_with(fs, 0)
 }
 
 /// The numbers for a mount with `writable_devices` writable devices.
-pub fn compute_with(fs: &Filesystem, writable_devices: usize) -> Result<StatFs> {
+pub(crate) fn compute_with(fs: &Filesystem, writable_devices: usize) -> Result<StatFs> {
     let info = &fs.info;
     let sb = &info.sb;
     let ss = info.sectorsize as u64;
