@@ -155,7 +155,6 @@ impl Nodes {
         }
         s
     }
-
 }
 
 #[cfg(test)]
