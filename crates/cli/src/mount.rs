@@ -377,7 +377,12 @@ mod tests {
         assert_eq!(o.subvol.as_deref(), Some("/a b"));
         assert!(o.allow_other);
         assert_eq!(o.ino, InoMode::Unique);
-        assert!(parse_options(&["rw".into()]).is_err());
+        assert_eq!(o.rw, Some(false));
+        let o = parse_options(&["rw,commit=5,compress=zstd:3".into()]).expect("valid");
+        assert_eq!((o.rw, o.commit_secs), (Some(true), 5));
+        assert_eq!(o.compress.as_deref(), Some("zstd:3"));
+        assert_eq!(parse_options(&[]).expect("valid").rw, None);
+        assert!(parse_options(&["compress=lz4".into()]).is_err());
         assert!(parse_options(&["bogus".into()]).is_err());
         assert!(parse_options(&["subvolid=x".into()]).is_err());
     }

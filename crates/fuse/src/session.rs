@@ -23,8 +23,9 @@ pub struct Tuning {
     pub threads: usize,
 }
 
-/// Largest write request we tell the kernel we accept (writes are refused anyway).
-const MAX_WRITE: u32 = 128 << 10;
+/// Largest write request we accept: 1 MiB (max_pages 256), so a large write becomes
+/// few, large extents.
+const MAX_WRITE: u32 = 1 << 20;
 /// Request buffer: the largest request is a WRITE (header + write_in + data) or a
 /// SETXATTR with a 64 KiB value.
 const BUF_SIZE: usize = MAX_WRITE as usize + (64 << 10) + 4096;
@@ -97,6 +98,7 @@ impl Session {
             // entry; the kernel's adaptive mode fell back to plain READDIR after
             // the first 4 KiB of a directory and then looked every entry up.
             let want = init::ASYNC_READ
+                | init::BIG_WRITES
                 | init::DO_READDIRPLUS
                 | init::PARALLEL_DIROPS
                 | init::POSIX_ACL

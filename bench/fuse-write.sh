@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Issue 11 benchmark: writing through the read-write `ubtrfs mount` (FUSE) vs the
+# kernel's btrfs (`mount -o loop`), each on a fresh image of the same size made by
+# mkfs.btrfs, in the same run:
+#   dd:       sequential write of SIZE (`dd bs=1M conv=fsync`), plain and -o compress=zstd
+#   tar x:    unpack a tar of $SRC, then `sync`
+#   files:    create NFILES empty files in one directory, then remove them (+ sync)
+# Prints each time, throughput and the ratio ubtrfs/kernel (times: > 1 is slower;
+# throughput: < 1 is slower), and the server's peak RSS.
+# Needs root. SIZE=1G by default; SRC=/usr/share/doc; NFILES=100000;
+# UBTRFS=path uses a prebuilt binary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+SIZE=${SIZE:-1G}
+SRC=${SRC:-/usr/share/doc}
+NFILES=${NFILES:-100000}
+WORK=${WORK:-/var/tmp/ubtrfs-write-bench}
+if [ -z "${UBTRFS:-}" ]; then
+    cargo build --release -q -p ubtrfs-cli
+    UBTRFS=${CARGO_TARGET_DIR:-$PWD/target}/release/ubtrfs
+fi
+U=$UBTRFS
+bytes=$(numfmt --from=iec "$SIZE")
+KM=$WORK/kernel
+UM=$WORK/ubtrfs
+mkdir -p "$WORK" "$KM" "$UM"
+cleanup() {
+    mountpoint -q "$KM" && umount "$KM" || true
+    mountpoint -q "$UM" && fusermount3 -u "$UM" || true
+    sleep 0.5
+}
+trap cleanup EXIT
+cleanup
+TAR=$WORK/src.tar
+[ -s "$TAR" ] || tar cf "$TAR" -C "$(dirname "$SRC")" "$(basename "$SRC")" 2>/dev/null || true
+img_bytes=$(( bytes * 2 + $(stat -c %s "$TAR") * 3 + (2 << 30) ))
+
+# fresh NAME [OPTS]: a new image, mounted by the kernel (K) or ubtrfs (U).
+fresh_kernel() {
+    cleanup
+    rm -f "$WORK/k.img"; truncate -s "$img_bytes" "$WORK/k.img"; mkfs.btrfs -q -f "$WORK/k.img"
+    mount -o "loop${1:+,$1}" "$WORK/k.img" "$KM"
+}
+fresh_ubtrfs() {
+    cleanup
+    rm -f "$WORK/u.img"; truncate -s "$img_bytes" "$WORK/u.img"; mkfs.btrfs -q -f "$WORK/u.img"
+    "$U" mount "$WORK/u.img" "$UM" -o "rw${1:+,$1}"
+}
+rss_kb() { ps -o rss= -C ubtrfs | sort -n | tail -1 | tr -d ' '; }
+
+dd_ms() { ms dd if=/dev/zero of="$1/big" bs=1M count=$(( bytes >> 20 )) conv=fsync status=none; }
+# Incompressible data for the plain run (zeros would be compressed by zstd runs only).
+dd_rand_ms() {
+    local s e
+    s=$(date +%s%N)
+    head -c "$bytes" /dev/urandom | dd of="$1/big" bs=1M iflag=fullblock conv=fsync status=none
+    e=$(date +%s%N); echo $(( (e - s) / 1000000 ))
+}
+
+peak=0
+note_rss() { local r; r=$(rss_kb || echo 0); [ "${r:-0}" -gt "$peak" ] && peak=$r; true; }
+
+fresh_kernel; drop; k=$(dd_rand_ms "$KM")
+fresh_ubtrfs; drop; u=$(dd_rand_ms "$UM"); note_rss
+mbk=$(awk -v b="$bytes" -v t="$k" 'BEGIN{printf "%.0f", b/1048576/(t/1000)}')
+mbu=$(awk -v b="$bytes" -v t="$u" 'BEGIN{printf "%.0f", b/1048576/(t/1000)}')
+echo "dd $SIZE random, conv=fsync: ubtrfs $mbu MiB/s, kernel $mbk MiB/s, throughput ratio $(ratio "$mbu" "$mbk")x"
+
+fresh_kernel compress=zstd; drop; k=$(dd_ms "$KM")
+fresh_ubtrfs compress=zstd; drop; u=$(dd_ms "$UM"); note_rss
+mbk=$(awk -v b="$bytes" -v t="$k" 'BEGIN{printf "%.0f", b/1048576/(t/1000)}')
+mbu=$(awk -v b="$bytes" -v t="$u" 'BEGIN{printf "%.0f", b/1048576/(t/1000)}')
+echo "dd $SIZE zeros, compress=zstd, conv=fsync: ubtrfs $mbu MiB/s, kernel $mbk MiB/s, throughput ratio $(ratio "$mbu" "$mbk")x"
+
+untar() { tar xf "$TAR" -C "$1" && sync -f "$1"; }
+fresh_kernel; drop; k=$(ms untar "$KM")
+fresh_ubtrfs; drop; u=$(ms untar "$UM"); note_rss
+report "tar x of $SRC ($(stat -c %s "$TAR") bytes) + sync" "$u" "$k"
+
+files() {
+    mkdir "$1/many"
+    (cd "$1/many" && seq -f 'f%.0f' 1 "$NFILES" | xargs touch && seq -f 'f%.0f' 1 "$NFILES" | xargs rm)
+    sync -f "$1"
+}
+fresh_kernel; k=$(ms files "$KM")
+fresh_ubtrfs; u=$(ms files "$UM"); note_rss
+report "$NFILES empty files created then removed, one directory" "$u" "$k"
+echo "ubtrfs server peak RSS seen: $(( peak / 1024 )) MiB"
