@@ -274,7 +274,7 @@ pub fn run(args: MountArgs) -> Result<()> {
         if let Some(c) = committer {
             let _ = c.join();
         }
-        if w.commit().is_err() || w.is_aborted() {
+        if w.finish().is_err() || w.is_aborted() {
             bail!(
                 "{}: the last changes were not committed (see the error above); the image \
                  is at its last good commit",

@@ -112,9 +112,10 @@ impl Nodes {
     }
 
     /// The kernel dropped `n` references to `id`.
-    pub(crate) fn forget(&self, id: u64, n: u64) {
+    /// Drops `n` lookups of node `id`; returns its key when the kernel forgot it.
+    pub(crate) fn forget(&self, id: u64, n: u64) -> Option<NodeKey> {
         if id == ROOT_ID {
-            return;
+            return None;
         }
         let mut t = self.lock();
         let gone = match t.by_id.get_mut(&id) {
@@ -130,6 +131,7 @@ impl Nodes {
                 t.by_key.remove(&key);
             }
         }
+        gone
     }
 
     /// A path for messages ("/dir/file"), from the names nodes were found under.

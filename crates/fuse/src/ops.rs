@@ -34,6 +34,7 @@ pub(crate) mod errno {
     pub(crate) const ENOTTY: i32 = 25;
     pub(crate) const EROFS: i32 = 30;
     pub(crate) const ERANGE: i32 = 34;
+    pub(crate) const ENAMETOOLONG: i32 = 36;
     pub(crate) const ENOSYS: i32 = 38;
     pub(crate) const ENODATA: i32 = 61;
     pub(crate) const ESTALE: i32 = 116;
@@ -81,6 +82,9 @@ pub struct Ops {
     no_open: AtomicBool,
     no_opendir: AtomicBool,
 }
+
+/// Longest name btrfs stores (BTRFS_NAME_LEN).
+pub(crate) const NAME_MAX: usize = 255;
 
 const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
@@ -143,7 +147,7 @@ impl Ops {
             op::FORGET => {
                 let mut a = a;
                 if let Some(n) = a.u64() {
-                    self.nodes.forget(h.nodeid, n);
+                    self.forget(h.nodeid, n);
                 }
                 reply.none();
             }
@@ -298,6 +302,10 @@ impl Ops {
         let Some(name) = a.cstr() else {
             return reply.error(errno::EINVAL);
         };
+        // The VFS leaves name length to the filesystem: btrfs allows 255 bytes.
+        if name.len() > NAME_MAX {
+            return reply.error(errno::ENAMETOOLONG);
+        }
         let dir = match self.node(h.nodeid) {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
@@ -334,7 +342,14 @@ impl Ops {
             let (Some(id), Some(n)) = (a.u64(), a.u64()) else {
                 return;
             };
-            self.nodes.forget(id, n);
+            self.forget(id, n);
+        }
+    }
+
+    /// The kernel forgets a node: an unlinked inode it held goes now.
+    fn forget(&self, id: u64, n: u64) {
+        if let (Some(k), Engine::ReadWrite(w)) = (self.nodes.forget(id, n), &self.engine) {
+            w.forgotten(k.node.root, k.node.ino);
         }
     }
 

@@ -5,7 +5,7 @@
 
 use crate::abi::{self, op, Args, InHeader, Out};
 use crate::nodes::NodeKey;
-use crate::ops::{errno, Ops};
+use crate::ops::{errno, Ops, NAME_MAX};
 use crate::reply::Reply;
 use crate::writer::Writer;
 use std::sync::atomic::Ordering;
@@ -41,6 +41,15 @@ const RENAME_EXCHANGE: u32 = 2;
 // setxattr(2) flags
 const XATTR_CREATE: u32 = 1;
 const XATTR_REPLACE: u32 = 2;
+
+/// A name from a request: ENAMETOOLONG past btrfs' 255 bytes, as the kernel answers.
+fn name<'a>(a: &mut Args<'a>) -> Result<&'a [u8], i32> {
+    let n = a.cstr().ok_or(errno::EINVAL)?;
+    if n.len() > NAME_MAX {
+        return Err(errno::ENAMETOOLONG);
+    }
+    Ok(n)
+}
 
 /// The FUSE device number (the kernel's `new_encode_dev`) as btrfs stores it in the
 /// inode item (the kernel's MKDEV: major << 20 | minor).
@@ -132,7 +141,7 @@ impl Ops {
             a.skip(8).ok_or(errno::EINVAL)?; // umask, padding
             (mode, rdev_from_fuse(rdev))
         };
-        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let name = name(&mut a)?;
         let parent = self.dir_of(h.nodeid)?;
         let mut attr = self.new_inode(w, h, parent, mode)?;
         attr.rdev = rdev;
@@ -145,7 +154,7 @@ impl Ops {
             let _flags = a.u32().ok_or(errno::EINVAL)?;
             let mode = a.u32().ok_or(errno::EINVAL)?;
             a.skip(8).ok_or(errno::EINVAL)?; // umask, open_flags
-            let name = a.cstr().ok_or(errno::EINVAL)?;
+            let name = name(&mut a)?;
             let parent = self.dir_of(h.nodeid)?;
             let attr = self.new_inode(w, h, parent, mode)?;
             let ino = w.change("create", |t| t.create(parent.root, parent.ino, name, attr))?;
@@ -164,7 +173,7 @@ impl Ops {
     }
 
     fn symlink(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
-        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let name = name(&mut a)?;
         let target = a.cstr().ok_or(errno::EINVAL)?;
         let parent = self.dir_of(h.nodeid)?;
         let attr = self.new_inode(w, h, parent, S_IFLNK | 0o777)?;
@@ -176,7 +185,7 @@ impl Ops {
 
     fn link(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
         let old = a.u64().ok_or(errno::EINVAL)?;
-        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let name = name(&mut a)?;
         let node = self.node_key(old)?.node;
         let parent = self.dir_of(h.nodeid)?;
         if node.root != parent.root {
@@ -189,7 +198,7 @@ impl Ops {
     }
 
     fn remove(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, dir: bool) -> Result<Vec<u8>, i32> {
-        let name = a.cstr().ok_or(errno::EINVAL)?;
+        let name = name(&mut a)?;
         let parent = self.dir_of(h.nodeid)?;
         let t0 = now();
         if dir {
@@ -209,8 +218,8 @@ impl Ops {
         } else {
             0
         };
-        let oname = a.cstr().ok_or(errno::EINVAL)?;
-        let nname = a.cstr().ok_or(errno::EINVAL)?;
+        let oname = name(&mut a)?;
+        let nname = name(&mut a)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
             || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
         {

@@ -9,6 +9,7 @@
 //! transaction abort does: the mount turns read-only and nothing more is committed,
 //! so the image stays at its last commit.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
@@ -48,6 +49,9 @@ pub struct Writer {
     changes: AtomicU64,
     /// Wakes the commit thread early (unmount).
     stop: (Mutex<bool>, Condvar),
+    /// Unlinked inodes the kernel may still hold open: (tree, inode). They go when
+    /// the kernel forgets them, or at unmount.
+    orphans: Mutex<HashSet<(u64, u64)>>,
 }
 
 /// Errors that can leave a transaction half applied: abort it.
@@ -60,8 +64,10 @@ fn is_fatal(e: &Error) -> bool {
 
 impl Writer {
     /// Serves `trans` (opened with [`Trans::open_paths`], which locks the devices).
-    pub fn new(trans: Trans) -> Arc<Writer> {
+    pub fn new(mut trans: Trans) -> Arc<Writer> {
+        trans.defer_eviction = true;
         Arc::new(Writer {
+            orphans: Mutex::new(HashSet::new()),
             trans: RwLock::new(trans),
             aborted: AtomicBool::new(false),
             changes: AtomicU64::new(0),
@@ -88,7 +94,15 @@ impl Writer {
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EROFS);
         }
-        match f(&mut t) {
+        let r = f(&mut t);
+        let orphaned = t.take_orphans();
+        if !orphaned.is_empty() {
+            self.orphans
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(orphaned);
+        }
+        match r {
             Ok(r) => {
                 self.changes.fetch_add(1, Ordering::Relaxed);
                 Ok(r)
@@ -104,6 +118,32 @@ impl Writer {
                 Err(e.errno())
             }
         }
+    }
+
+    /// The kernel forgot an inode: if it was unlinked while held, delete it now.
+    pub fn forgotten(&self, root: u64, ino: u64) {
+        let was_orphan = self
+            .orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(root, ino));
+        if was_orphan {
+            let _ = self.change("evict", |t| t.evict_orphan(root, ino));
+        }
+    }
+
+    /// Unmounting: deletes the inodes still orphaned, then commits.
+    pub fn finish(&self) -> Result<(), i32> {
+        let left: Vec<(u64, u64)> = self
+            .orphans
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        for (root, ino) in left {
+            self.change("evict", |t| t.evict_orphan(root, ino))?;
+        }
+        self.commit()
     }
 
     fn abort(&self, why: &str) {

@@ -427,7 +427,14 @@ impl Trans {
         self.remove_link(root, dir, name, t)?;
         let mut i = self.read_inode(root, ino)?;
         i.nlink = i.nlink.saturating_sub(1);
-        if i.nlink == 0 {
+        if i.nlink == 0 && self.defer_eviction {
+            // Still open, maybe: an orphan until the last user goes (the kernel's
+            // btrfs_orphan_add); a mount after a crash deletes it.
+            self.touch(&mut i, t, false);
+            self.write_inode(root, ino, &i)?;
+            self.insert_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino), &[])?;
+            self.orphans.push((root, ino));
+        } else if i.nlink == 0 {
             self.evict_inode(root, ino)?;
         } else {
             self.touch(&mut i, t, false);
@@ -453,6 +460,21 @@ impl Trans {
     }
 
     /// Deletes every item of an inode, dropping its data references.
+    /// Inodes orphaned (last link removed while [`Trans::defer_eviction`] is set) since
+    /// the last call: (tree, inode).
+    pub fn take_orphans(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.orphans)
+    }
+
+    /// Deletes an orphaned inode and its ORPHAN item (its last user is gone).
+    pub fn evict_orphan(&mut self, root: u64, ino: u64) -> Result<()> {
+        self.evict_inode(root, ino)?;
+        match self.delete_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino)) {
+            Err(Error::NotFound(_)) => Ok(()),
+            r => r,
+        }
+    }
+
     pub(crate) fn evict_inode(&mut self, root: u64, ino: u64) -> Result<()> {
         self.drop_extents(root, ino, 0, u64::MAX)?;
         self.delete_range(

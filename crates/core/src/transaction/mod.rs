@@ -54,6 +54,11 @@ pub struct Trans {
     pub(crate) root_bytes_delta: HashMap<u64, i64>,
     /// Inode numbers handed out per tree in this transaction.
     pub(crate) next_ino: HashMap<u64, u64>,
+    /// Keep inodes whose last link goes as orphans (a mount: they may still be open)
+    /// instead of deleting them at once; see [`Trans::evict_orphan`].
+    pub defer_eviction: bool,
+    /// Inodes orphaned since the last [`Trans::take_orphans`]: (tree, inode).
+    pub(crate) orphans: Vec<(u64, u64)>,
     _lock: Vec<std::fs::File>,
     /// Commits done so far.
     pub commits: u64,
@@ -173,6 +178,8 @@ impl Trans {
             dirty_roots: BTreeSet::new(),
             root_bytes_delta: HashMap::new(),
             next_ino: HashMap::new(),
+            defer_eviction: false,
+            orphans: Vec::new(),
             _lock: Vec::new(),
             commits: 0,
             compress: None,
