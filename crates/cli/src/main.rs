@@ -245,8 +245,62 @@ fn parse_octal(s: &str) -> std::result::Result<u32, String> {
     u32::from_str_radix(s, 8).map_err(|e| format!("bad octal mode {s:?}: {e}"))
 }
 
+/// Called as `mount.fuse.ubtrfs` (or `mount.ubtrfs`) by mount(8), for
+/// `mount -t fuse.ubtrfs IMAGE DIR -o OPTS` and /etc/fstab lines: mount(8) passes
+/// `SOURCE DIR [-sfnv] [-o OPTS]`; this becomes `ubtrfs mount SOURCE DIR -o OPTS`,
+/// without the options that are mount(8)'s own (noauto, user, nofail, _netdev, x-*).
+fn mount_helper_args(args: &[std::ffi::OsString]) -> Option<Vec<std::ffi::OsString>> {
+    let prog = std::path::Path::new(args.first()?).file_name()?.to_str()?;
+    if prog != "mount.fuse.ubtrfs" && prog != "mount.ubtrfs" {
+        return None;
+    }
+    let mut out: Vec<std::ffi::OsString> = vec!["ubtrfs".into(), "mount".into()];
+    let mut opts: Vec<String> = Vec::new();
+    let mut it = args[1..].iter();
+    while let Some(a) = it.next() {
+        match a.to_str() {
+            Some("-o") => {
+                if let Some(o) = it.next() {
+                    opts.extend(o.to_string_lossy().split(',').map(str::to_string));
+                }
+            }
+            Some(f) if f.starts_with('-') => {} // -s -f -n -v: mount(8)'s own
+            _ => out.push(a.clone()),
+        }
+    }
+    let own = |o: &str| {
+        matches!(
+            o,
+            "" | "defaults"
+                | "auto"
+                | "noauto"
+                | "user"
+                | "users"
+                | "nouser"
+                | "owner"
+                | "group"
+                | "nofail"
+                | "_netdev"
+                | "exec"
+                | "noexec"
+                | "async"
+        ) || o.starts_with("x-")
+            || o.starts_with("comment=")
+    };
+    let kept: Vec<String> = opts.into_iter().filter(|o| !own(o)).collect();
+    if !kept.is_empty() {
+        out.push("-o".into());
+        out.push(kept.join(",").into());
+    }
+    Some(out)
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match mount_helper_args(&args) {
+        Some(a) => Cli::parse_from(a),
+        None => Cli::parse(),
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -646,4 +700,31 @@ fn cmd_dump_super(img: &Image, full: bool, mirror: usize, out: &mut dyn Write) -
     let text = ubtrfs_core::tools::print_tree::dump_super_with(&sb, off, path, full);
     out.write_all(text.as_bytes())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn mount_helper() {
+        let a = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
+        assert_eq!(super::mount_helper_args(&a(&["ubtrfs", "ls"])), None);
+        assert_eq!(
+            super::mount_helper_args(&a(&[
+                "/sbin/mount.fuse.ubtrfs",
+                "/i.img",
+                "/mnt",
+                "-n",
+                "-o",
+                "rw,noauto,x-systemd.automount,commit=5,nofail"
+            ])),
+            Some(a(&[
+                "ubtrfs",
+                "mount",
+                "/i.img",
+                "/mnt",
+                "-o",
+                "rw,commit=5"
+            ]))
+        );
+    }
 }

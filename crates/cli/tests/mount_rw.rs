@@ -335,3 +335,51 @@ fn rw_mount_refuses_what_the_kernel_refuses() {
         "offline writer refused: {err}"
     );
 }
+
+/// Removes the mount helper link on drop.
+struct HelperLink(std::path::PathBuf);
+
+impl Drop for HelperLink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn mount_t_fuse_ubtrfs_through_the_helper() {
+    if !require_fuse("mount_t_fuse_ubtrfs_through_the_helper") {
+        return;
+    }
+    let helper = Path::new("/sbin/mount.fuse.ubtrfs");
+    let _link = if helper.exists() {
+        None
+    } else {
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ubtrfs"), helper).expect("helper link");
+        Some(HelperLink(helper.to_path_buf()))
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = fresh_image(dir.path(), "a.img");
+    let mnt = dir.path().join("m");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let (_, err) = bash_in(
+        dir.path(),
+        &format!(
+            "set -e; mount -t fuse.ubtrfs {img} {mnt} -o rw,noauto,nofail,commit=5; \
+             echo through-mount > {mnt}/x; umount {mnt}; \
+             flock -w 60 {img} true; echo done >&2",
+            img = img.display(),
+            mnt = mnt.display()
+        ),
+    );
+    assert!(
+        err.trim_end().ends_with("done"),
+        "mount -t fuse.ubtrfs: {err}"
+    );
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
+    let k = KernelMount::new(&img, "ro");
+    assert_eq!(
+        std::fs::read_to_string(k.path("x")).expect("x"),
+        "through-mount\n"
+    );
+    k.umount();
+}
