@@ -297,8 +297,12 @@ fn open_writable(paths: &[PathBuf], opts: &OpenOptions) -> Result<Trans> {
         writable: true,
         ..opts.clone()
     };
-    let fs = FsInfo::open_paths(paths, opts)?;
-    let mut t = Trans::from_fs(fs)?;
+    let what = || {
+        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        format!("cannot open {}", names.join(","))
+    };
+    let fs = FsInfo::open_paths(paths, opts).with_context(what)?;
+    let mut t = Trans::from_fs(fs).with_context(what)?;
     t.hold_locks(locks);
     Ok(t)
 }
