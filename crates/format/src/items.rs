@@ -1289,7 +1289,7 @@ impl DevItem {
 }
 
 impl Stripe {
-    /// Appends the 32-byte stripe {devid u64, offset u64, dev_uuid[16]}.
+    /// Appends the 32-byte stripe `{devid u64, offset u64, dev_uuid[16]}`.
     pub fn write(&self, out: &mut Vec<u8>) {
         push64(out, self.devid);
         push64(out, self.offset);

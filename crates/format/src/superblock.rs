@@ -1,12 +1,12 @@
 //! The superblock (4 KiB at 64 KiB, 64 MiB and 256 GiB on every device).
 //!
-//! Byte layout (offsets in hex): 00 csum[32] | 20 fsid | 30 bytenr | 38 flags | 40 magic |
+//! Byte layout (offsets in hex): 00 csum\[32\] | 20 fsid | 30 bytenr | 38 flags | 40 magic |
 //! 48 generation | 50 root | 58 chunk_root | 60 log_root | 70 total_bytes | 78 bytes_used |
 //! 80 root_dir_objectid | 88 num_devices | 90 sectorsize | 94 nodesize | 9c stripesize |
 //! a0 sys_chunk_array_size | a4 chunk_root_generation | ac compat | b4 compat_ro |
 //! bc incompat | c4 csum_type u16 | c6 root_level | c7 chunk_root_level | c8 log_root_level |
-//! c9 dev_item[98] | 12b label[256] | 22b cache_generation | 233 uuid_tree_generation |
-//! 23b metadata_uuid | 24b nr_global_roots | 32b sys_chunk_array[2048] |
+//! c9 dev_item\[98\] | 12b label\[256\] | 22b cache_generation | 233 uuid_tree_generation |
+//! 23b metadata_uuid | 24b nr_global_roots | 32b sys_chunk_array\[2048\] |
 //! b2b super_roots[4 x 168]. The checksum covers bytes 0x20..0x1000.
 
 use crate::bytes::{push16, push32, push64, put64, Cursor};

@@ -1,7 +1,7 @@
 //! Tree blocks: a 101-byte header, then either 25-byte item headers with data packed
 //! from the end of the block (leaf, level 0) or 33-byte key pointers (node).
 //!
-//! Header: 00 csum[32] | 20 fsid | 30 bytenr | 38 flags (low 56 bits) + backref rev (top
+//! Header: 00 csum\[32\] | 20 fsid | 30 bytenr | 38 flags (low 56 bits) + backref rev (top
 //! byte) | 40 chunk_tree_uuid | 50 generation | 58 owner | 60 nritems u32 | 64 level u8.
 //! Leaf item data offsets are relative to the end of the header.
 

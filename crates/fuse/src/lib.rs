@@ -1,19 +1,19 @@
 //! `ubtrfs mount`: a FUSE mount of a btrfs image, read-only or read-write, that shows
 //! what the kernel's btrfs mount shows.
 //!
-//! The crate speaks the `/dev/fuse` protocol itself (module [`abi`]) instead of going
+//! The crate speaks the `/dev/fuse` protocol itself (module `abi`) instead of going
 //! through a FUSE library, because the kernel names inodes by a node id that is
 //! separate from st_ino, and btrfs needs that separation: every subvolume root is
-//! inode 256, so (subvolume, inode) pairs map to node ids ([`nodes`]) while st_ino
+//! inode 256, so (subvolume, inode) pairs map to node ids (`nodes`) while st_ino
 //! stays the btrfs inode number.
 //!
-//! * [`channel`]: mounting (mount(2) as root, fusermount3 otherwise), request I/O.
-//! * [`session`]: the INIT handshake, worker threads, unmount on signals.
-//! * [`ops`]: reading requests answered from the engine; `write_ops.rs`: requests
+//! * `channel`: mounting (mount(2) as root, fusermount3 otherwise), request I/O.
+//! * `session`: the INIT handshake, worker threads, unmount on signals.
+//! * `ops`: reading requests answered from the engine; `write_ops.rs`: requests
 //!   that change the filesystem (EROFS on a read-only mount).
-//! * [`writer`]: the [`Engine`] behind a mount; read-write, a running transaction
+//! * `writer`: the [`Engine`] behind a mount; read-write, a running transaction
 //!   committed on a timer, on sync and at unmount.
-//! * [`statfs`]: the kernel's df numbers from block groups and device items.
+//! * `statfs`: the kernel's df numbers from block groups and device items.
 
 #![deny(missing_docs)]
 #![deny(unreachable_pub)]

@@ -36,7 +36,7 @@ pub(crate) enum FreeSpaceError {
     InvalidRange { offset: u64, len: u64 },
 }
 
-/// How [`FreeSpaceIndex::find`] looks for space.
+/// How a block group's free-space index is searched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SearchMode {
     /// Pre-patch kernel behaviour: linear scan by offset from the hint, then

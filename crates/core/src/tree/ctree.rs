@@ -12,7 +12,7 @@ use ubtrfs_format::key::Key;
 /// A position in a b-tree: one (block, slot) per level, leaf first (the kernel's
 /// btrfs_path).
 pub struct Path {
-    /// nodes[0] is the leaf; nodes[level] the block at that level.
+    /// `nodes[0]` is the leaf; `nodes[level]` the block at that level.
     pub nodes: Vec<(Arc<TreeBlock>, usize)>,
 }
 
@@ -109,7 +109,7 @@ pub(crate) fn read_root(fs: &dyn BlockSource, root: &RootPtr) -> Result<Arc<Tree
 }
 
 /// Positions a path at the first item >= `key` in its leaf (the slot may equal
-/// nritems when every key in that leaf is smaller; see [`search_forward`]).
+/// nritems when every key in that leaf is smaller; `search_forward` moves past it).
 pub fn search_slot(fs: &dyn BlockSource, root: &RootPtr, key: &Key) -> Result<Path> {
     let top = read_root(fs, root)?;
     let levels = top.level() as usize + 1;
