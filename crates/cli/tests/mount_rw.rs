@@ -383,3 +383,53 @@ fn mount_t_fuse_ubtrfs_through_the_helper() {
     );
     k.umount();
 }
+
+/// Many writers at once, in one directory and in one file: every update is kept,
+/// the image checks clean and the kernel shows what the mount showed.
+#[test]
+fn rw_mount_concurrent_writers() {
+    if !require_fuse("rw_mount_concurrent_writers") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = fresh_image(dir.path(), "a.img");
+    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let (_, err) = bash_in(
+        &fm.mnt,
+        "set -e; mkdir d; : > shared
+         for w in 1 2 3 4 5 6 7 8; do
+           ( for i in $(seq 1 150); do echo $w-$i > d/w$w-$i; done
+             yes $w | head -c 65536 | dd of=shared bs=65536 seek=$w conv=notrunc status=none
+             for i in $(seq 1 50); do rm d/w$w-$((i * 3)); done ) &
+         done
+         wait; echo done >&2",
+    );
+    assert!(err.trim_end().ends_with("done"), "{err}\n{}", fm.log());
+    let names = std::fs::read_dir(fm.mnt.join("d"))
+        .expect("readdir")
+        .count();
+    assert_eq!(names, 8 * 100, "files left in the shared directory");
+    let shared = std::fs::read(fm.mnt.join("shared")).expect("shared");
+    assert_eq!(shared.len(), 9 * 65536);
+    for w in 1..=8usize {
+        let part = &shared[w * 65536..(w + 1) * 65536];
+        let want = format!("{w}\n").repeat(32768);
+        assert!(
+            part == want.as_bytes(),
+            "writer {w}'s range of the shared file"
+        );
+    }
+    let tree = walk(&fm.mnt);
+    let st = fm.unmount();
+    assert!(st.success(), "server: {}", fm.log());
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
+    let k = KernelMount::new(&img, "ro");
+    report(compare(
+        "kernel view after concurrent writers",
+        &tree,
+        &walk(&k.path("")),
+        STAT_FIELDS,
+    ));
+    k.umount();
+}
