@@ -28,6 +28,7 @@ const FATTR_ATIME: u32 = 1 << 4;
 const FATTR_MTIME: u32 = 1 << 5;
 const FATTR_ATIME_NOW: u32 = 1 << 7;
 const FATTR_MTIME_NOW: u32 = 1 << 8;
+const FATTR_CTIME: u32 = 1 << 10;
 
 // fallocate(2) modes
 const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
@@ -268,10 +269,10 @@ impl Ops {
         a.skip(8).ok_or(errno::EINVAL)?; // lock_owner
         let atime = a.u64().ok_or(errno::EINVAL)?;
         let mtime = a.u64().ok_or(errno::EINVAL)?;
-        let _ctime = a.u64().ok_or(errno::EINVAL)?;
+        let ctime = a.u64().ok_or(errno::EINVAL)?;
         let atimensec = a.u32().ok_or(errno::EINVAL)?;
         let mtimensec = a.u32().ok_or(errno::EINVAL)?;
-        let _ctimensec = a.u32().ok_or(errno::EINVAL)?;
+        let ctimensec = a.u32().ok_or(errno::EINVAL)?;
         let mode = a.u32().ok_or(errno::EINVAL)?;
         a.skip(4).ok_or(errno::EINVAL)?;
         let uid = a.u32().ok_or(errno::EINVAL)?;
@@ -280,10 +281,15 @@ impl Ops {
         if node.is_placeholder() {
             return Err(EPERM);
         }
-        let t0 = now();
         let at = |s: u64, ns: u32| Timespec {
             sec: s as i64,
             nsec: ns,
+        };
+        // The kernel may hand over ctime too (FATTR_CTIME), as with a writeback cache.
+        let t0 = if valid & FATTR_CTIME != 0 {
+            at(ctime, ctimensec)
+        } else {
+            now()
         };
         let atime = if valid & FATTR_ATIME_NOW != 0 {
             Some(t0)
