@@ -20,14 +20,13 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::File;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 use ubtrfs_sim::golden::{
-    basic_image, comparable, entries_under, file_type_name, hex, manifest, manifest_names, report,
-    sha256_file, systime, ts, unpack_set, STAT_FIELDS,
+    basic_image, comparable, entries_under, hex, manifest, manifest_names, report, sha256_file,
+    unpack_set, walk_mounted, STAT_FIELDS,
 };
 use ubtrfs_sim::host::{bash_in as sh, require_fuse, serial, Ubtrfs};
 use ubtrfs_sim::mount::{
@@ -35,62 +34,6 @@ use ubtrfs_sim::mount::{
 };
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
-
-/// What the mount shows, in the manifest's shape (paths from the mount root).
-fn walk(root: &Path) -> BTreeMap<String, Value> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![("/".to_string(), root.to_path_buf())];
-    while let Some((path, host)) = stack.pop() {
-        let md = std::fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
-        let ty = file_type_name(md.file_type());
-        let mut v = serde_json::json!({
-            "type": ty, "ino": md.ino(), "mode": md.mode(), "nlink": md.nlink(),
-            "uid": md.uid(), "gid": md.gid(), "rdev": md.rdev(), "size": md.size(),
-            "blocks": md.blocks(),
-            "atime": ts(md.atime(), md.atime_nsec()),
-            "mtime": ts(md.mtime(), md.mtime_nsec()),
-            "ctime": ts(md.ctime(), md.ctime_nsec()),
-            "crtime": md.created().ok().map(systime),
-        });
-        let mut x = serde_json::Map::new();
-        for n in xattr::list(&host).unwrap_or_else(|e| panic!("listxattr {path}: {e}")) {
-            let val = xattr::get(&host, &n)
-                .unwrap_or_else(|e| panic!("getxattr {path} {n:?}: {e}"))
-                .unwrap_or_default();
-            x.insert(
-                String::from_utf8_lossy(n.as_bytes()).into(),
-                hex(&val).into(),
-            );
-        }
-        v["xattrs"] = Value::Object(x);
-        match ty {
-            "file" => {
-                let data = std::fs::read(&host).unwrap_or_else(|e| panic!("read {path}: {e}"));
-                v["sha256"] = hex(&Sha256::digest(&data)).into();
-            }
-            "symlink" => {
-                let t = std::fs::read_link(&host).expect("readlink");
-                v["target_hex"] = hex(t.as_os_str().as_bytes()).into();
-            }
-            "dir" => {
-                for e in std::fs::read_dir(&host).unwrap_or_else(|e| panic!("readdir {path}: {e}"))
-                {
-                    let e = e.expect("dirent");
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    let p = if path == "/" {
-                        format!("/{name}")
-                    } else {
-                        format!("{path}/{name}")
-                    };
-                    stack.push((p, e.path()));
-                }
-            }
-            _ => {}
-        }
-        out.insert(path, v);
-    }
-    out
-}
 
 fn compare(
     name: &str,
@@ -134,7 +77,7 @@ fn mount_golden_matches_manifest() {
         let m = manifest(&name);
         let u = unpack_set(&m);
         let mut fm = FuseMount::start(&UBTRFS, &u.devices, &[]);
-        let ours = walk(&fm.mnt);
+        let ours = walk_mounted(&fm.mnt);
         diffs.extend(compare(&name, &entries_under(&m, ""), &ours));
         let st = fm.unmount();
         if !st.success() {
@@ -168,7 +111,11 @@ fn mount_subvolume_options() {
         let fm = FuseMount::start(&UBTRFS, &u.devices, &[opt]);
         let root = std::fs::metadata(&fm.mnt).expect("stat root");
         assert_eq!(root.ino(), 256, "{opt}: root inode");
-        diffs.extend(compare(opt, &entries_under(&m, prefix), &walk(&fm.mnt)));
+        diffs.extend(compare(
+            opt,
+            &entries_under(&m, prefix),
+            &walk_mounted(&fm.mnt),
+        ));
     }
     report(diffs);
     let mnt = u.dir.path().join("m");

@@ -12,73 +12,14 @@
 //! Needs root (/dev/fuse, loop devices); skipped with a line outside CI.
 
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
-use ubtrfs_sim::golden::{file_type_name, hex, report, systime, ts, STAT_FIELDS};
+use ubtrfs_sim::golden::{report, walk_mounted, STAT_FIELDS};
 use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, Ubtrfs};
 use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
-
-/// Every stat field, contents, xattrs and link targets of a tree, by path.
-fn walk(root: &Path) -> BTreeMap<String, Value> {
-    let mut out = BTreeMap::new();
-    let mut stack = vec![("/".to_string(), root.to_path_buf())];
-    while let Some((path, host)) = stack.pop() {
-        let md = std::fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
-        let ty = file_type_name(md.file_type());
-        let mut v = serde_json::json!({
-            "type": ty, "ino": md.ino(), "mode": md.mode(), "nlink": md.nlink(),
-            "uid": md.uid(), "gid": md.gid(), "rdev": md.rdev(), "size": md.size(),
-            "blocks": md.blocks(),
-            "atime": ts(md.atime(), md.atime_nsec()),
-            "mtime": ts(md.mtime(), md.mtime_nsec()),
-            "ctime": ts(md.ctime(), md.ctime_nsec()),
-            "crtime": md.created().ok().map(systime),
-        });
-        let mut x = serde_json::Map::new();
-        for n in xattr::list(&host).unwrap_or_else(|e| panic!("listxattr {path}: {e}")) {
-            let val = xattr::get(&host, &n)
-                .unwrap_or_else(|e| panic!("getxattr {path}: {e}"))
-                .unwrap_or_default();
-            x.insert(
-                String::from_utf8_lossy(n.as_bytes()).into(),
-                hex(&val).into(),
-            );
-        }
-        v["xattrs"] = Value::Object(x);
-        match ty {
-            "file" => {
-                let data = std::fs::read(&host).unwrap_or_else(|e| panic!("read {path}: {e}"));
-                v["sha256"] = hex(&Sha256::digest(&data)).into();
-            }
-            "symlink" => {
-                let t = std::fs::read_link(&host).expect("readlink");
-                v["target_hex"] = hex(t.as_os_str().as_bytes()).into();
-            }
-            "dir" => {
-                for e in std::fs::read_dir(&host).unwrap_or_else(|e| panic!("readdir {path}: {e}"))
-                {
-                    let e = e.expect("dirent");
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    let p = if path == "/" {
-                        format!("/{name}")
-                    } else {
-                        format!("{path}/{name}")
-                    };
-                    stack.push((p, e.path()));
-                }
-            }
-            _ => {}
-        }
-        out.insert(path, v);
-    }
-    out
-}
 
 /// Differences of `fields` between two walks.
 fn compare(
@@ -170,7 +111,7 @@ fn rw_mount_matches_kernel_and_round_trips() {
         err.trim_end().ends_with("done"),
         "workload on the kernel: {err}"
     );
-    let kernel_tree = walk(&k.path(""));
+    let kernel_tree = walk_mounted(&k.path(""));
     k.umount();
 
     let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
@@ -180,7 +121,7 @@ fn rw_mount_matches_kernel_and_round_trips() {
         "workload on ubtrfs: {err}\nserver: {}",
         fm.log()
     );
-    let fuse_tree = walk(&fm.mnt);
+    let fuse_tree = walk_mounted(&fm.mnt);
     let mut diffs = compare(
         "ubtrfs mount vs kernel mount (same workload)",
         &kernel_tree,
@@ -215,7 +156,7 @@ fn rw_mount_matches_kernel_and_round_trips() {
     // Round trip: btrfs check, then the kernel shows what the FUSE mount showed.
     btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after the ubtrfs mount: {e}"));
     let k = KernelMount::new(&img, "ro");
-    let seen = walk(&k.path(""));
+    let seen = walk_mounted(&k.path(""));
     report(compare(
         "kernel view of the ubtrfs-written image",
         &fuse_tree,
@@ -243,7 +184,7 @@ fn rw_mount_matches_kernel_and_round_trips() {
         "second ubtrfs mount: {err}\n{}",
         fm.log()
     );
-    let again = walk(&fm.mnt);
+    let again = walk_mounted(&fm.mnt);
     let st = fm.unmount();
     assert!(st.success(), "server exit {st}: {}", fm.log());
     btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after the second mount: {e}"));
@@ -251,7 +192,7 @@ fn rw_mount_matches_kernel_and_round_trips() {
     report(compare(
         "kernel view after the second mount",
         &again,
-        &walk(&k.path("")),
+        &walk_mounted(&k.path("")),
         STAT_FIELDS,
     ));
     k.umount();
@@ -420,7 +361,7 @@ fn rw_mount_concurrent_writers() {
             "writer {w}'s range of the shared file"
         );
     }
-    let tree = walk(&fm.mnt);
+    let tree = walk_mounted(&fm.mnt);
     let st = fm.unmount();
     assert!(st.success(), "server: {}", fm.log());
     btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
@@ -428,7 +369,7 @@ fn rw_mount_concurrent_writers() {
     report(compare(
         "kernel view after concurrent writers",
         &tree,
-        &walk(&k.path("")),
+        &walk_mounted(&k.path("")),
         STAT_FIELDS,
     ));
     k.umount();

@@ -52,6 +52,15 @@ fn name<'a>(a: &mut Args<'a>) -> Result<&'a [u8], i32> {
     Ok(n)
 }
 
+/// A missing xattr is ENODATA, not ENOENT.
+fn xattr_errno(e: i32) -> i32 {
+    if e == errno::ENOENT {
+        errno::ENODATA
+    } else {
+        e
+    }
+}
+
 /// The FUSE device number (the kernel's `new_encode_dev`) as btrfs stores it in the
 /// inode item (the kernel's MKDEV: major << 20 | minor).
 fn rdev_from_fuse(rdev: u32) -> u64 {
@@ -352,13 +361,7 @@ impl Ops {
             }
             t.set_xattr(node.root, node.ino, name, value, now())
         })
-        .map_err(|e| {
-            if e == errno::ENOENT {
-                errno::ENODATA
-            } else {
-                e
-            }
-        })?;
+        .map_err(xattr_errno)?;
         Ok(Vec::new())
     }
 
@@ -368,13 +371,7 @@ impl Ops {
         w.change("removexattr", |t| {
             t.remove_xattr(node.root, node.ino, name, now())
         })
-        .map_err(|e| {
-            if e == errno::ENOENT {
-                errno::ENODATA
-            } else {
-                e
-            }
-        })?;
+        .map_err(xattr_errno)?;
         Ok(Vec::new())
     }
 

@@ -8,6 +8,8 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -251,4 +253,61 @@ pub fn sha256_file(p: &Path) -> String {
         h.update(&buf[..n]);
     }
     hex(&h.finalize())
+}
+
+/// What a mounted tree shows, walked with std::fs in the manifests' shape: every stat
+/// field, sha256 of contents, xattrs (hex) and link targets, by path from `root`.
+pub fn walk_mounted(root: &Path) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![("/".to_string(), root.to_path_buf())];
+    while let Some((path, host)) = stack.pop() {
+        let md = std::fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
+        let ty = file_type_name(md.file_type());
+        let mut v = serde_json::json!({
+            "type": ty, "ino": md.ino(), "mode": md.mode(), "nlink": md.nlink(),
+            "uid": md.uid(), "gid": md.gid(), "rdev": md.rdev(), "size": md.size(),
+            "blocks": md.blocks(),
+            "atime": ts(md.atime(), md.atime_nsec()),
+            "mtime": ts(md.mtime(), md.mtime_nsec()),
+            "ctime": ts(md.ctime(), md.ctime_nsec()),
+            "crtime": md.created().ok().map(systime),
+        });
+        let mut x = serde_json::Map::new();
+        for n in xattr::list(&host).unwrap_or_else(|e| panic!("listxattr {path}: {e}")) {
+            let val = xattr::get(&host, &n)
+                .unwrap_or_else(|e| panic!("getxattr {path}: {e}"))
+                .unwrap_or_default();
+            x.insert(
+                String::from_utf8_lossy(n.as_bytes()).into(),
+                hex(&val).into(),
+            );
+        }
+        v["xattrs"] = Value::Object(x);
+        match ty {
+            "file" => {
+                let data = std::fs::read(&host).unwrap_or_else(|e| panic!("read {path}: {e}"));
+                v["sha256"] = hex(&Sha256::digest(&data)).into();
+            }
+            "symlink" => {
+                let t = std::fs::read_link(&host).expect("readlink");
+                v["target_hex"] = hex(t.as_os_str().as_bytes()).into();
+            }
+            "dir" => {
+                for e in std::fs::read_dir(&host).unwrap_or_else(|e| panic!("readdir {path}: {e}"))
+                {
+                    let e = e.expect("dirent");
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    let p = if path == "/" {
+                        format!("/{name}")
+                    } else {
+                        format!("{path}/{name}")
+                    };
+                    stack.push((p, e.path()));
+                }
+            }
+            _ => {}
+        }
+        out.insert(path, v);
+    }
+    out
 }
