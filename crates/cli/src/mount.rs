@@ -171,10 +171,10 @@ pub fn run(args: MountArgs) -> Result<()> {
             // an error either way.
             Err(e)
                 if want.is_none()
-                    && matches!(
+                    && (matches!(
                         e.downcast_ref::<ubtrfs_core::Error>(),
                         Some(ubtrfs_core::Error::Unsupported(_))
-                    ) =>
+                    ) || write_protected(&e)) =>
             {
                 eprintln!(
                     "ubtrfs: warning: {} cannot be written ({e:#}); mounting read-only",
@@ -283,6 +283,22 @@ pub fn run(args: MountArgs) -> Result<()> {
         }
     }
     served
+}
+
+/// The image cannot be opened for writing (a read-only file, medium or mount), as
+/// mount(8) falls back to read-only for write-protected media.
+fn write_protected(e: &anyhow::Error) -> bool {
+    let kind = match e.downcast_ref::<ubtrfs_core::Error>() {
+        Some(ubtrfs_core::Error::Io { err, .. }) => err.kind(),
+        _ => match e.downcast_ref::<std::io::Error>() {
+            Some(err) => err.kind(),
+            None => return false,
+        },
+    };
+    matches!(
+        kind,
+        std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+    )
 }
 
 /// Opens the devices for the write engine: refuses devices the kernel has mounted,
