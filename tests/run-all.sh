@@ -25,6 +25,13 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 export UBTRFS_CI=1
+# On a fresh machine, install what the tests need first (as .ci/run does).
+for tool in mkfs.btrfs btrfs zstd python3 losetup fusermount3 setfattr mkfs.xfs rsync; do
+    if ! command -v "$tool" >/dev/null; then
+        bash tests/install-deps.sh
+        break
+    fi
+done
 for tool in mkfs.btrfs btrfs zstd python3 losetup; do
     command -v "$tool" >/dev/null || { echo "run-all: $tool is missing" >&2; exit 1; }
 done
