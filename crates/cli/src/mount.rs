@@ -29,7 +29,7 @@ Mount options (-o, comma separated, repeatable):
                         unique across subvolumes (FUSE has one st_dev for the whole mount,
                         so find/du see nested subvolume roots, all inode 256, as loops)
   cache_mb=N            tree-block cache size in MiB (default 256)
-  threads=N             threads serving requests (default 8)
+  threads=N             threads serving requests (default 8; read-write: the CPU count, 2..8)
   attr_timeout=SECS     how long the kernel caches attributes and names (default 86400)
   readahead_kb=N        kernel readahead for the mount (default 4096, like btrfs; 0 = FUSE's 128)
   max_read=BYTES        largest read request (default 1048576, the kernel's limit)
@@ -227,6 +227,14 @@ pub fn run(args: MountArgs) -> Result<()> {
     }
     if let Some(s) = o.ttl {
         cfg.ttl = std::time::Duration::from_secs(s);
+    }
+    if engine.writable() {
+        // Changes take the transaction's lock one at a time: more server threads than
+        // cores only add context switches (20,000 creates: 2.0 s with 2 threads, 3.2 s
+        // with 8 on a 2-core machine).
+        cfg.tuning.threads = std::thread::available_parallelism()
+            .map_or(2, |n| n.get())
+            .clamp(2, 8);
     }
     if let Some(t) = o.threads {
         cfg.tuning.threads = t;
