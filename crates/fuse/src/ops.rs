@@ -29,6 +29,7 @@ pub(crate) mod errno {
     pub(crate) const ENXIO: i32 = 6;
     pub(crate) const EBADF: i32 = 9;
     pub(crate) const EACCES: i32 = 13;
+    pub(crate) const EXDEV: i32 = 18;
     pub(crate) const ENOTDIR: i32 = 20;
     pub(crate) const EINVAL: i32 = 22;
     pub(crate) const ENOTTY: i32 = 25;
@@ -37,6 +38,7 @@ pub(crate) mod errno {
     pub(crate) const ENAMETOOLONG: i32 = 36;
     pub(crate) const ENOSYS: i32 = 38;
     pub(crate) const ENODATA: i32 = 61;
+    pub(crate) const EOPNOTSUPP: i32 = 95;
     pub(crate) const ESTALE: i32 = 116;
 }
 

@@ -13,10 +13,6 @@ use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::mode::{S_IFDIR, S_IFLNK, S_IFMT};
 use ubtrfs_core::{now, Error, NewInode, Node};
 
-const EXDEV: i32 = 18;
-const EPERM: i32 = 1;
-const EOPNOTSUPP: i32 = 95;
-
 const S_ISGID: u32 = 0o2000;
 
 // fuse_setattr_in.valid
@@ -88,9 +84,9 @@ impl Ops {
             op::REMOVEXATTR => self.removexattr(w, h, a),
             op::FALLOCATE => self.fallocate(w, h, a),
             // Not yet: the kernel falls back to reading and writing for
-            // copy_file_range, and O_TMPFILE gets EOPNOTSUPP.
+            // copy_file_range, and O_TMPFILE gets errno::EOPNOTSUPP.
             op::COPY_FILE_RANGE => Err(errno::ENOSYS),
-            op::TMPFILE => Err(EOPNOTSUPP),
+            op::TMPFILE => Err(errno::EOPNOTSUPP),
             _ => Err(errno::ENOSYS),
         };
         match r {
@@ -99,12 +95,12 @@ impl Ops {
         }
     }
 
-    /// The directory a request names, which must be a real one (not the empty
-    /// placeholder of a subvolume seen inside a snapshot).
-    fn dir_of(&self, nodeid: u64) -> Result<Node, i32> {
+    /// The inode a request changes, which must be a real one (not the empty,
+    /// read-only placeholder of a subvolume seen inside a snapshot).
+    fn changeable(&self, nodeid: u64) -> Result<Node, i32> {
         let n = self.node_key(nodeid)?.node;
         if n.is_placeholder() {
-            return Err(EPERM);
+            return Err(errno::EPERM);
         }
         Ok(n)
     }
@@ -152,7 +148,7 @@ impl Ops {
             (mode, rdev_from_fuse(rdev))
         };
         let name = name(&mut a)?;
-        let parent = self.dir_of(h.nodeid)?;
+        let parent = self.changeable(h.nodeid)?;
         let mut attr = self.new_inode(w, h, parent, mode)?;
         attr.rdev = rdev;
         let ino = w.change("mknod", |t| t.create(parent.root, parent.ino, name, attr))?;
@@ -165,7 +161,7 @@ impl Ops {
             let mode = a.u32().ok_or(errno::EINVAL)?;
             a.skip(8).ok_or(errno::EINVAL)?; // umask, open_flags
             let name = name(&mut a)?;
-            let parent = self.dir_of(h.nodeid)?;
+            let parent = self.changeable(h.nodeid)?;
             let attr = self.new_inode(w, h, parent, mode)?;
             let ino = w.change("create", |t| t.create(parent.root, parent.ino, name, attr))?;
             let node = Node::new(parent.root, ino);
@@ -185,7 +181,7 @@ impl Ops {
     fn symlink(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
         let name = name(&mut a)?;
         let target = a.cstr().ok_or(errno::EINVAL)?;
-        let parent = self.dir_of(h.nodeid)?;
+        let parent = self.changeable(h.nodeid)?;
         let attr = self.new_inode(w, h, parent, S_IFLNK | 0o777)?;
         let ino = w.change("symlink", |t| {
             t.symlink(parent.root, parent.ino, name, target, attr)
@@ -197,9 +193,9 @@ impl Ops {
         let old = a.u64().ok_or(errno::EINVAL)?;
         let name = name(&mut a)?;
         let node = self.node_key(old)?.node;
-        let parent = self.dir_of(h.nodeid)?;
+        let parent = self.changeable(h.nodeid)?;
         if node.root != parent.root {
-            return Err(EXDEV);
+            return Err(errno::EXDEV);
         }
         w.change("link", |t| {
             t.link(parent.root, node.ino, parent.ino, name, now())
@@ -209,7 +205,7 @@ impl Ops {
 
     fn remove(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, dir: bool) -> Result<Vec<u8>, i32> {
         let name = name(&mut a)?;
-        let parent = self.dir_of(h.nodeid)?;
+        let parent = self.changeable(h.nodeid)?;
         let t0 = now();
         if dir {
             w.change("rmdir", |t| t.rmdir(parent.root, parent.ino, name, t0))?;
@@ -236,10 +232,10 @@ impl Ops {
             // RENAME_WHITEOUT, as on btrfs without overlayfs support here.
             return Err(errno::EINVAL);
         }
-        let od = self.dir_of(h.nodeid)?;
-        let nd = self.dir_of(newdir)?;
+        let od = self.changeable(h.nodeid)?;
+        let nd = self.changeable(newdir)?;
         if od.root != nd.root {
-            return Err(EXDEV);
+            return Err(errno::EXDEV);
         }
         let t0 = now();
         if flags & RENAME_EXCHANGE != 0 {
@@ -262,7 +258,7 @@ impl Ops {
         a.skip(4 + 8 + 4 + 4).ok_or(errno::EINVAL)?; // write_flags, lock_owner, flags, padding
         let data = a.rest();
         let data = data.get(..size as usize).ok_or(errno::EINVAL)?;
-        let node = self.node_key(h.nodeid)?.node;
+        let node = self.changeable(h.nodeid)?;
         w.change("write", |t| {
             t.write(node.root, node.ino, offset, data, now())
         })?;
@@ -286,10 +282,7 @@ impl Ops {
         a.skip(4).ok_or(errno::EINVAL)?;
         let uid = a.u32().ok_or(errno::EINVAL)?;
         let gid = a.u32().ok_or(errno::EINVAL)?;
-        let node = self.node_key(h.nodeid)?.node;
-        if node.is_placeholder() {
-            return Err(EPERM);
-        }
+        let node = self.changeable(h.nodeid)?;
         let at = |s: u64, ns: u32| Timespec {
             sec: s as i64,
             nsec: ns,
@@ -345,10 +338,7 @@ impl Ops {
         let flags = a.u32().ok_or(errno::EINVAL)?;
         let name = a.cstr().ok_or(errno::EINVAL)?;
         let value = a.rest().get(..size as usize).ok_or(errno::EINVAL)?;
-        let node = self.node_key(h.nodeid)?.node;
-        if node.is_placeholder() {
-            return Err(EPERM);
-        }
+        let node = self.changeable(h.nodeid)?;
         w.change("setxattr", |t| {
             if flags & (XATTR_CREATE | XATTR_REPLACE) != 0 {
                 let have = t.fs.getxattr(node, name)?.is_some();
@@ -367,7 +357,7 @@ impl Ops {
 
     fn removexattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
         let name = a.cstr().ok_or(errno::EINVAL)?;
-        let node = self.node_key(h.nodeid)?.node;
+        let node = self.changeable(h.nodeid)?;
         w.change("removexattr", |t| {
             t.remove_xattr(node.root, node.ino, name, now())
         })
@@ -380,7 +370,7 @@ impl Ops {
         let offset = a.u64().ok_or(errno::EINVAL)?;
         let len = a.u64().ok_or(errno::EINVAL)?;
         let mode = a.u32().ok_or(errno::EINVAL)?;
-        let node = self.node_key(h.nodeid)?.node;
+        let node = self.changeable(h.nodeid)?;
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         let t0 = now();
         match mode & !FALLOC_FL_KEEP_SIZE {
@@ -395,7 +385,7 @@ impl Ops {
             FALLOC_FL_ZERO_RANGE => w.change("zero range", |t| {
                 t.zero_range(node.root, node.ino, offset, len, keep, t0)
             }),
-            _ => Err(EOPNOTSUPP),
+            _ => Err(errno::EOPNOTSUPP),
         }?;
         Ok(Vec::new())
     }

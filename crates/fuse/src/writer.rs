@@ -103,19 +103,15 @@ impl Writer {
                 .extend(orphaned);
         }
         match r {
-            Ok(r) => {
-                self.changes.fetch_add(1, Ordering::Relaxed);
-                Ok(r)
-            }
             Err(e) if is_fatal(&e) => {
                 self.abort(&format!("{what}: {e}"));
                 Err(e.errno())
             }
-            Err(e) => {
-                // Checked before anything was changed (ENOENT, EEXIST, ...), but the
-                // engine may have CoWed blocks on the way: they commit harmlessly.
+            // Other errors are found before anything changes (ENOENT, EEXIST, ...), but
+            // the engine may have CoWed blocks on the way: they commit harmlessly.
+            r => {
                 self.changes.fetch_add(1, Ordering::Relaxed);
-                Err(e.errno())
+                r.map_err(|e| e.errno())
             }
         }
     }
