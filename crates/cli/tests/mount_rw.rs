@@ -11,40 +11,13 @@
 //!
 //! Needs root (/dev/fuse, loop devices); skipped with a line outside CI.
 
-use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
-use ubtrfs_sim::golden::{report, walk_mounted, STAT_FIELDS};
+use ubtrfs_sim::golden::{compare_walks as compare, report, walk_mounted, STAT_FIELDS};
 use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, Ubtrfs};
 use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
-
-/// Differences of `fields` between two walks.
-fn compare(
-    what: &str,
-    want: &BTreeMap<String, Value>,
-    got: &BTreeMap<String, Value>,
-    fields: &[&str],
-) -> Vec<String> {
-    let mut diffs = Vec::new();
-    for p in want.keys().filter(|p| !got.contains_key(*p)) {
-        diffs.push(format!("{what}: {p}: missing"));
-    }
-    for p in got.keys().filter(|p| !want.contains_key(*p)) {
-        diffs.push(format!("{what}: {p}: unexpected"));
-    }
-    for (p, w) in want {
-        let Some(g) = got.get(p) else { continue };
-        for f in fields {
-            if w[*f] != g[*f] {
-                diffs.push(format!("{what}: {p}: {f}: want {} got {}", w[*f], g[*f]));
-            }
-        }
-    }
-    diffs
-}
 
 /// A workload that gives the same tree wherever it runs (deterministic data; times
 /// set explicitly where they are compared).

@@ -311,3 +311,29 @@ pub fn walk_mounted(root: &Path) -> BTreeMap<String, Value> {
     }
     out
 }
+
+/// Differences of `fields` between two walks ([`walk_mounted`]): paths missing on
+/// either side, then every field that differs; `what` names the comparison.
+pub fn compare_walks(
+    what: &str,
+    want: &BTreeMap<String, Value>,
+    got: &BTreeMap<String, Value>,
+    fields: &[&str],
+) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for p in want.keys().filter(|p| !got.contains_key(*p)) {
+        diffs.push(format!("{what}: {p}: missing"));
+    }
+    for p in got.keys().filter(|p| !want.contains_key(*p)) {
+        diffs.push(format!("{what}: {p}: unexpected"));
+    }
+    for (p, w) in want {
+        let Some(g) = got.get(p) else { continue };
+        for f in fields {
+            if w[*f] != g[*f] {
+                diffs.push(format!("{what}: {p}: {f}: want {} got {}", w[*f], g[*f]));
+            }
+        }
+    }
+    diffs
+}

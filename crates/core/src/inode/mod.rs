@@ -6,7 +6,8 @@
 //! | `inode.rs` | inode.c, namei | stat, create, link, unlink, rename, setattr, path lookup |
 //! | `dir_item.rs` | dir-item.c | DIR_ITEM / DIR_INDEX: lookup, readdir, insert, remove |
 //! | `inode_item.rs` | inode-item.c | INODE_REF / INODE_EXTREF |
-//! | `file.rs` | file.c, inode.c (btrfs_get_extent), reflink.c | file data read and write, truncate, fallocate, holes, inline |
+//! | `file.rs` | file.c, inode.c (btrfs_get_extent) | file data read and write, truncate, fallocate, holes, inline |
+//! | `reflink.rs` | reflink.c | clone ranges (shared extents), copy_file_range |
 //! | `file_item.rs` | file-item.c | data checksums |
 //! | `xattr.rs` | xattr.c | extended attributes |
 //!
@@ -19,4 +20,5 @@ pub(crate) mod file_item;
 #[allow(clippy::module_inception)]
 pub(crate) mod inode;
 pub(crate) mod inode_item;
+pub(crate) mod reflink;
 pub(crate) mod xattr;
