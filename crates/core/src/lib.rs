@@ -44,6 +44,7 @@ pub use inode::inode::{kernel_rdev_to_user, Stat};
 pub use io::dev::{lock_exclusive, refuse_if_mounted, Device, FileDevice, MemDevice};
 pub use io::disk_io::{read_best_super, FsInfo, OpenOptions};
 pub use subvol::subvol::SubvolInfo;
+pub use transaction::space_info::Reservation;
 pub use transaction::Trans;
 pub use tree::ctree::{lookup_exact, search_slot, walk_items, ItemRef, Path as TreePath, TreeIter};
 pub use tree::{RootPtr, TreeBlock};

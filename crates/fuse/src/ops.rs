@@ -33,6 +33,7 @@ pub(crate) mod errno {
     pub(crate) const ENOTDIR: i32 = 20;
     pub(crate) const EINVAL: i32 = 22;
     pub(crate) const ENOTTY: i32 = 25;
+    pub(crate) const ENOSPC: i32 = 28;
     pub(crate) const EROFS: i32 = 30;
     pub(crate) const ERANGE: i32 = 34;
     pub(crate) const ENAMETOOLONG: i32 = 36;

@@ -8,10 +8,11 @@ use crate::nodes::NodeKey;
 use crate::ops::{errno, Ops, NAME_MAX};
 use crate::reply::Reply;
 use crate::writer::Writer;
+use crate::writer::DEFAULT_ITEMS;
 use std::sync::atomic::Ordering;
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::mode::{S_IFDIR, S_IFLNK, S_IFMT};
-use ubtrfs_core::{now, Error, NewInode, Node};
+use ubtrfs_core::{now, Error, NewInode, Node, Reservation, Trans};
 
 const S_ISGID: u32 = 0o2000;
 
@@ -207,9 +208,13 @@ impl Ops {
         let parent = self.changeable(h.nodeid)?;
         let t0 = now();
         if dir {
-            w.change("rmdir", |t| t.rmdir(parent.root, parent.ino, name, t0))?;
+            w.change_reserved("rmdir", Reservation::freeing(DEFAULT_ITEMS), |t| {
+                t.rmdir(parent.root, parent.ino, name, t0)
+            })?;
         } else {
-            w.change("unlink", |t| t.unlink(parent.root, parent.ino, name, t0))?;
+            w.change_reserved("unlink", Reservation::freeing(DEFAULT_ITEMS), |t| {
+                t.unlink(parent.root, parent.ino, name, t0)
+            })?;
         }
         Ok(Vec::new())
     }
@@ -258,7 +263,7 @@ impl Ops {
         let data = a.rest();
         let data = data.get(..size as usize).ok_or(errno::EINVAL)?;
         let node = self.changeable(h.nodeid)?;
-        w.change("write", |t| {
+        w.change_reserved("write", Reservation::write(data.len() as u64), |t| {
             t.write(node.root, node.ino, offset, data, now())
         })?;
         let mut o = Out::with_capacity(8);
@@ -305,7 +310,17 @@ impl Ops {
         let mode = (valid & FATTR_MODE != 0).then_some(mode);
         let uid = (valid & FATTR_UID != 0).then_some(uid);
         let gid = (valid & FATTR_GID != 0).then_some(gid);
-        w.change("setattr", |t| {
+        // A truncate frees space (it may rewrite the last sector); the rest touches
+        // the inode item only.
+        let need = if valid & FATTR_SIZE != 0 {
+            Reservation {
+                data_bytes: 1,
+                ..Reservation::freeing(DEFAULT_ITEMS)
+            }
+        } else {
+            Reservation::items(2)
+        };
+        w.change_reserved("setattr", need, |t| {
             if valid & FATTR_SIZE != 0 {
                 let i = t.read_inode(node.root, node.ino)?;
                 if i.mode & S_IFMT == S_IFDIR {
@@ -372,16 +387,23 @@ impl Ops {
         let node = self.changeable(h.nodeid)?;
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         let t0 = now();
+        // Preallocation and zeroing allocate the range; a punched hole frees it but
+        // may rewrite its partial first and last sectors.
+        let alloc = Reservation::write(len);
+        let punch = Reservation {
+            data_bytes: 1,
+            ..Reservation::freeing(DEFAULT_ITEMS)
+        };
         match mode & !FALLOC_FL_KEEP_SIZE {
             0 => w
-                .change("fallocate", |t| {
+                .change_reserved("fallocate", alloc, |t| {
                     t.fallocate(node.root, node.ino, offset, len, keep, t0)
                 })
                 .map(|_| ()),
-            FALLOC_FL_PUNCH_HOLE if keep => w.change("punch hole", |t| {
+            FALLOC_FL_PUNCH_HOLE if keep => w.change_reserved("punch hole", punch, |t| {
                 t.punch_hole(node.root, node.ino, offset, len, t0)
             }),
-            FALLOC_FL_ZERO_RANGE => w.change("zero range", |t| {
+            FALLOC_FL_ZERO_RANGE => w.change_reserved("zero range", alloc, |t| {
                 t.zero_range(node.root, node.ino, offset, len, keep, t0)
             }),
             _ => Err(errno::EOPNOTSUPP),
@@ -405,7 +427,8 @@ impl Ops {
         }
         let src = self.changeable(h.nodeid)?;
         let dst = self.changeable(nodeid_out)?;
-        let (n, _shared) = w.change("copy_file_range", |t| {
+        let need = w.read(|fs| Trans::copy_file_range_reservation(fs, off_in, off_out, len));
+        let (n, _shared) = w.change_reserved("copy_file_range", need, |t| {
             t.copy_file_range(
                 src.root,
                 src.ino,

@@ -13,9 +13,13 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
-use ubtrfs_core::{Error, Filesystem, Trans};
+use ubtrfs_core::{Error, Filesystem, Reservation, Trans};
 
 use crate::ops::errno;
+
+/// Items a namespace change may touch (the kernel's btrfs_create reserves 5: inode
+/// item, inode ref, dir item, dir index, a security xattr; a rename up to 11).
+pub(crate) const DEFAULT_ITEMS: u64 = 11;
 
 /// The engine behind a mount.
 pub enum Engine {
@@ -81,10 +85,24 @@ impl Writer {
         f(&t.fs)
     }
 
-    /// Runs one change. EROFS once aborted; a fatal error aborts (logged once).
+    /// Runs one change that touches a few items and writes no data (a create, a
+    /// rename, a setattr): [`Writer::change_reserved`] with the kernel's item count for
+    /// such operations.
     pub fn change<R>(
         &self,
         what: &str,
+        f: impl FnOnce(&mut Trans) -> ubtrfs_core::Result<R>,
+    ) -> Result<R, i32> {
+        self.change_reserved(what, Reservation::items(DEFAULT_ITEMS), f)
+    }
+
+    /// Runs one change, after making sure the space it may need is there (ENOSPC
+    /// otherwise, with nothing changed). EROFS once aborted; a fatal error aborts
+    /// (logged once).
+    pub fn change_reserved<R>(
+        &self,
+        what: &str,
+        need: Reservation,
         f: impl FnOnce(&mut Trans) -> ubtrfs_core::Result<R>,
     ) -> Result<R, i32> {
         if self.aborted.load(Ordering::Acquire) {
@@ -93,6 +111,16 @@ impl Writer {
         let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EROFS);
+        }
+        match t.reserve(need) {
+            Ok(()) => {}
+            // Refused before anything changed: the mount goes on.
+            Err(Error::NoSpace(_)) => return Err(errno::ENOSPC),
+            Err(e) => {
+                // The commit that would have freed space failed.
+                self.abort(&format!("{what}: {e}"));
+                return Err(e.errno());
+            }
         }
         let r = f(&mut t);
         let orphaned = t.take_orphans();
@@ -124,7 +152,9 @@ impl Writer {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&(root, ino));
         if was_orphan {
-            let _ = self.change("evict", |t| t.evict_orphan(root, ino));
+            let _ = self.change_reserved("evict", Reservation::freeing(DEFAULT_ITEMS), |t| {
+                t.evict_orphan(root, ino)
+            });
         }
     }
 
@@ -137,7 +167,9 @@ impl Writer {
             .drain()
             .collect();
         for (root, ino) in left {
-            self.change("evict", |t| t.evict_orphan(root, ino))?;
+            self.change_reserved("evict", Reservation::freeing(DEFAULT_ITEMS), |t| {
+                t.evict_orphan(root, ino)
+            })?;
         }
         self.commit()
     }

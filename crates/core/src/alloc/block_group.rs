@@ -242,7 +242,39 @@ impl Allocator {
     }
 
     /// Picks the profile for new chunks of a type: that of the existing block groups.
-    fn profile_for(&self, ty: u64) -> u64 {
+    /// Device space no chunk holds yet, over all devices.
+    pub(crate) fn unallocated(&self) -> u64 {
+        self.dev_space
+            .values()
+            .flat_map(|d| d.holes())
+            .map(|h| h.1)
+            .sum()
+    }
+
+    /// Device space that new data chunks must leave for metadata to grow: a
+    /// metadata chunk's worth (all copies) while metadata has less than half of
+    /// that free, else nothing.
+    pub(crate) fn metadata_room_kept(&self, total_bytes: u64) -> u64 {
+        let meta_copies =
+            profile_copies(self.profile_for(BLOCK_GROUP_METADATA)).map_or(1, |c| c.min(2));
+        let reserve = meta_copies
+            * (32u64 << 20)
+                .min((total_bytes / 10) & !((1 << 20) - 1))
+                .max(1 << 20);
+        let meta_free: u64 = self
+            .bgs
+            .values()
+            .filter(|b| b.flags & BLOCK_GROUP_METADATA != 0)
+            .map(|b| b.length.saturating_sub(b.used))
+            .sum();
+        if meta_free < reserve / 2 {
+            reserve
+        } else {
+            0
+        }
+    }
+
+    pub(crate) fn profile_for(&self, ty: u64) -> u64 {
         if let Some(p) = self.profiles.get(&ty) {
             return *p;
         }
@@ -267,18 +299,9 @@ impl Allocator {
         min_bytes: u64,
     ) -> Result<u64> {
         let profile = self.profile_for(ty);
-        let ncopies = match profile {
-            0 => 1,
-            BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 => 2,
-            BLOCK_GROUP_RAID1C3 => 3,
-            BLOCK_GROUP_RAID1C4 => 4,
-            _ => {
-                return Err(Error::Unsupported(format!(
-                    "allocating {} chunks",
-                    profile_name(profile)
-                )))
-            }
-        };
+        let ncopies = profile_copies(profile).ok_or_else(|| {
+            Error::Unsupported(format!("allocating {} chunks", profile_name(profile)))
+        })? as usize;
         let total = info.sb.total_bytes;
         let max_stripe: u64 = match ty {
             BLOCK_GROUP_DATA => 1 << 30,
@@ -299,36 +322,10 @@ impl Allocator {
         let mut want = max_stripe.min((total / 10) & !((1 << 20) - 1));
         want = want.max(min_bytes.next_multiple_of(1 << 20)).max(1 << 20);
         if ty == BLOCK_GROUP_DATA {
-            // Keep room for metadata to grow: data may not take the device space a
-            // new metadata chunk would need unless metadata already has that free.
-            let meta_profile = self.profile_for(BLOCK_GROUP_METADATA);
-            let meta_copies = if meta_profile == BLOCK_GROUP_DUP
-                || meta_profile & (BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID1C4)
-                    != 0
-            {
-                2
-            } else {
-                1
-            };
-            let reserve = meta_copies
-                * (32u64 << 20)
-                    .min((total / 10) & !((1 << 20) - 1))
-                    .max(1 << 20);
-            let meta_free: u64 = self
-                .bgs
-                .values()
-                .filter(|b| b.flags & BLOCK_GROUP_METADATA != 0)
-                .map(|b| b.length.saturating_sub(b.used))
-                .sum();
-            if meta_free < reserve / 2 {
-                let unallocated: u64 = self
-                    .dev_space
-                    .values()
-                    .flat_map(|d| d.holes())
-                    .map(|h| h.1)
-                    .sum();
-                let room =
-                    (unallocated.saturating_sub(reserve) / ncopies as u64) & !((1 << 20) - 1);
+            let reserve = self.metadata_room_kept(total);
+            if reserve > 0 {
+                let room = (self.unallocated().saturating_sub(reserve) / ncopies as u64)
+                    & !((1 << 20) - 1);
                 if room < min_bytes.max(1 << 20) {
                     return Err(Error::NoSpace(
                         "data space exhausted (the rest is kept for metadata)".into(),
@@ -486,5 +483,17 @@ impl Allocator {
             },
         );
         Ok(())
+    }
+}
+
+/// Copies of every byte a chunk of `profile` keeps (None: a profile new chunks are
+/// not made in).
+pub(crate) fn profile_copies(profile: u64) -> Option<u64> {
+    match profile {
+        0 => Some(1),
+        BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 => Some(2),
+        BLOCK_GROUP_RAID1C3 => Some(3),
+        BLOCK_GROUP_RAID1C4 => Some(4),
+        _ => None,
     }
 }

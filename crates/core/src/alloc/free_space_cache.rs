@@ -304,7 +304,6 @@ impl FreeSpaceIndex {
     }
 
     /// Total free bytes.
-    #[cfg(test)]
     pub(crate) fn total_free(&self) -> u64 {
         self.total
     }

@@ -250,6 +250,33 @@ impl Allocator {
         Ok((b, take))
     }
 
+    /// Bytes of type `ty` (DATA or METADATA) allocations could take now: what the
+    /// groups serving it have free (space freed in this transaction is pinned and
+    /// not counted until the commit), plus what new chunks could take of the device
+    /// space (data leaving metadata its room, as [`Allocator::alloc_chunk`] does).
+    pub(crate) fn available(&self, total_bytes: u64, ty: u64) -> u64 {
+        let in_groups: u64 = self
+            .bgs
+            .values()
+            .filter(|b| Self::serves(b.flags, ty))
+            .map(|b| {
+                if b.loaded {
+                    b.free.total_free()
+                } else {
+                    b.length.saturating_sub(b.used)
+                }
+            })
+            .sum();
+        let Some(copies) = block_group::profile_copies(self.profile_for(ty)) else {
+            return in_groups;
+        };
+        let mut unallocated = self.unallocated();
+        if ty == BLOCK_GROUP_DATA {
+            unallocated = unallocated.saturating_sub(self.metadata_room_kept(total_bytes));
+        }
+        in_groups + ((unallocated / copies) & !((1 << 20) - 1))
+    }
+
     /// Returns unreferenced space allocated in this transaction (e.g. a failed write).
     pub(crate) fn release_unused(&mut self, bytenr: u64, len: u64) -> Result<()> {
         let s = self.bg_of(bytenr)?;

@@ -10,6 +10,8 @@
 //! cannot be shared (it lives in the leaf), so its bytes are written as new data.
 
 use crate::error::{Error, Result};
+use crate::fs::Filesystem;
+use crate::transaction::space_info::Reservation;
 use crate::transaction::Trans;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{FileExtentBody, Timespec};
@@ -24,6 +26,15 @@ pub(crate) const CLONE_CHUNK_BYTES_MAX: u64 = 1 << 30;
 /// Most bytes the copying fallback of [`Trans::copy_file_range`] moves per call: they
 /// pass through memory.
 pub(crate) const COPY_CHUNK_BYTES_MAX: u64 = 8 << 20;
+
+/// Items a clone call reserves: the destination's dropped and new file extent
+/// items. A source range of more extents than this is cloned anyway (each item is a
+/// fraction of the per-item reservation in practice).
+const CLONE_RESERVED_ITEMS: u64 = 64;
+
+/// Source pieces (extents, holes) one copy_file_range call shares: half the items
+/// reserved, as each may split a destination item too.
+const CLONE_PIECES_MAX: usize = CLONE_RESERVED_ITEMS as usize / 2;
 
 const S_IFMT: u32 = 0o170000;
 const S_IFREG: u32 = 0o100000;
@@ -241,6 +252,27 @@ impl Trans {
         Ok(out)
     }
 
+    /// What [`Trans::copy_file_range`] may need: whole sectors are shared (a few
+    /// items per source extent, no data), the rest is copied, at most
+    /// [`COPY_CHUNK_BYTES_MAX`] at a time.
+    pub fn copy_file_range_reservation(
+        fs: &Filesystem,
+        src_off: u64,
+        dst_off: u64,
+        len: u64,
+    ) -> Reservation {
+        let ss = fs.info.sectorsize as u64;
+        if src_off.is_multiple_of(ss) && dst_off.is_multiple_of(ss) {
+            Reservation {
+                // An inline source sector is written anew.
+                data_bytes: 1,
+                ..Reservation::items(CLONE_RESERVED_ITEMS)
+            }
+        } else {
+            Reservation::write(len.min(COPY_CHUNK_BYTES_MAX))
+        }
+    }
+
     /// copy_file_range(2) as on a kernel btrfs mount: the whole sectors of the range
     /// are shared ([`Trans::clone_range`]), what cannot be shared (unaligned offsets,
     /// a partial last sector, checksum mismatch) is copied. Copies at most
@@ -282,7 +314,12 @@ impl Trans {
             && !overlap
             && (src.flags ^ dst.flags) & INODE_NODATASUM == 0;
         if shareable {
-            let n = len.min(CLONE_CHUNK_BYTES_MAX);
+            let mut n = len.min(CLONE_CHUNK_BYTES_MAX);
+            // No more source extents than the reservation counted on.
+            let pieces = self.clone_pieces(src_root, src_ino, src_off, src_off + n)?;
+            if let Some((pos, plen, _)) = pieces.get(CLONE_PIECES_MAX - 1) {
+                n = n.min(pos + plen - src_off);
+            }
             let to_eof = src_off + n == src.size && dst_off + n >= dst.size;
             let n = if to_eof { n } else { n - n % ss };
             if n > 0 {

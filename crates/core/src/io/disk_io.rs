@@ -406,6 +406,11 @@ impl FsInfo {
         Ok(data)
     }
 
+    /// Tree blocks changed since the last commit.
+    pub(crate) fn dirty_blocks(&self) -> usize {
+        self.dirty.lock().map_or(0, |d| d.len())
+    }
+
     pub(crate) fn dirty_get(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {
         let d = self.dirty.lock().ok()?;
         if d.is_empty() {

@@ -18,6 +18,7 @@ pub(crate) mod block_group;
 pub(crate) mod cow;
 pub(crate) mod extent_tree;
 pub(crate) mod free_space_tree;
+pub(crate) mod space_info;
 
 use crate::alloc::block_group::{super_offset, DevSpace};
 use crate::alloc::delayed_ref::DelayedRefs;
