@@ -102,6 +102,10 @@ const SEEK_HOLE: u32 = 4;
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
 const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+/// BTRFS_IOC_SYNC (`btrfs filesystem sync`): commits. The way to make everything
+/// durable, since FUSE never passes sync(2)/syncfs(2) on to a server (only
+/// virtiofs gets FUSE_SYNCFS).
+const BTRFS_IOC_SYNC: u32 = 0x9408;
 
 impl Ops {
     pub fn new(engine: Engine, cfg: OpsConfig) -> Ops {
@@ -719,6 +723,16 @@ impl Ops {
         else {
             return reply.error(errno::EINVAL);
         };
+        if cmd == BTRFS_IOC_SYNC {
+            if let Engine::ReadWrite(w) = &self.engine {
+                if let Err(e) = w.commit() {
+                    return reply.error(e);
+                }
+            }
+            let mut o = Out::with_capacity(16);
+            o.i32(0).u32(0).u32(0).u32(0);
+            return reply.ok(&o.buf);
+        }
         let node = match self.node(h.nodeid) {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),

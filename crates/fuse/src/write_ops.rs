@@ -73,7 +73,7 @@ impl Ops {
         let r = match h.opcode {
             op::MKNOD => self.mknod(w, h, a, false),
             op::MKDIR => self.mknod(w, h, a, true),
-            op::CREATE => return self.create(w, h, a, reply),
+            op::CREATE => return self.create(w, h, a, reply, false),
             op::SYMLINK => self.symlink(w, h, a),
             op::LINK => self.link(w, h, a),
             op::UNLINK | op::RMDIR => self.remove(w, h, a, h.opcode == op::RMDIR),
@@ -85,8 +85,7 @@ impl Ops {
             op::REMOVEXATTR => self.removexattr(w, h, a),
             op::FALLOCATE => self.fallocate(w, h, a),
             op::COPY_FILE_RANGE => self.copy_file_range(w, h, a),
-            // Not yet: O_TMPFILE gets EOPNOTSUPP.
-            op::TMPFILE => Err(errno::EOPNOTSUPP),
+            op::TMPFILE => return self.create(w, h, a, reply, true),
             _ => Err(errno::ENOSYS),
         };
         match r {
@@ -155,7 +154,9 @@ impl Ops {
         self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
     }
 
-    fn create(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
+    /// CREATE, and TMPFILE (O_TMPFILE: a file without a name, an orphan until
+    /// linkat(2) names it; the kernel sends "/" as its name).
+    fn create(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>, tmp: bool) {
         let r = (|| {
             let _flags = a.u32().ok_or(errno::EINVAL)?;
             let mode = a.u32().ok_or(errno::EINVAL)?;
@@ -163,7 +164,13 @@ impl Ops {
             let name = name(&mut a)?;
             let parent = self.changeable(h.nodeid)?;
             let attr = self.new_inode(w, h, parent, mode)?;
-            let ino = w.change("create", |t| t.create(parent.root, parent.ino, name, attr))?;
+            let ino = if tmp {
+                w.change("tmpfile", |t| {
+                    t.create_tmpfile(parent.root, parent.ino, attr)
+                })?
+            } else {
+                w.change("create", |t| t.create(parent.root, parent.ino, name, attr))?
+            };
             let node = Node::new(parent.root, ino);
             let mut body = self.entry(w, h.nodeid, node, name)?;
             let fh = self.register_open(h.nodeid, node)?;

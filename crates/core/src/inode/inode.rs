@@ -326,6 +326,30 @@ impl Trans {
         self.create_raw(root, dir, name, attr, ty)
     }
 
+    /// Creates a regular file with no name (open(2) with O_TMPFILE in directory
+    /// `dir`): nlink 0 and an ORPHAN item, as the kernel's btrfs_tmpfile, so a crash
+    /// before it is linked (or after it is closed) deletes it at the next mount. It
+    /// joins [`Trans::take_orphans`]; [`Trans::link`] gives it a name.
+    pub fn create_tmpfile(&mut self, root: u64, dir: u64, attr: NewInode) -> Result<u64> {
+        if file_type_of(attr.mode) != FT_REG_FILE {
+            return Err(Error::Invalid(format!("O_TMPFILE mode {:o}", attr.mode)));
+        }
+        let d = self.read_inode(root, dir)?;
+        if d.mode & 0o170000 != 0o040000 {
+            return Err(Error::NotDir(format!("inode {dir}")));
+        }
+        let ino = self.alloc_ino(root)?;
+        let item = InodeItem {
+            nlink: 0,
+            ..self.new_inode_item(&attr, FT_REG_FILE)
+        };
+        self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), &item.to_bytes())?;
+        self.insert_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino), &[])?;
+        self.orphans.push((root, ino));
+        self.touch_root(root, attr.time)?;
+        Ok(ino)
+    }
+
     /// Creates symlink `name` in directory `dir` pointing at `target` (an inline extent).
     pub fn symlink(
         &mut self,
@@ -368,7 +392,16 @@ impl Trans {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
         let ino = self.alloc_ino(root)?;
-        let item = InodeItem {
+        let item = self.new_inode_item(&attr, ty);
+        self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), &item.to_bytes())?;
+        self.add_link(root, dir, name, ino, ty, attr.time)?;
+        self.touch_root(root, attr.time)?;
+        Ok(ino)
+    }
+
+    /// The inode item of a new inode with one link.
+    fn new_inode_item(&self, attr: &NewInode, ty: u8) -> InodeItem {
+        InodeItem {
             generation: self.transid,
             transid: self.transid,
             nlink: 1,
@@ -385,11 +418,7 @@ impl Trans {
             mtime: attr.time,
             otime: attr.time,
             ..Default::default()
-        };
-        self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), &item.to_bytes())?;
-        self.add_link(root, dir, name, ino, ty, attr.time)?;
-        self.touch_root(root, attr.time)?;
-        Ok(ino)
+        }
     }
 
     /// Records a change in a subvolume (ctransid / ctime of its root item).
@@ -408,6 +437,14 @@ impl Trans {
             return Err(Error::IsDir(format!("inode {ino}")));
         }
         self.add_link(root, dir, name, ino, file_type_of(i.mode), t)?;
+        if i.nlink == 0 {
+            // An O_TMPFILE file (or an open unlinked one) gets a name: no longer an
+            // orphan, a crash must keep it.
+            match self.delete_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino)) {
+                Err(Error::NotFound(_)) | Ok(()) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let mut i2 = self.read_inode(root, ino)?;
         i2.nlink = i.nlink + 1;
         i = i2;
@@ -467,7 +504,11 @@ impl Trans {
     }
 
     /// Deletes an orphaned inode and its ORPHAN item (its last user is gone).
+    /// An orphan linked again since ([`Trans::link`] of an O_TMPFILE file) stays.
     pub fn evict_orphan(&mut self, root: u64, ino: u64) -> Result<()> {
+        if self.read_inode(root, ino)?.nlink > 0 {
+            return Ok(());
+        }
         self.evict_inode(root, ino)?;
         match self.delete_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino)) {
             Err(Error::NotFound(_)) => Ok(()),
