@@ -44,6 +44,10 @@ pub enum Error {
     #[error("{0}: No space left on device")]
     /// ENOSPC: no data, metadata or device space left.
     NoSpace(String),
+    #[error("{0}: No space left on device")]
+    /// ENOSPC for what can never fit a leaf (an xattr larger than an item): found
+    /// before anything changed, unlike [`Error::NoSpace`], which may come mid-way.
+    TooLarge(String),
     #[error("{0}: File exists")]
     /// EEXIST: the name is taken.
     Exists(String),
@@ -77,7 +81,7 @@ impl Error {
             Error::IsDir(_) => libc::EISDIR,
             Error::Invalid(_) => libc::EINVAL,
             Error::Loop(_) => libc::ELOOP,
-            Error::NoSpace(_) => libc::ENOSPC,
+            Error::NoSpace(_) | Error::TooLarge(_) => libc::ENOSPC,
             Error::Exists(_) => libc::EEXIST,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Busy(_) => libc::EBUSY,

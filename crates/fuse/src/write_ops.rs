@@ -190,9 +190,19 @@ impl Ops {
         let target = a.cstr().ok_or(errno::EINVAL)?;
         let parent = self.changeable(h.nodeid)?;
         let attr = self.new_inode(w, h, parent, S_IFLNK | 0o777)?;
-        let ino = w.change("symlink", |t| {
-            t.symlink(parent.root, parent.ino, name, target, attr)
-        })?;
+        let ino = w
+            .change("symlink", |t| {
+                t.symlink(parent.root, parent.ino, name, target, attr)
+            })
+            // A target too long for an inline extent: the kernel's btrfs_symlink
+            // answers ENAMETOOLONG.
+            .map_err(|e| {
+                if e == errno::EINVAL {
+                    errno::ENAMETOOLONG
+                } else {
+                    e
+                }
+            })?;
         self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
     }
 

@@ -78,7 +78,7 @@ impl Trans {
         }
         let entry_len = 30 + name.len() + value.len();
         if entry_len > self.max_item_size() {
-            return Err(Error::NoSpace(format!(
+            return Err(Error::TooLarge(format!(
                 "xattr value of {} bytes exceeds the item size limit",
                 value.len()
             )));

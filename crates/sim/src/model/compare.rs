@@ -179,9 +179,15 @@ pub fn compare_paths(fs: &Filesystem, m: &Model, paths: &[Vec<u8>]) -> Result<()
 /// size, content, symlink target, xattr; hard links must be one inode, distinct model
 /// nodes distinct inodes.
 pub fn compare_tree(fs: &Filesystem, m: &Model) -> Result<(), String> {
+    compare_subtree(fs, fs.top(), m)
+}
+
+/// [`compare_tree`] for a model of the subtree under directory `top` (a model per
+/// directory, as the concurrent mount test keeps one per thread).
+pub fn compare_subtree(fs: &Filesystem, top: Node, m: &Model) -> Result<(), String> {
     let mut ino_of: HashMap<Id, u64> = HashMap::new();
     let mut id_of: HashMap<u64, Id> = HashMap::new();
-    let mut stack = vec![(Vec::new(), fs.top(), ROOT)];
+    let mut stack = vec![(Vec::new(), top, ROOT)];
     let mut seen = BTreeSet::new();
     while let Some((p, node, id)) = stack.pop() {
         if node.root != FS_TREE {

@@ -24,15 +24,13 @@ pub mod gen;
 pub mod op;
 pub mod run;
 
-pub use compare::{compare_node, compare_paths, compare_tree, open_ro};
+pub use compare::{compare_node, compare_paths, compare_subtree, compare_tree, open_ro};
 pub use gen::{gen_op, FsConfig};
-pub use op::{write_data, Op};
+pub use op::{bulk_data, bulk_name, bulk_victims, link_name, write_data, Op};
 pub use run::{
     apply_engine, failure_signature, minimize, replay, run_seed, run_seed_recorded, time_of,
     Harness, RunConfig, RunStats, SparseMem, Step,
 };
-
-use op::{bulk_data, bulk_name, bulk_victims, link_name};
 
 /// Tree id of the top-level subvolume.
 pub const FS_TREE: u64 = 5;

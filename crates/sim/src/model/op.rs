@@ -197,27 +197,26 @@ pub enum Op {
     },
 }
 
-pub(super) fn link_name(i: u64) -> Vec<u8> {
+/// The name of the `i`-th link [`Op::BulkLink`] adds (200 bytes and more).
+pub fn link_name(i: u64) -> Vec<u8> {
     let mut n = b"hardlink-".to_vec();
     n.resize(200, b'x');
     n.extend_from_slice(i.to_string().as_bytes());
     n
 }
 
-pub(super) fn bulk_name(i: u64) -> Vec<u8> {
+/// The name of file `i` of [`Op::BulkCreate`].
+pub fn bulk_name(i: u64) -> Vec<u8> {
     format!("bulk{i}").into_bytes()
 }
 
-pub(super) fn bulk_data(i: u64) -> Vec<u8> {
+/// The data of file `i` of [`Op::BulkCreate`].
+pub fn bulk_data(i: u64) -> Vec<u8> {
     (0..i % 300).map(|j| (i + j * 7) as u8).collect()
 }
 
 /// Names `BulkUnlink` removes from a directory listing (sorted).
-pub(super) fn bulk_victims(
-    entries: &BTreeMap<Vec<u8>, Id>,
-    m: &Model,
-    keep_every: u64,
-) -> Vec<Vec<u8>> {
+pub fn bulk_victims(entries: &BTreeMap<Vec<u8>, Id>, m: &Model, keep_every: u64) -> Vec<Vec<u8>> {
     entries
         .iter()
         .filter(|(_, id)| !m.node(**id).is_dir())
