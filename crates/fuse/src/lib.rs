@@ -5,7 +5,8 @@
 //! through a FUSE library, because the kernel names inodes by a node id that is
 //! separate from st_ino, and btrfs needs that separation: every subvolume root is
 //! inode 256, so (subvolume, inode) pairs map to node ids (`nodes`) while st_ino
-//! stays the btrfs inode number.
+//! stays the btrfs inode number in the mounted subvolume and is made unique for the
+//! files of other subvolumes (`ino`: one FUSE mount has one st_dev).
 //!
 //! * `channel`: mounting (mount(2) as root, fusermount3 otherwise), request I/O.
 //! * `session`: the INIT handshake, worker threads, unmount on signals.
@@ -20,6 +21,7 @@
 
 mod abi;
 mod channel;
+mod ino;
 mod nodes;
 mod ops;
 mod reply;
@@ -29,7 +31,7 @@ mod write_ops;
 mod writer;
 
 pub use channel::MountOptions;
-pub use ops::InoMode;
+pub use ino::InoMode;
 pub use session::{Session, Tuning};
 
 use channel::Channel;
@@ -74,7 +76,7 @@ impl Config {
             },
             root,
             ttl: DEFAULT_TTL,
-            ino: InoMode::Kernel,
+            ino: InoMode::Unique,
             tuning: Tuning {
                 max_read: 1 << 20,
                 readahead_kb: Some(4096),
