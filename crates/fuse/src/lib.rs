@@ -11,7 +11,9 @@
 //! * `channel`: mounting (mount(2) as root, fusermount3 otherwise), request I/O.
 //! * `session`: the INIT handshake, worker threads, unmount on signals.
 //! * `ops`: reading requests answered from the engine; `write_ops.rs`: requests
-//!   that change the filesystem (EROFS on a read-only mount).
+//!   that change the filesystem (EROFS on a read-only mount and in read-only
+//!   subvolumes, EXDEV between subvolumes).
+//! * `ino`: st_ino and d_ino, unique on the mount although it has one st_dev.
 //! * `writer`: the [`Engine`] behind a mount; read-write, a running transaction
 //!   committed on a timer, on sync and at unmount.
 //! * `statfs`: the kernel's df numbers from block groups and device items.
