@@ -25,9 +25,12 @@ Mount options (-o, comma separated, repeatable):
   subvolid=N            show subvolume N (5 = top level); default: the default subvolume
   allow_other           let other users in (permissions are still checked, like the kernel)
   suid, dev             honour setuid bits / device nodes (default nosuid,nodev)
-  ino=kernel|unique     st_ino: btrfs inode numbers as the kernel shows them (default), or
-                        unique across subvolumes (FUSE has one st_dev for the whole mount,
-                        so find/du see nested subvolume roots, all inode 256, as loops)
+  ino=unique|kernel     st_ino: unique (default): files of the mounted subvolume show their
+                        btrfs inode numbers, those of other subvolumes (subvolid << 40) | ino,
+                        because FUSE has one st_dev for the whole mount (the kernel has one
+                        per subvolume); kernel: btrfs inode numbers everywhere, so find/du
+                        see nested subvolume roots (all 256) as loops and tar/du/cp -a take
+                        a snapshot's files for hard links of their source
   cache_mb=N            tree-block cache size in MiB (default 256)
   threads=N             threads serving requests (default 8; read-write: the CPU count, 2..8)
   attr_timeout=SECS     how long the kernel caches attributes and names (default 86400)
@@ -93,7 +96,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         allow_other: false,
         suid: false,
         dev: false,
-        ino: InoMode::Kernel,
+        ino: InoMode::Unique,
         cache_mb: None,
         threads: None,
         ttl: None,
@@ -400,16 +403,17 @@ mod tests {
 
     #[test]
     fn options() {
-        let o = parse_options(&["ro,subvol=/a b,allow_other".into(), "ino=unique".into()])
+        let o = parse_options(&["ro,subvol=/a b,allow_other".into(), "ino=kernel".into()])
             .expect("valid");
         assert_eq!(o.subvol.as_deref(), Some("/a b"));
         assert!(o.allow_other);
-        assert_eq!(o.ino, InoMode::Unique);
+        assert_eq!(o.ino, InoMode::Kernel);
         assert_eq!(o.rw, Some(false));
         let o = parse_options(&["rw,commit=5,compress=zstd:3".into()]).expect("valid");
         assert_eq!((o.rw, o.commit_secs), (Some(true), 5));
         assert_eq!(o.compress.as_deref(), Some("zstd:3"));
         assert_eq!(parse_options(&[]).expect("valid").rw, None);
+        assert_eq!(parse_options(&[]).expect("valid").ino, InoMode::Unique);
         assert!(parse_options(&["compress=lz4".into()]).is_err());
         assert!(parse_options(&["bogus".into()]).is_err());
         assert!(parse_options(&["subvolid=x".into()]).is_err());

@@ -5,12 +5,15 @@
 //! through a FUSE library, because the kernel names inodes by a node id that is
 //! separate from st_ino, and btrfs needs that separation: every subvolume root is
 //! inode 256, so (subvolume, inode) pairs map to node ids (`nodes`) while st_ino
-//! stays the btrfs inode number.
+//! stays the btrfs inode number in the mounted subvolume and is made unique for the
+//! files of other subvolumes (`ino`: one FUSE mount has one st_dev).
 //!
 //! * `channel`: mounting (mount(2) as root, fusermount3 otherwise), request I/O.
 //! * `session`: the INIT handshake, worker threads, unmount on signals.
 //! * `ops`: reading requests answered from the engine; `write_ops.rs`: requests
-//!   that change the filesystem (EROFS on a read-only mount).
+//!   that change the filesystem (EROFS on a read-only mount and in read-only
+//!   subvolumes, EXDEV between subvolumes).
+//! * `ino`: st_ino and d_ino, unique on the mount although it has one st_dev.
 //! * `writer`: the [`Engine`] behind a mount; read-write, a running transaction
 //!   committed on a timer, on sync and at unmount.
 //! * `statfs`: the kernel's df numbers from block groups and device items.
@@ -20,6 +23,7 @@
 
 mod abi;
 mod channel;
+mod ino;
 mod nodes;
 mod ops;
 mod reply;
@@ -29,7 +33,7 @@ mod write_ops;
 mod writer;
 
 pub use channel::MountOptions;
-pub use ops::InoMode;
+pub use ino::InoMode;
 pub use session::{Session, Tuning};
 
 use channel::Channel;
@@ -74,7 +78,7 @@ impl Config {
             },
             root,
             ttl: DEFAULT_TTL,
-            ino: InoMode::Kernel,
+            ino: InoMode::Unique,
             tuning: Tuning {
                 max_read: 1 << 20,
                 readahead_kb: Some(4096),

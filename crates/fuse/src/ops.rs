@@ -6,6 +6,7 @@
 //! a read-write mount and with EROFS on a read-only one.
 
 use crate::abi::{self, op, Args, Attr, InHeader, Out};
+use crate::ino::{InoMap, InoMode};
 use crate::nodes::{NodeKey, Nodes};
 use crate::reply::Reply;
 use crate::statfs::StatFs;
@@ -43,18 +44,6 @@ pub(crate) mod errno {
     pub(crate) const ESTALE: i32 = 116;
 }
 
-/// What st_ino shows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum InoMode {
-    /// The btrfs inode number, as the kernel shows it (every subvolume root is 256).
-    /// With one st_dev for the whole mount, tools that detect directory cycles by
-    /// (st_dev, st_ino) (find, du, fts users) see nested subvolume roots as loops.
-    Kernel,
-    /// Inodes of the mounted subvolume keep their numbers; those of other subvolumes
-    /// get the subvolume id folded into the high bits, so (st_dev, st_ino) is unique.
-    Unique,
-}
-
 #[derive(Clone, Debug)]
 pub struct OpsConfig {
     /// The directory shown at the mountpoint (a subvolume root).
@@ -84,6 +73,12 @@ pub struct Ops {
     /// cache and readdir cache across opens): two or three requests less per file.
     no_open: AtomicBool,
     no_opendir: AtomicBool,
+    /// st_ino of every file (module `ino`).
+    ino: InoMap,
+    /// Read-write mount: the read-only subvolumes (`btrfs subvolume snapshot -r`,
+    /// `btrfs property set ... ro true`), where every change is EROFS, as on the
+    /// kernel. Fixed for the mount: nothing here changes a subvolume's flags.
+    ro_subvols: HashSet<u64>,
 }
 
 /// Longest name btrfs stores (BTRFS_NAME_LEN).
@@ -91,6 +86,8 @@ pub(crate) const NAME_MAX: usize = 255;
 
 const S_IFMT: u32 = 0o170000;
 const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+const S_IFLNK: u32 = 0o120000;
 const DT_DIR: u32 = 4;
 
 const O_ACCMODE: u32 = 0o3;
@@ -119,8 +116,27 @@ impl Ops {
                 ..Default::default()
             }
         });
+        let highest = engine.read(|fs| fs.highest_ino(cfg.root.root)).unwrap_or(0);
+        let ino = InoMap::new(cfg.ino, cfg.root.root, highest);
+        if !ino.collision_free() {
+            eprintln!(
+                "ubtrfs: warning: subvolume {} has inode number {highest} (2^40 or more): \
+                 st_ino of files in other subvolumes may equal one of its own",
+                cfg.root.root
+            );
+        }
+        let ro_subvols = if engine.writable() {
+            read_only_subvolumes(&engine).unwrap_or_else(|e| {
+                eprintln!("ubtrfs: warning: cannot list read-only subvolumes: {e}");
+                HashSet::new()
+            })
+        } else {
+            HashSet::new()
+        };
         Ops {
             nodes: Nodes::new(cfg.root),
+            ino,
+            ro_subvols,
             engine,
             files: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -134,8 +150,12 @@ impl Ops {
 
     /// Called with the kernel's INIT flags, before any other request.
     pub fn set_kernel_flags(&self, flags: u32) {
-        self.no_open
-            .store(flags & abi::init::NO_OPEN_SUPPORT != 0, Ordering::Relaxed);
+        // Without OPEN requests, opening a file for writing cannot be refused; a
+        // read-only subvolume needs that (EROFS at open, as the kernel answers).
+        self.no_open.store(
+            flags & abi::init::NO_OPEN_SUPPORT != 0 && self.ro_subvols.is_empty(),
+            Ordering::Relaxed,
+        );
         self.no_opendir.store(
             flags & abi::init::NO_OPENDIR_SUPPORT != 0,
             Ordering::Relaxed,
@@ -216,6 +236,11 @@ impl Ops {
         self.nodes.get(nodeid).ok_or(errno::ESTALE)
     }
 
+    /// True when `subvol` is a read-only subvolume on a read-write mount.
+    pub(crate) fn read_only_subvol(&self, subvol: u64) -> bool {
+        self.ro_subvols.contains(&subvol)
+    }
+
     /// The (subvolume, inode) a node id names.
     pub(crate) fn node_key(&self, nodeid: u64) -> Result<NodeKey, i32> {
         self.node(nodeid)
@@ -252,16 +277,7 @@ impl Ops {
 
     /// st_ino of a node.
     fn st_ino(&self, node: Node) -> u64 {
-        match self.cfg.ino {
-            InoMode::Kernel => node.ino,
-            InoMode::Unique => {
-                if node.root == self.cfg.root.root {
-                    node.ino
-                } else {
-                    node.ino ^ node.root.rotate_left(48)
-                }
-            }
-        }
+        self.ino.st_ino(node)
     }
 
     fn attr(&self, node: Node, st: &Stat) -> Attr {
@@ -426,6 +442,15 @@ impl Ops {
             Ok(i) => i,
             Err(e) => return reply.error(e.errno()),
         };
+        // The kernel's btrfs_permission: no writing to regular files (directories,
+        // symlinks) of a read-only subvolume; fifos and devices stay writable.
+        let kind = inode.mode & S_IFMT;
+        if (flags & O_ACCMODE != 0 || flags & O_TRUNC != 0)
+            && self.read_only_subvol(node.root)
+            && [S_IFREG, S_IFDIR, S_IFLNK].contains(&kind)
+        {
+            return reply.error(errno::EROFS);
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let f = Arc::new(OpenFile {
             nodeid: h.nodeid,
@@ -573,10 +598,7 @@ impl Ops {
                 if o.len() + need > max {
                     return Ok(false);
                 }
-                let d_ino = match self.cfg.ino {
-                    InoMode::Kernel => e.location,
-                    InoMode::Unique => self.st_ino(e.node),
-                };
+                let d_ino = self.ino.d_ino(e.node, e.location);
                 if plus {
                     match self.stat_attr(e.node) {
                         Ok((_, attr)) => {
@@ -814,6 +836,23 @@ impl Ops {
         o.u64(res);
         reply.ok(&o.buf);
     }
+}
+
+/// The read-only subvolumes (ROOT_SUBVOL_RDONLY) of a filesystem, the top level
+/// included.
+fn read_only_subvolumes(engine: &Engine) -> Result<HashSet<u64>, Error> {
+    engine.read(|fs| {
+        let mut set: HashSet<u64> = fs
+            .subvolumes()?
+            .into_iter()
+            .filter(|s| s.readonly)
+            .map(|s| s.id)
+            .collect();
+        if fs.subvol_root_item(FS_TREE_OBJECTID)?.flags & ROOT_SUBVOL_RDONLY != 0 {
+            set.insert(FS_TREE_OBJECTID);
+        }
+        Ok(set)
+    })
 }
 
 /// FT_* (directory entry type) to DT_* (readdir d_type).

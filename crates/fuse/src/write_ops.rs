@@ -94,10 +94,15 @@ impl Ops {
         }
     }
 
-    /// The inode a request changes, which must be a real one (not the empty,
-    /// read-only placeholder of a subvolume seen inside a snapshot).
+    /// The inode a request changes (or the directory whose entries it changes),
+    /// which must be in a writable subvolume (EROFS otherwise, as the kernel's
+    /// btrfs_permission and btrfs_setattr answer) and be a real inode (not the
+    /// empty placeholder of a subvolume seen inside a snapshot).
     fn changeable(&self, nodeid: u64) -> Result<Node, i32> {
         let n = self.node_key(nodeid)?.node;
+        if self.read_only_subvol(n.root) {
+            return Err(errno::EROFS);
+        }
         if n.is_placeholder() {
             return Err(errno::EPERM);
         }

@@ -57,7 +57,37 @@ pub fn kernel_rdev_to_user(rdev: u64) -> u64 {
         | (minor & 0xff)
 }
 
+/// Moving or deleting a subvolume's entry (its location is a ROOT_ITEM, not an
+/// inode) changes ROOT_REF/ROOT_BACKREF items and, for rmdir, deletes the subvolume:
+/// not done here yet, so refused before anything is changed.
+fn not_a_subvolume(loc: &Key, name: &[u8]) -> Result<()> {
+    if loc.ty == ROOT_ITEM_KEY {
+        return Err(Error::Unsupported(format!(
+            "{}: renaming or deleting a subvolume",
+            String::from_utf8_lossy(name)
+        )));
+    }
+    Ok(())
+}
+
 impl Filesystem {
+    /// The highest object id in a subvolume's tree that can be an inode number (the
+    /// kernel's btrfs_find_highest_objectid; 256, the root directory, when there is
+    /// nothing above it). New inodes of the subvolume are numbered above it.
+    pub fn highest_ino(&self, subvol: u64) -> Result<u64> {
+        let root = self.root(subvol)?;
+        Ok(
+            match lookup_prev(
+                &self.info,
+                &root,
+                Key::new(LAST_FREE_OBJECTID, u8::MAX, u64::MAX),
+            )? {
+                Some((k, _)) if k.objectid >= FIRST_FREE_OBJECTID => k.objectid,
+                _ => FIRST_FREE_OBJECTID,
+            },
+        )
+    }
+
     /// The raw INODE_ITEM of a file.
     pub fn inode_item(&self, node: Node) -> Result<InodeItem> {
         let root = self.root(node.root)?;
@@ -455,9 +485,10 @@ impl Trans {
 
     /// Removes a non-directory name; the inode goes when its last link does.
     pub fn unlink(&mut self, root: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
-        let (ino, ty, _) = self
+        let (ino, ty, loc) = self
             .lookup(root, dir, name)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        not_a_subvolume(&loc, name)?;
         if ty == FT_DIR {
             return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
         }
@@ -482,9 +513,10 @@ impl Trans {
 
     /// Removes the empty directory `name` from `dir` (ENOTEMPTY otherwise).
     pub fn rmdir(&mut self, root: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
-        let (ino, ty, _) = self
+        let (ino, ty, loc) = self
             .lookup(root, dir, name)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        not_a_subvolume(&loc, name)?;
         if ty != FT_DIR {
             return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
         }
@@ -538,9 +570,10 @@ impl Trans {
         noreplace: bool,
         t: Timespec,
     ) -> Result<()> {
-        let (ino, ty, _) = self
+        let (ino, ty, loc) = self
             .lookup(root, odir, oname)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(oname).into_owned()))?;
+        not_a_subvolume(&loc, oname)?;
         if odir == ndir && oname == nname {
             return Ok(());
         }
@@ -556,7 +589,10 @@ impl Trans {
                 depth += 1;
             }
         }
-        if let Some((tino, tty, _)) = self.lookup(root, ndir, nname)? {
+        if let Some((tino, tty, tloc)) = self.lookup(root, ndir, nname)? {
+            if !noreplace {
+                not_a_subvolume(&tloc, nname)?;
+            }
             if noreplace {
                 return Err(Error::Exists(String::from_utf8_lossy(nname).into_owned()));
             }
@@ -594,12 +630,14 @@ impl Trans {
         bname: &[u8],
         t: Timespec,
     ) -> Result<()> {
-        let (a, aty, _) = self
+        let (a, aty, aloc) = self
             .lookup(root, adir, aname)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(aname).into_owned()))?;
-        let (b, bty, _) = self
+        let (b, bty, bloc) = self
             .lookup(root, bdir, bname)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(bname).into_owned()))?;
+        not_a_subvolume(&aloc, aname)?;
+        not_a_subvolume(&bloc, bname)?;
         if a == b {
             return Ok(());
         }
