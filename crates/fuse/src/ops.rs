@@ -316,7 +316,7 @@ impl Ops {
     }
 
     fn stat_attr(&self, node: Node) -> Result<(Stat, Attr), Error> {
-        let st = self.engine.read(|fs| fs.stat(node))?;
+        let st = self.engine.read_node(node, |fs| fs.stat(node))?;
         let a = self.attr(node, &st);
         Ok((st, a))
     }
@@ -415,7 +415,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        match self.engine.read(|fs| fs.readlink(node)) {
+        match self.engine.read_metadata(|fs| fs.readlink(node)) {
             Ok(t) => reply.ok(&t),
             Err(e) => {
                 self.log_error(h.nodeid, node, "readlink", &e);
@@ -496,10 +496,9 @@ impl Ops {
         };
         // One engine call for the whole request: one extent walk, one checksum
         // lookup and one device read per extent piece, however large the request.
-        match self
-            .engine
-            .read(|fs| fs.read_inode(f.node, &f.inode, offset, size as usize))
-        {
+        match self.engine.read_node(f.node, |fs| {
+            fs.read_inode(f.node, &f.inode, offset, size as usize)
+        }) {
             Ok(data) => reply.ok(&data),
             Err(e) => {
                 self.log_error(f.nodeid, f.node, &format!("read at offset {offset}"), &e);
@@ -672,7 +671,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        match self.engine.read(|fs| fs.getxattr(node, name)) {
+        match self.engine.read_metadata(|fs| fs.getxattr(node, name)) {
             Ok(Some(v)) => Self::xattr_reply(&v, size, reply),
             Ok(None) => reply.error(errno::ENODATA),
             Err(e) => reply.error(e.errno()),
@@ -687,7 +686,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        match self.engine.read(|fs| fs.xattrs(node)) {
+        match self.engine.read_metadata(|fs| fs.xattrs(node)) {
             Ok(list) => {
                 let mut names = Vec::new();
                 for (n, _) in list {

@@ -285,9 +285,7 @@ impl Ops {
         let data = a.rest();
         let data = data.get(..size as usize).ok_or(errno::EINVAL)?;
         let node = self.changeable(h.nodeid)?;
-        w.change_reserved("write", Reservation::write(data.len() as u64), |t| {
-            t.write(node.root, node.ino, offset, data, now())
-        })?;
+        w.write_data(node.root, node.ino, offset, data)?;
         let mut o = Out::with_capacity(8);
         o.u32(size).u32(0);
         Ok(o.buf)

@@ -9,11 +9,12 @@
 //! transaction abort does: the mount turns read-only and nothing more is committed,
 //! so the image stays at its last commit.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
-use ubtrfs_core::{Error, Filesystem, Reservation, Trans};
+use ubtrfs_core::format::items::Timespec;
+use ubtrfs_core::{now, Error, Filesystem, Node, Reservation, Trans};
 
 use crate::ops::errno;
 
@@ -38,6 +39,24 @@ impl Engine {
         }
     }
 
+    /// [`Engine::read`] for a request about one file (its attributes, its data):
+    /// only that file's delayed data is flushed first.
+    pub fn read_node<R>(&self, node: Node, f: impl FnOnce(&Filesystem) -> R) -> R {
+        match self {
+            Engine::ReadOnly(fs) => f(fs),
+            Engine::ReadWrite(w) => w.read_flushing(Some((node.root, node.ino)), f),
+        }
+    }
+
+    /// [`Engine::read`] for what delayed data cannot change (xattrs, symlink
+    /// targets): nothing is flushed.
+    pub fn read_metadata<R>(&self, f: impl FnOnce(&Filesystem) -> R) -> R {
+        match self {
+            Engine::ReadOnly(fs) => f(fs),
+            Engine::ReadWrite(w) => w.read_flushing(None, f),
+        }
+    }
+
     /// True for a read-write mount.
     pub fn writable(&self) -> bool {
         matches!(self, Engine::ReadWrite(_))
@@ -56,6 +75,34 @@ pub struct Writer {
     /// Unlinked inodes the kernel may still hold open: (tree, inode). They go when
     /// the kernel forgets them, or at unmount.
     orphans: Mutex<HashSet<(u64, u64)>>,
+    /// Written data not yet given extents. Locked only with `trans` held for writing.
+    delalloc: Mutex<Delalloc>,
+    /// Bytes in `delalloc`, readable without its lock (readers flush when non-zero).
+    delalloc_bytes: AtomicU64,
+}
+
+/// Most bytes of written data held before extents are allocated for them: the memory
+/// a writing mount holds beyond the engine's caches.
+pub(crate) const DELALLOC_BYTES_MAX: u64 = 32 << 20;
+
+/// Data written to one file and not yet in the transaction: one contiguous run.
+#[derive(Debug)]
+struct Pending {
+    start: u64,
+    data: Vec<u8>,
+    /// Time of the last write into the run (its mtime and ctime).
+    time: Timespec,
+}
+
+/// Delayed allocation, as the kernel's delalloc: WRITE requests (at most 1 MiB each)
+/// are gathered per file and written as one run when something else needs the file
+/// or the transaction (any other request, a commit, a non-contiguous write, the
+/// memory limit), so a sequential writer gets extents of up to
+/// [`DELALLOC_BYTES_MAX`] rather than one per request.
+#[derive(Debug, Default)]
+struct Delalloc {
+    files: HashMap<(u64, u64), Pending>,
+    bytes: u64,
 }
 
 /// Errors that can leave a transaction half applied: abort it.
@@ -72,6 +119,8 @@ impl Writer {
         trans.defer_eviction = true;
         Arc::new(Writer {
             orphans: Mutex::new(HashSet::new()),
+            delalloc: Mutex::new(Delalloc::default()),
+            delalloc_bytes: AtomicU64::new(0),
             trans: RwLock::new(trans),
             aborted: AtomicBool::new(false),
             changes: AtomicU64::new(0),
@@ -79,10 +128,125 @@ impl Writer {
         })
     }
 
-    /// Runs `f` on the filesystem with the transaction's changes visible.
+    /// Runs `f` on the filesystem with the transaction's changes visible (written
+    /// data waiting for extents is flushed first).
     pub fn read<R>(&self, f: impl FnOnce(&Filesystem) -> R) -> R {
+        if self.delalloc_bytes.load(Ordering::Acquire) > 0 {
+            let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+            // On failure the mount is aborted (logged); reads go on from what is there.
+            let _ = self.flush(&mut t);
+        }
         let t = self.trans.read().unwrap_or_else(|p| p.into_inner());
         f(&t.fs)
+    }
+
+    /// [`Writer::read`], flushing only the delayed data of `only` (none for `None`).
+    pub fn read_flushing<R>(
+        &self,
+        only: Option<(u64, u64)>,
+        f: impl FnOnce(&Filesystem) -> R,
+    ) -> R {
+        if let Some(key) = only {
+            if self.delalloc_bytes.load(Ordering::Acquire) > 0 {
+                let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+                let _ = self.flush_where(&mut t, |k| k == key);
+            }
+        }
+        let t = self.trans.read().unwrap_or_else(|p| p.into_inner());
+        f(&t.fs)
+    }
+
+    /// Writes every pending run into the transaction. A failure aborts the mount:
+    /// data the writer was told was written cannot be kept.
+    fn flush(&self, t: &mut Trans) -> Result<(), i32> {
+        self.flush_where(t, |_| true)
+    }
+
+    /// Writes the pending runs of the files `which` picks.
+    fn flush_where(&self, t: &mut Trans, which: impl Fn((u64, u64)) -> bool) -> Result<(), i32> {
+        let mut d = self.delalloc.lock().unwrap_or_else(|p| p.into_inner());
+        if d.files.is_empty() {
+            return Ok(());
+        }
+        let keys: Vec<(u64, u64)> = d.files.keys().copied().filter(|k| which(*k)).collect();
+        let mut files = Vec::with_capacity(keys.len());
+        for k in keys {
+            if let Some(p) = d.files.remove(&k) {
+                d.bytes -= p.data.len() as u64;
+                files.push((k, p));
+            }
+        }
+        self.delalloc_bytes.store(d.bytes, Ordering::Release);
+        drop(d);
+        for ((root, ino), p) in files {
+            if let Err(e) = t.write(root, ino, p.start, &p.data, p.time) {
+                self.abort(&format!("writing delayed data of inode {ino}: {e}"));
+                return Err(e.errno());
+            }
+        }
+        Ok(())
+    }
+
+    /// A WRITE request: `data` at `offset` of regular file `ino`, gathered with the
+    /// file's pending run when it continues it (delayed allocation), else after that
+    /// run is written. ENOSPC, with nothing changed, when the data could not get
+    /// extents later.
+    pub fn write_data(&self, root: u64, ino: u64, offset: u64, data: &[u8]) -> Result<(), i32> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(errno::EROFS);
+        }
+        let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(errno::EROFS);
+        }
+        let key = (root, ino);
+        let len = data.len() as u64;
+        let mut d = self.delalloc.lock().unwrap_or_else(|p| p.into_inner());
+        let continues = d.files.get(&key).is_some_and(|p| {
+            p.start + p.data.len() as u64 == offset
+                && p.data.len() as u64 + len <= DELALLOC_BYTES_MAX
+        });
+        if !continues {
+            if let Some(p) = d.files.remove(&key) {
+                d.bytes -= p.data.len() as u64;
+                self.delalloc_bytes.store(d.bytes, Ordering::Release);
+                if let Err(e) = t.write(root, ino, p.start, &p.data, p.time) {
+                    self.abort(&format!("writing delayed data of inode {ino}: {e}"));
+                    return Err(e.errno());
+                }
+            }
+            // Checked now, not when the run is written: the kernel never sends WRITE
+            // for anything else, but a bad request must not poison the buffer.
+            let inode = t.read_inode(root, ino).map_err(|e| e.errno())?;
+            if inode.mode & 0o170000 != 0o100000 {
+                return Err(errno::EINVAL);
+            }
+        }
+        // Room for this run and every other pending one, as when they are written.
+        match t.reserve(Reservation::write(d.bytes + len)) {
+            Ok(()) => {}
+            Err(Error::NoSpace(_)) => return Err(errno::ENOSPC),
+            Err(e) => {
+                self.abort(&format!("write: {e}"));
+                return Err(e.errno());
+            }
+        }
+        let p = d.files.entry(key).or_insert_with(|| Pending {
+            start: offset,
+            data: Vec::new(),
+            time: now(),
+        });
+        p.data.extend_from_slice(data);
+        p.time = now();
+        d.bytes += len;
+        self.delalloc_bytes.store(d.bytes, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::Relaxed);
+        let over = d.bytes > DELALLOC_BYTES_MAX;
+        drop(d);
+        if over {
+            self.flush(&mut t)?;
+        }
+        Ok(())
     }
 
     /// Runs one change that touches a few items and writes no data (a create, a
@@ -112,6 +276,7 @@ impl Writer {
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EROFS);
         }
+        self.flush(&mut t)?;
         match t.reserve(need) {
             Ok(()) => {}
             // Refused before anything changed: the mount goes on.
@@ -198,6 +363,7 @@ impl Writer {
         if self.changes.swap(0, Ordering::AcqRel) == 0 {
             return Ok(());
         }
+        self.flush(&mut t)?;
         t.commit().map_err(|e| {
             self.abort(&format!("commit: {e}"));
             errno::EIO
