@@ -593,11 +593,11 @@ impl Trans {
         }
         buf.resize(aligned_len as usize, 0);
         let mut pos = 0u64;
-        if let Some((alg, level)) = self.compress {
-            if inode.flags & (INODE_NOCOMPRESS | INODE_NODATASUM) == 0 {
-                pos = self.write_compressed(root, ino, &mut inode, buf_start, &buf, alg, level)?;
-            }
+        if let Some((alg, level, prop)) = self.need_compress(root, ino, &inode)? {
+            pos =
+                self.write_compressed(root, ino, &mut inode, buf_start, &buf, alg, level, prop)?;
         }
+        let nodatasum = inode.flags & INODE_NODATASUM != 0;
         while pos < aligned_len {
             let want = (aligned_len - pos).min(MAX_EXTENT_SIZE);
             let (bytenr, got) = self.alloc.alloc_data(&mut self.fs.info, want)?;
@@ -610,7 +610,9 @@ impl Trans {
                 _ => 0,
             };
             self.write_logical(bytenr + cloned, &chunk[cloned as usize..])?;
-            self.csum_data(bytenr, chunk)?;
+            if !nodatasum {
+                self.csum_data(bytenr, chunk)?;
+            }
             let body = FileExtentBody::Regular {
                 disk_bytenr: bytenr,
                 disk_num_bytes: got,
@@ -723,9 +725,49 @@ impl Trans {
         Ok(out)
     }
 
+    /// Whether new data of the inode is compressed, and how (the kernel's
+    /// inode_need_compress and compress_file_range's choice): never with NODATACOW
+    /// or NODATASUM; always with compress-force; never once NOCOMPRESS (`chattr +m`,
+    /// `btrfs.compression=none`, or data that did not compress); otherwise with
+    /// `-o compress`, the COMPRESS flag (`chattr +c`) or a `btrfs.compression`
+    /// property. The property's algorithm wins over the mount's, which wins over
+    /// zlib. The third value says a property chose it (no give-up marking then).
+    /// Unlike the kernel, no heuristic looks at the data first: a piece that does
+    /// not save a sector is written plain.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn need_compress(
+        &self,
+        root: u64,
+        ino: u64,
+        inode: &InodeItem,
+    ) -> Result<Option<(ubtrfs_compress::Compression, Option<i32>, bool)>> {
+        if !crate::inode::props::can_compress(inode) {
+            return Ok(None);
+        }
+        let force = self.compress_force && self.compress.is_some();
+        if !force
+            && (inode.flags & INODE_NOCOMPRESS != 0
+                || (self.compress.is_none() && inode.flags & INODE_COMPRESS == 0))
+        {
+            // The property sets COMPRESS whenever it names an algorithm, so without
+            // either flag or mount option there is nothing to look up.
+            return Ok(None);
+        }
+        let prop = self.fs.prop_compress(Node::new(root, ino))?;
+        let (mount_alg, level) = match self.compress {
+            Some((a, l)) if a != ubtrfs_compress::Compression::None => (Some(a), l),
+            _ => (None, None),
+        };
+        let alg = prop
+            .or(mount_alg)
+            .unwrap_or(ubtrfs_compress::Compression::Zlib);
+        Ok(Some((alg, level, prop.is_some())))
+    }
+
     /// Writes 128 KiB compressed extents from the start of `buf` for as long as they
     /// save space; on the first chunk that does not, marks the inode NOCOMPRESS (the
-    /// kernel's give-up rule) and returns how far it got.
+    /// kernel's give-up rule, skipped with compress-force or a compression property)
+    /// and returns how far it got.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_compressed(
         &mut self,
@@ -736,6 +778,7 @@ impl Trans {
         buf: &[u8],
         alg: ubtrfs_compress::Compression,
         level: Option<i32>,
+        prop: bool,
     ) -> Result<u64> {
         let ss = self.fs.info.sectorsize as u64;
         let mut pos = 0usize;
@@ -745,7 +788,9 @@ impl Trans {
             let packed = ubtrfs_compress::compress(alg, input, level, ss as u32)
                 .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
             let Some(mut c) = packed else {
-                inode.flags |= INODE_NOCOMPRESS;
+                if !self.compress_force && !prop {
+                    inode.flags |= INODE_NOCOMPRESS;
+                }
                 break;
             };
             let disk_len = (c.len() as u64).next_multiple_of(ss);

@@ -367,8 +367,9 @@ impl Trans {
         if self.lookup(root, dir, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
+        let parent = self.read_inode(root, dir)?;
         let ino = self.alloc_ino(root)?;
-        let item = InodeItem {
+        let mut item = InodeItem {
             generation: self.transid,
             transid: self.transid,
             nlink: 1,
@@ -386,8 +387,10 @@ impl Trans {
             otime: attr.time,
             ..Default::default()
         };
+        Trans::inherit_iflags(&mut item, &parent);
         self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), &item.to_bytes())?;
         self.add_link(root, dir, name, ino, ty, attr.time)?;
+        self.inherit_props(root, dir, ino)?;
         self.touch_root(root, attr.time)?;
         Ok(ino)
     }

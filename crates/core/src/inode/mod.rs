@@ -9,6 +9,8 @@
 //! | `file.rs` | file.c, inode.c (btrfs_get_extent), reflink.c | file data read and write, truncate, fallocate, holes, inline |
 //! | `file_item.rs` | file-item.c | data checksums |
 //! | `xattr.rs` | xattr.c | extended attributes |
+//! | `props.rs` | props.c | the `btrfs.compression` property: checks, effect on flags, inheritance |
+//! | `ioctl.rs` | ioctl.c (btrfs_fileattr_get/set) | lsattr/chattr flags |
 //!
 //! Owns: the items of one subvolume tree that describe files. May use: `tree`, `io`,
 //! `fs`, `alloc`, `transaction` (writes), `format`, `compress`, `error`.
@@ -19,4 +21,6 @@ pub(crate) mod file_item;
 #[allow(clippy::module_inception)]
 pub(crate) mod inode;
 pub(crate) mod inode_item;
+pub(crate) mod ioctl;
+pub(crate) mod props;
 pub(crate) mod xattr;
