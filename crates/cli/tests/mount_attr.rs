@@ -278,3 +278,54 @@ fn nocompress_flag_and_compress_mount_options_match_kernel() {
     }
     report(diffs);
 }
+
+/// `S` and `D` make changes durable when they return, as IS_SYNC / IS_DIRSYNC do on
+/// the kernel: after SIGKILL of the server (no unmount, commit timer 300 s) the
+/// kernel sees what was done under the flags, and not a later unflagged change.
+#[test]
+fn sync_and_dirsync_flags_commit_at_once() {
+    if !require_fuse("sync_and_dirsync_flags_commit_at_once") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("a.img");
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw", "commit=300"]);
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(
+            "set -e; mkdir d; touch f; sync -f .; chattr +D d; chattr +S f; \
+             echo created > d/new; mkdir d/sub; mv d/new d/renamed; \
+             seq 1 1000 >> f; echo lost > unsynced",
+        )
+        .current_dir(&fm.mnt)
+        .output()
+        .expect("sh");
+    assert!(o.status.success(), "{}\n{}", output_text(&o), fm.log());
+    // Power cut: the server dies without unmounting or committing.
+    let _ = fm.child.kill();
+    fm.wait(std::time::Duration::from_secs(10));
+    drop(fm);
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after SIGKILL: {e}"));
+    let k = KernelMount::new(&img, "ro");
+    let f = std::fs::read_to_string(k.path("f")).expect("f");
+    assert_eq!(f.lines().count(), 1000, "the S file's data");
+    assert_eq!(
+        std::fs::read_to_string(k.path("d/renamed")).expect("d/renamed"),
+        "created\n"
+    );
+    assert!(k.path("d/sub").is_dir(), "mkdir in a D directory");
+    let o = Command::new("lsattr")
+        .arg("-d")
+        .arg(k.path("d"))
+        .output()
+        .expect("lsattr");
+    let attrs = output_text(&o);
+    assert!(attrs.starts_with("---D-"), "lsattr of d: {attrs}");
+    assert!(
+        !k.path("unsynced").exists(),
+        "an unflagged change after the last flagged one must not be committed"
+    );
+    k.umount();
+}
