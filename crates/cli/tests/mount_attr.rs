@@ -329,3 +329,100 @@ fn sync_and_dirsync_flags_commit_at_once() {
     );
     k.umount();
 }
+
+/// The disk addresses of the data extents of inode `ino` (dump-tree of the top-level
+/// subvolume), in file order.
+fn disk_extents(img: &Path, ino: u64) -> Vec<u64> {
+    let o = Command::new("btrfs")
+        .args(["inspect-internal", "dump-tree", "-t", "5"])
+        .arg(img)
+        .output()
+        .expect("btrfs dump-tree");
+    let text = String::from_utf8_lossy(&o.stdout);
+    let mut out = Vec::new();
+    let mut mine = false;
+    for l in text.lines() {
+        let t = l.trim_start();
+        if t.starts_with("item ") && t.contains(" key (") {
+            mine = t.contains(&format!(" key ({ino} EXTENT_DATA "));
+        } else if mine && t.starts_with("extent data disk byte ") {
+            if let Some(b) = t.split_whitespace().nth(4).and_then(|x| x.parse().ok()) {
+                out.push(b);
+            }
+        }
+    }
+    out
+}
+
+/// `sh -c CMD` in `dir`, which must succeed.
+fn sh_in(dir: &Path, cmd: &str) -> String {
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .output()
+        .expect("sh");
+    assert!(o.status.success(), "{cmd}: {}", output_text(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A `C` file is overwritten in place (its extents stay where they are), a plain one
+/// copy-on-write, on the kernel and on ubtrfs alike; contents and `btrfs check` agree.
+#[test]
+fn nocow_file_is_overwritten_in_place() {
+    if !require_fuse("nocow_file_is_overwritten_in_place") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let setup = "touch nocow cow && chattr +C nocow && \
+                 seq 1 50000 | head -c 262144 > nocow && seq 1 50000 | head -c 262144 > cow && \
+                 sync && stat -c %i nocow cow";
+    let overwrite = "for f in nocow cow; do \
+                     dd if=/dev/zero of=$f bs=4096 seek=16 count=1 conv=notrunc status=none; \
+                     printf abcdefghij | dd of=$f bs=1 seek=100000 conv=notrunc status=none; done; \
+                     sync; sha256sum nocow cow";
+    let mut verdicts = Vec::new();
+    for kernel in [true, false] {
+        let img = dir.path().join(if kernel { "k.img" } else { "u.img" });
+        mkfs_btrfs(&img, 1 << 30, &[]);
+        let run = |cmd: &str| -> String {
+            if kernel {
+                let k = KernelMount::new(&img, "rw");
+                let out = sh_in(&k.path(""), cmd);
+                k.umount();
+                out
+            } else {
+                let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+                let out = sh_in(&fm.mnt, cmd);
+                let st = fm.unmount();
+                assert!(st.success(), "server exit {st}: {}", fm.log());
+                out
+            }
+        };
+        let inos: Vec<u64> = run(setup)
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        assert_eq!(inos.len(), 2, "inode numbers");
+        let before: Vec<Vec<u64>> = inos.iter().map(|i| disk_extents(&img, *i)).collect();
+        let sums = run(overwrite);
+        let after: Vec<Vec<u64>> = inos.iter().map(|i| disk_extents(&img, *i)).collect();
+        btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check of {img:?}: {e}"));
+        assert!(!before[0].is_empty(), "the nocow file has extents");
+        verdicts.push((
+            before[0] == after[0],
+            before[1] == after[1],
+            sums.split_whitespace()
+                .step_by(2)
+                .map(String::from)
+                .collect::<Vec<_>>(),
+        ));
+    }
+    assert!(verdicts[0].0, "the kernel overwrites a nocow file in place");
+    assert!(!verdicts[0].1, "the kernel copies a plain file on write");
+    assert_eq!(
+        verdicts[0], verdicts[1],
+        "(nocow in place, cow in place, contents): kernel vs ubtrfs"
+    );
+}

@@ -585,13 +585,21 @@ impl Trans {
             buf.extend_from_slice(&tail);
         }
         let aligned_len = (buf.len() as u64).next_multiple_of(ss);
+        buf.resize(aligned_len as usize, 0);
+        if inode.flags & INODE_NODATACOW != 0
+            && self.reflink_source.is_none()
+            && self.nocow_write(root, ino, buf_start, &buf)?
+        {
+            inode.size = new_size;
+            self.touch(&mut inode, t, true);
+            return self.write_inode(root, ino, &inode);
+        }
         let released = self.drop_extents(root, ino, buf_start, buf_start + aligned_len)?;
         inode.nbytes = inode.nbytes.saturating_sub(released);
         if !self.no_holes() && buf_start > inode.size.next_multiple_of(ss) {
             let hs = inode.size.next_multiple_of(ss);
             self.fill_holes(root, ino, hs, buf_start)?;
         }
-        buf.resize(aligned_len as usize, 0);
         let mut pos = 0u64;
         if let Some((alg, level, prop)) = self.need_compress(root, ino, &inode)? {
             pos =
@@ -723,6 +731,63 @@ impl Trans {
         self.touch(&mut inode, t, false);
         self.write_inode(root, ino, &inode)?;
         Ok(out)
+    }
+
+    /// A NODATACOW write over data the file alone owns: `data` (sector aligned, at
+    /// `start`) goes into the existing extents in place, as the kernel's nocow path
+    /// does, when every sector of the range lies in a plain (uncompressed, not
+    /// preallocated) extent written after the subvolume's last snapshot with a
+    /// single reference. Returns false, having written nothing, when any part does
+    /// not qualify (then the whole write is copy-on-write; the kernel would split
+    /// it). The file extent items do not change.
+    fn nocow_write(&mut self, root: u64, ino: u64, start: u64, data: &[u8]) -> Result<bool> {
+        let end = start + data.len() as u64;
+        let last_snapshot = self.last_snapshot(root)?;
+        let mut plan = Vec::new();
+        let mut pos = start;
+        for (k, fe) in self.extent_items(root, ino, start, end)? {
+            let FileExtentBody::Regular {
+                disk_bytenr,
+                offset,
+                num_bytes,
+                ..
+            } = fe.body
+            else {
+                return Ok(false);
+            };
+            let extent_end = k.offset + num_bytes;
+            if extent_end <= pos {
+                continue;
+            }
+            let plain = fe.ty == FILE_EXTENT_REG
+                && fe.compression == 0
+                && fe.encryption == 0
+                && fe.other_encoding == 0
+                && disk_bytenr != 0;
+            if !plain || k.offset > pos || fe.generation <= last_snapshot {
+                return Ok(false);
+            }
+            if self.lookup_extent_info(disk_bytenr, 0)?.0 != 1 {
+                return Ok(false);
+            }
+            let piece_end = extent_end.min(end);
+            plan.push((
+                pos - start,
+                disk_bytenr + offset + (pos - k.offset),
+                piece_end - pos,
+            ));
+            pos = piece_end;
+            if pos >= end {
+                break;
+            }
+        }
+        if pos < end {
+            return Ok(false);
+        }
+        for (from, disk, len) in plan {
+            self.write_logical(disk, &data[from as usize..(from + len) as usize])?;
+        }
+        Ok(true)
     }
 
     /// Whether new data of the inode is compressed, and how (the kernel's
