@@ -2,8 +2,9 @@
 //!
 //! Reading requests (lookup, getattr, statx, readdir[plus], open/read, readlink,
 //! xattrs, statfs, access, lseek, the GETFLAGS ioctls) are handled here, through the
-//! [`Engine`]; requests that change the filesystem are answered in `write_ops.rs` on
-//! a read-write mount and with EROFS on a read-only one.
+//! [`Engine`]; requests that change the filesystem (the SETFLAGS ioctls included)
+//! are answered in `write_ops.rs` on a read-write mount and with EROFS on a
+//! read-only one.
 
 use crate::abi::{self, op, Args, Attr, InHeader, Out};
 use crate::nodes::{NodeKey, Nodes};
