@@ -81,6 +81,7 @@ struct Opts {
     rw: Option<bool>,
     commit_secs: u64,
     compress: Option<String>,
+    compress_force: bool,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -108,6 +109,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         rw: None,
         commit_secs: 30,
         compress: None,
+        compress_force: false,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -122,6 +124,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("compress" | "compress-force", Some(c)) => {
                 crate::edit::parse_compress(c)?;
                 o.compress = Some(c.to_string());
+                o.compress_force = k == "compress-force";
             }
             (
                 "default_permissions" | "atime" | "noatime" | "relatime" | "nosuid" | "nodev",
@@ -195,6 +198,7 @@ pub fn run(args: MountArgs) -> Result<()> {
         Some(mut t) => {
             if let Some(c) = &o.compress {
                 t.compress = Some(crate::edit::parse_compress(c)?);
+                t.compress_force = o.compress_force;
             }
             Engine::ReadWrite(Writer::new(t))
         }

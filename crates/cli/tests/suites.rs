@@ -170,14 +170,24 @@ fn fsx_on_the_rw_mount() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("fsx.toml");
     std::fs::write(&config, FSX_CONFIG).expect("config");
-    for (seed, opts) in [
-        (1u64, "rw"),
-        (2, "rw"),
-        (3, "rw,compress=zstd"),
-        (4, "rw,compress=zstd"),
+    // Seed 5: the file inherits `C` from the mount's root, so writes go in place.
+    for (seed, opts, nocow) in [
+        (1u64, "rw", false),
+        (2, "rw", false),
+        (3, "rw,compress=zstd", false),
+        (4, "rw,compress=zstd", false),
+        (5, "rw", true),
     ] {
         let img = fresh_image(dir.path(), &format!("fsx-{seed}.img"));
         let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &[opts]);
+        if nocow {
+            let o = Command::new("chattr")
+                .arg("+C")
+                .arg(&fm.mnt)
+                .output()
+                .expect("chattr");
+            assert!(o.status.success(), "chattr +C: {}", output_text(&o));
+        }
         let art = dir.path().join(format!("artifacts-{seed}"));
         std::fs::create_dir_all(&art).expect("artifacts dir");
         let o = Command::new(&bin)
@@ -195,6 +205,14 @@ fn fsx_on_the_rw_mount() {
             "fsx seed {seed} ({opts}), {ops} ops: {text}\nserver: {}",
             fm.log()
         );
+        if nocow {
+            let o = Command::new("lsattr")
+                .arg(fm.mnt.join("fsx-file"))
+                .output()
+                .expect("lsattr");
+            let flags = output_text(&o);
+            assert!(flags.contains('C'), "fsx-file is not nocow: {flags}");
+        }
         let st = fm.unmount();
         assert!(st.success(), "server: {}", fm.log());
         btrfs_check(&img, None)

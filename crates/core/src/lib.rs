@@ -41,6 +41,10 @@ pub use inode::dir_item::DirEntry;
 pub use inode::file::MAX_EXTENT_SIZE;
 pub use inode::inode::{file_type_of, now, NewInode};
 pub use inode::inode::{kernel_rdev_to_user, Stat};
+pub use inode::ioctl::{
+    fsflags, fsflags_to_xflags, inode_flags_to_fsflags, xflags_to_fsflags, FsXattr,
+};
+pub use inode::props::{compression_of, XATTR_BTRFS_COMPRESSION, XATTR_BTRFS_PREFIX};
 pub use io::dev::{lock_exclusive, refuse_if_mounted, Device, FileDevice, MemDevice};
 pub use io::disk_io::{read_best_super, FsInfo, OpenOptions};
 pub use subvol::subvol::SubvolInfo;

@@ -2,8 +2,9 @@
 //!
 //! Reading requests (lookup, getattr, statx, readdir[plus], open/read, readlink,
 //! xattrs, statfs, access, lseek, the GETFLAGS ioctls) are handled here, through the
-//! [`Engine`]; requests that change the filesystem are answered in `write_ops.rs` on
-//! a read-write mount and with EROFS on a read-only one.
+//! [`Engine`]; requests that change the filesystem (the SETFLAGS ioctls included)
+//! are answered in `write_ops.rs` on a read-write mount and with EROFS on a
+//! read-only one.
 
 use crate::abi::{self, op, Args, Attr, InHeader, Out};
 use crate::ino::{InoMap, InoMode};
@@ -15,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use ubtrfs_core::Stat;
+use ubtrfs_core::{fsflags_to_xflags, inode_flags_to_fsflags};
 use ubtrfs_core::{Error, Node};
 
 use crate::writer::Engine;
@@ -103,6 +105,9 @@ const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 /// durable, since FUSE never passes sync(2)/syncfs(2) on to a server (only
 /// virtiofs gets FUSE_SYNCFS).
 const BTRFS_IOC_SYNC: u32 = 0x9408;
+pub(crate) const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+pub(crate) const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
+pub(crate) const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 
 impl Ops {
     pub fn new(engine: Engine, cfg: OpsConfig) -> Ops {
@@ -431,14 +436,16 @@ impl Ops {
         if !self.engine.writable() && (flags & O_ACCMODE != 0 || flags & O_TRUNC != 0) {
             return reply.error(errno::EROFS);
         }
-        if self.no_open.load(Ordering::Relaxed) {
+        // Read-write, OPEN is where immutable and append-only files refuse writers
+        // (the VFS's may_open), so the kernel is not told to skip it.
+        if !self.engine.writable() && self.no_open.load(Ordering::Relaxed) {
             return reply.error(errno::ENOSYS);
         }
         let node = match self.node(h.nodeid) {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        let inode = match self.engine.read(|fs| fs.inode_item(node)) {
+        let inode = match self.engine.read_node(node, |fs| fs.inode_item(node)) {
             Ok(i) => i,
             Err(e) => return reply.error(e.errno()),
         };
@@ -450,6 +457,11 @@ impl Ops {
             && [S_IFREG, S_IFDIR, S_IFLNK].contains(&kind)
         {
             return reply.error(errno::EROFS);
+        }
+        if self.engine.writable() {
+            if let Err(e) = crate::write_ops::may_open(inode.flags, flags) {
+                return reply.error(e);
+            }
         }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let f = Arc::new(OpenFile {
@@ -737,9 +749,13 @@ impl Ops {
         }
     }
 
-    /// FS_IOC_GETFLAGS / FS_IOC_FSGETXATTR: lsattr and statx-attribute users.
+    /// FS_IOC_GETFLAGS / FS_IOC_FSGETXATTR (lsattr and statx-attribute users) and,
+    /// on a read-write mount, FS_IOC_SETFLAGS / FS_IOC_FSSETXATTR (chattr). The
+    /// kernel sends these through its fileattr code with the argument's size
+    /// (an int for the flags, a struct fsxattr), the input after the header and
+    /// room for the output in `out_size`.
     fn ioctl(&self, h: &InHeader, mut a: Args<'_>, reply: Reply<'_>) {
-        let (Some(_fh), Some(_flags), Some(cmd), Some(_arg), Some(_in), Some(out_size)) =
+        let (Some(_fh), Some(_flags), Some(cmd), Some(_arg), Some(in_size), Some(out_size)) =
             (a.u64(), a.u32(), a.u32(), a.u64(), a.u32(), a.u32())
         else {
             return reply.error(errno::EINVAL);
@@ -754,6 +770,7 @@ impl Ops {
             o.i32(0).u32(0).u32(0).u32(0);
             return reply.ok(&o.buf);
         }
+        let input = a.rest().get(..in_size as usize).unwrap_or_default();
         let node = match self.node(h.nodeid) {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
@@ -762,17 +779,34 @@ impl Ops {
         if node.is_placeholder() {
             return reply.error(errno::ENOTTY);
         }
-        let st = match self.engine.read(|fs| fs.stat(node)) {
-            Ok(s) => s,
-            Err(e) => return reply.error(e.errno()),
-        };
-        let fl = fs_flags(st.flags);
         let data: Vec<u8> = match cmd {
-            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => (fl as u64).to_ne_bytes().to_vec(),
-            FS_IOC_FSGETXATTR => {
-                let mut o = Out::with_capacity(28);
-                o.u32(fs_xflags(fl)).u32(0).u32(0).u32(0).u32(0).zeros(8);
-                o.buf
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS | FS_IOC_FSGETXATTR => {
+                let st = match self.engine.read(|fs| fs.stat(node)) {
+                    Ok(s) => s,
+                    Err(e) => return reply.error(e.errno()),
+                };
+                let fl = inode_flags_to_fsflags(st.flags);
+                if cmd == FS_IOC_FSGETXATTR {
+                    let mut o = Out::with_capacity(28);
+                    o.u32(fsflags_to_xflags(fl))
+                        .u32(0)
+                        .u32(0)
+                        .u32(0)
+                        .u32(0)
+                        .zeros(8);
+                    o.buf
+                } else {
+                    (fl as u64).to_ne_bytes().to_vec()
+                }
+            }
+            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS | FS_IOC_FSSETXATTR => {
+                let Engine::ReadWrite(w) = &self.engine else {
+                    return reply.error(errno::EROFS);
+                };
+                if let Err(e) = self.setflags(w, h, node, cmd, input) {
+                    return reply.error(e);
+                }
+                Vec::new()
             }
             _ => return reply.error(errno::ENOTTY),
         };
@@ -865,64 +899,5 @@ fn dtype(ft: u8) -> u32 {
         FT_SOCK => 12,
         FT_SYMLINK => 10,
         _ => 0,
-    }
-}
-
-/// btrfs inode flags to the FS_*_FL flags lsattr shows.
-pub(crate) fn fs_flags(f: u64) -> u32 {
-    let mut o = 0u32;
-    for (bit, fl) in [
-        (INODE_SYNC, 0x8u32),
-        (INODE_IMMUTABLE, 0x10),
-        (INODE_APPEND, 0x20),
-        (INODE_NODUMP, 0x40),
-        (INODE_NOATIME, 0x80),
-        (INODE_DIRSYNC, 0x1_0000),
-        (INODE_NODATACOW, 0x80_0000),
-    ] {
-        if f & bit != 0 {
-            o |= fl;
-        }
-    }
-    if f & INODE_COMPRESS != 0 {
-        o |= 0x4;
-    } else if f & INODE_NOCOMPRESS != 0 {
-        o |= 0x400;
-    }
-    // Read-only compat flags live in the upper half; bit 0 is fs-verity.
-    if (f >> 32) & 1 != 0 {
-        o |= 0x10_0000;
-    }
-    o
-}
-
-/// FS_*_FL to FS_XFLAG_* (struct fsxattr), for the flags both can express.
-fn fs_xflags(fl: u32) -> u32 {
-    let mut x = 0;
-    for (f, xf) in [
-        (0x10u32, 0x8u32),
-        (0x20, 0x10),
-        (0x8, 0x20),
-        (0x80, 0x40),
-        (0x40, 0x80),
-    ] {
-        if fl & f != 0 {
-            x |= xf;
-        }
-    }
-    x
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flags_conversion() {
-        assert_eq!(fs_flags(INODE_NODATACOW | INODE_NODATASUM), 0x80_0000);
-        assert_eq!(fs_flags(INODE_COMPRESS | INODE_NOCOMPRESS), 0x4);
-        assert_eq!(fs_flags(INODE_NOCOMPRESS), 0x400);
-        assert_eq!(fs_flags(INODE_IMMUTABLE | INODE_APPEND), 0x30);
-        assert_eq!(fs_xflags(0x30), 0x18);
     }
 }

@@ -10,9 +10,11 @@ use crate::reply::Reply;
 use crate::writer::Writer;
 use crate::writer::DEFAULT_ITEMS;
 use std::sync::atomic::Ordering;
+use ubtrfs_core::format::consts::{INODE_APPEND, INODE_DIRSYNC, INODE_IMMUTABLE, INODE_SYNC};
 use ubtrfs_core::format::items::Timespec;
+use ubtrfs_core::fsflags::{FS_APPEND_FL, FS_IMMUTABLE_FL};
 use ubtrfs_core::mode::{S_IFDIR, S_IFLNK, S_IFMT};
-use ubtrfs_core::{now, Error, NewInode, Node, Reservation, Trans};
+use ubtrfs_core::{inode_flags_to_fsflags, now, Error, NewInode, Node, Reservation, Trans};
 
 const S_ISGID: u32 = 0o2000;
 
@@ -22,6 +24,7 @@ const FATTR_UID: u32 = 1 << 1;
 const FATTR_GID: u32 = 1 << 2;
 const FATTR_SIZE: u32 = 1 << 3;
 const FATTR_ATIME: u32 = 1 << 4;
+const FATTR_FH: u32 = 1 << 6;
 const FATTR_MTIME: u32 = 1 << 5;
 const FATTR_ATIME_NOW: u32 = 1 << 7;
 const FATTR_MTIME_NOW: u32 = 1 << 8;
@@ -47,6 +50,38 @@ fn name<'a>(a: &mut Args<'a>) -> Result<&'a [u8], i32> {
         return Err(errno::ENAMETOOLONG);
     }
     Ok(n)
+}
+
+// open(2) flags
+const O_ACCMODE: u32 = 0o3;
+const O_TRUNC: u32 = 0o1000;
+const O_APPEND: u32 = 0o2000;
+
+/// Immutable or append-only: no changes to the inode itself (EPERM).
+const NO_CHANGE: u64 = INODE_IMMUTABLE | INODE_APPEND;
+
+/// The VFS's may_open for a file with these inode flags: no writer of an immutable
+/// file, and only appending writers (no O_TRUNC) of an append-only one.
+pub(crate) fn may_open(iflags: u64, open_flags: u32) -> Result<(), i32> {
+    let writes = open_flags & O_ACCMODE != 0;
+    if iflags & INODE_IMMUTABLE != 0 && (writes || open_flags & O_TRUNC != 0) {
+        return Err(errno::EPERM);
+    }
+    if iflags & INODE_APPEND != 0
+        && ((writes && open_flags & O_APPEND == 0) || open_flags & O_TRUNC != 0)
+    {
+        return Err(errno::EPERM);
+    }
+    Ok(())
+}
+
+/// EPERM if any of `bits` is set in `flags`.
+fn refuse(flags: u64, bits: u64) -> Result<(), i32> {
+    if flags & bits != 0 {
+        Err(errno::EPERM)
+    } else {
+        Ok(())
+    }
 }
 
 /// A missing xattr is ENODATA, not ENOENT.
@@ -92,6 +127,81 @@ impl Ops {
             Ok(body) => reply.ok(&body),
             Err(e) => reply.error(e),
         }
+    }
+
+    /// The btrfs inode flags of `node` (immutable, append-only, sync, ...): the
+    /// kernel keeps them in the VFS inode; here they are read with each change.
+    fn iflags(&self, w: &Writer, node: Node) -> Result<u64, i32> {
+        // Flags do not depend on data waiting for extents: flush nothing.
+        w.read_flushing(None, |fs| fs.inode_item(node))
+            .map(|i| i.flags)
+            .map_err(|e| e.errno())
+    }
+
+    /// The flags of the inode `name` names in `dir`, if it exists.
+    fn child_iflags(&self, w: &Writer, dir: Node, name: &[u8]) -> Result<Option<u64>, i32> {
+        let e = w.read(|fs| fs.lookup(dir, name)).map_err(|e| e.errno())?;
+        match e {
+            Some(e) if !e.node.is_placeholder() => self.iflags(w, e.node).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// A directory change in `dir` is made durable at once when the directory is
+    /// `S` or `D` (IS_DIRSYNC), a file change when the file is `S` (IS_SYNC).
+    fn sync_if(&self, w: &Writer, flags: u64, bits: u64) -> Result<(), i32> {
+        if flags & bits != 0 {
+            w.commit()?;
+        }
+        Ok(())
+    }
+
+    /// FS_IOC_SETFLAGS / FS_IOC_FSSETXATTR (chattr). The VFS has already refused
+    /// callers that neither own the inode nor are root, and changes of `i` or `a`
+    /// without CAP_LINUX_IMMUTABLE; the same rules are applied here by uid.
+    pub(crate) fn setflags(
+        &self,
+        w: &Writer,
+        h: &InHeader,
+        node: Node,
+        cmd: u32,
+        input: &[u8],
+    ) -> Result<(), i32> {
+        let st = w.read(|fs| fs.stat(node)).map_err(|e| e.errno())?;
+        if h.uid != 0 && h.uid != st.uid {
+            return Err(errno::EPERM);
+        }
+        let word = |i: usize| -> Result<u32, i32> {
+            input
+                .get(i..i + 4)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_ne_bytes)
+                .ok_or(errno::EINVAL)
+        };
+        let old = inode_flags_to_fsflags(st.flags);
+        let t0 = now();
+        if cmd == crate::ops::FS_IOC_FSSETXATTR {
+            let fsx = ubtrfs_core::FsXattr {
+                xflags: word(0)?,
+                extsize: word(4)?,
+                projid: word(12)?,
+                cowextsize: word(16)?,
+            };
+            let new = ubtrfs_core::xflags_to_fsflags(fsx.xflags);
+            if h.uid != 0 && (new ^ old) & (FS_APPEND_FL | FS_IMMUTABLE_FL) != 0 {
+                return Err(errno::EPERM);
+            }
+            w.change("fssetxattr", |t| {
+                t.fileattr_set_xflags(node.root, node.ino, &fsx, t0)
+            })?;
+        } else {
+            let new = word(0)?;
+            if h.uid != 0 && (new ^ old) & (FS_APPEND_FL | FS_IMMUTABLE_FL) != 0 {
+                return Err(errno::EPERM);
+            }
+            w.change("setflags", |t| t.fileattr_set(node.root, node.ino, new, t0))?;
+        }
+        self.sync_if(w, st.flags, INODE_SYNC)
     }
 
     /// The inode a request changes (or the directory whose entries it changes),
@@ -153,9 +263,13 @@ impl Ops {
         };
         let name = name(&mut a)?;
         let parent = self.changeable(h.nodeid)?;
+        // may_create: nothing new in an immutable directory.
+        let pflags = self.iflags(w, parent)?;
+        refuse(pflags, INODE_IMMUTABLE)?;
         let mut attr = self.new_inode(w, h, parent, mode)?;
         attr.rdev = rdev;
         let ino = w.change("mknod", |t| t.create(parent.root, parent.ino, name, attr))?;
+        self.sync_if(w, pflags, INODE_SYNC | INODE_DIRSYNC)?;
         self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
     }
 
@@ -168,6 +282,8 @@ impl Ops {
             a.skip(8).ok_or(errno::EINVAL)?; // umask, open_flags
             let name = name(&mut a)?;
             let parent = self.changeable(h.nodeid)?;
+            let pflags = self.iflags(w, parent)?;
+            refuse(pflags, INODE_IMMUTABLE)?;
             let attr = self.new_inode(w, h, parent, mode)?;
             let ino = if tmp {
                 w.change("tmpfile", |t| {
@@ -176,6 +292,7 @@ impl Ops {
             } else {
                 w.change("create", |t| t.create(parent.root, parent.ino, name, attr))?
             };
+            self.sync_if(w, pflags, INODE_SYNC | INODE_DIRSYNC)?;
             let node = Node::new(parent.root, ino);
             let mut body = self.entry(w, h.nodeid, node, name)?;
             let fh = self.register_open(h.nodeid, node)?;
@@ -194,6 +311,8 @@ impl Ops {
         let name = name(&mut a)?;
         let target = a.cstr().ok_or(errno::EINVAL)?;
         let parent = self.changeable(h.nodeid)?;
+        let pflags = self.iflags(w, parent)?;
+        refuse(pflags, INODE_IMMUTABLE)?;
         let attr = self.new_inode(w, h, parent, S_IFLNK | 0o777)?;
         let ino = w
             .change("symlink", |t| {
@@ -208,6 +327,7 @@ impl Ops {
                     e
                 }
             })?;
+        self.sync_if(w, pflags, INODE_SYNC | INODE_DIRSYNC)?;
         self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
     }
 
@@ -219,15 +339,28 @@ impl Ops {
         if node.root != parent.root {
             return Err(errno::EXDEV);
         }
+        // may_create in the directory; vfs_link: no new names for an immutable or
+        // append-only inode.
+        let pflags = self.iflags(w, parent)?;
+        refuse(pflags, INODE_IMMUTABLE)?;
+        refuse(self.iflags(w, node)?, NO_CHANGE)?;
         w.change("link", |t| {
             t.link(parent.root, node.ino, parent.ino, name, now())
         })?;
+        self.sync_if(w, pflags, INODE_SYNC | INODE_DIRSYNC)?;
         self.entry(w, h.nodeid, node, name)
     }
 
     fn remove(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, dir: bool) -> Result<Vec<u8>, i32> {
         let name = name(&mut a)?;
         let parent = self.changeable(h.nodeid)?;
+        // may_delete: nothing leaves an immutable or append-only directory, and an
+        // immutable or append-only inode keeps its names.
+        let pflags = self.iflags(w, parent)?;
+        refuse(pflags, NO_CHANGE)?;
+        if let Some(f) = self.child_iflags(w, parent, name)? {
+            refuse(f, NO_CHANGE)?;
+        }
         let t0 = now();
         if dir {
             w.change_reserved("rmdir", Reservation::freeing(DEFAULT_ITEMS), |t| {
@@ -238,6 +371,7 @@ impl Ops {
                 t.unlink(parent.root, parent.ino, name, t0)
             })?;
         }
+        self.sync_if(w, pflags, INODE_SYNC | INODE_DIRSYNC)?;
         Ok(Vec::new())
     }
 
@@ -263,6 +397,19 @@ impl Ops {
         if od.root != nd.root {
             return Err(errno::EXDEV);
         }
+        // may_delete for the source and an existing target, may_create for a new
+        // name (an append-only directory takes new names but gives none up).
+        let oflags = self.iflags(w, od)?;
+        let nflags = self.iflags(w, nd)?;
+        refuse(oflags, NO_CHANGE)?;
+        if let Some(f) = self.child_iflags(w, od, oname)? {
+            refuse(f, NO_CHANGE)?;
+        }
+        refuse(nflags, INODE_IMMUTABLE)?;
+        if let Some(f) = self.child_iflags(w, nd, nname)? {
+            refuse(nflags, INODE_APPEND)?;
+            refuse(f, NO_CHANGE)?;
+        }
         let t0 = now();
         if flags & RENAME_EXCHANGE != 0 {
             w.change("rename", |t| {
@@ -274,6 +421,7 @@ impl Ops {
                 t.rename(od.root, od.ino, oname, nd.ino, nname, noreplace, t0)
             })?;
         }
+        self.sync_if(w, oflags | nflags, INODE_SYNC | INODE_DIRSYNC)?;
         Ok(Vec::new())
     }
 
@@ -285,7 +433,11 @@ impl Ops {
         let data = a.rest();
         let data = data.get(..size as usize).ok_or(errno::EINVAL)?;
         let node = self.changeable(h.nodeid)?;
+        // Writers were checked at OPEN; as on the kernel, a file made immutable or
+        // append-only while open can still be written through that descriptor.
+        let iflags = self.iflags(w, node)?;
         w.write_data(node.root, node.ino, offset, data)?;
+        self.sync_if(w, iflags, INODE_SYNC)?;
         let mut o = Out::with_capacity(8);
         o.u32(size).u32(0);
         Ok(o.buf)
@@ -327,6 +479,31 @@ impl Ops {
         } else {
             (valid & FATTR_MTIME != 0).then(|| at(mtime, mtimensec))
         };
+        // notify_change: an immutable or append-only inode keeps its mode, owner
+        // and explicitly given times; setting them to now only the immutable one
+        // refuses.
+        let iflags = self.iflags(w, node)?;
+        let explicit_times = (valid & FATTR_ATIME != 0 && valid & FATTR_ATIME_NOW == 0)
+            || (valid & FATTR_MTIME != 0 && valid & FATTR_MTIME_NOW == 0);
+        if valid & (FATTR_MODE | FATTR_UID | FATTR_GID) != 0 || explicit_times {
+            refuse(iflags, NO_CHANGE)?;
+        }
+        if valid & (FATTR_ATIME | FATTR_MTIME) != 0 {
+            refuse(iflags, INODE_IMMUTABLE)?;
+        }
+        // truncate(2) (and open's O_TRUNC) needs write access, which an immutable
+        // file refuses; ftruncate(2) on a descriptor opened earlier is only refused
+        // on an append-only file.
+        if valid & FATTR_SIZE != 0 {
+            refuse(
+                iflags,
+                if valid & FATTR_FH != 0 {
+                    INODE_APPEND
+                } else {
+                    NO_CHANGE
+                },
+            )?;
+        }
         let mode = (valid & FATTR_MODE != 0).then_some(mode);
         let uid = (valid & FATTR_UID != 0).then_some(uid);
         let gid = (valid & FATTR_GID != 0).then_some(gid);
@@ -358,6 +535,7 @@ impl Ops {
             }
             Ok(())
         })?;
+        self.sync_if(w, iflags, INODE_SYNC)?;
         let st = w.read(|fs| fs.stat(node)).map_err(|e| e.errno())?;
         let attr = self.attr_of(node, &st);
         let (s, ns) = abi::ttl_parts(self.ttl());
@@ -373,6 +551,9 @@ impl Ops {
         let name = a.cstr().ok_or(errno::EINVAL)?;
         let value = a.rest().get(..size as usize).ok_or(errno::EINVAL)?;
         let node = self.changeable(h.nodeid)?;
+        // xattr_permission: no xattr changes on immutable or append-only inodes.
+        let iflags = self.iflags(w, node)?;
+        refuse(iflags, NO_CHANGE)?;
         w.change("setxattr", |t| {
             if flags & (XATTR_CREATE | XATTR_REPLACE) != 0 {
                 let have = t.fs.getxattr(node, name)?.is_some();
@@ -386,16 +567,20 @@ impl Ops {
             t.set_xattr(node.root, node.ino, name, value, now())
         })
         .map_err(xattr_errno)?;
+        self.sync_if(w, iflags, INODE_SYNC)?;
         Ok(Vec::new())
     }
 
     fn removexattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
         let name = a.cstr().ok_or(errno::EINVAL)?;
         let node = self.changeable(h.nodeid)?;
+        let iflags = self.iflags(w, node)?;
+        refuse(iflags, NO_CHANGE)?;
         w.change("removexattr", |t| {
             t.remove_xattr(node.root, node.ino, name, now())
         })
         .map_err(xattr_errno)?;
+        self.sync_if(w, iflags, INODE_SYNC)?;
         Ok(Vec::new())
     }
 
@@ -405,6 +590,13 @@ impl Ops {
         let len = a.u64().ok_or(errno::EINVAL)?;
         let mode = a.u32().ok_or(errno::EINVAL)?;
         let node = self.changeable(h.nodeid)?;
+        // vfs_fallocate: nothing on an immutable file, only plain allocation on an
+        // append-only one.
+        let iflags = self.iflags(w, node)?;
+        refuse(iflags, INODE_IMMUTABLE)?;
+        if mode & !FALLOC_FL_KEEP_SIZE != 0 {
+            refuse(iflags, INODE_APPEND)?;
+        }
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         let t0 = now();
         // Preallocation and zeroing allocate the range; a punched hole frees it but
@@ -428,6 +620,7 @@ impl Ops {
             }),
             _ => Err(errno::EOPNOTSUPP),
         }?;
+        self.sync_if(w, iflags, INODE_SYNC)?;
         Ok(Vec::new())
     }
 
@@ -447,6 +640,11 @@ impl Ops {
         }
         let src = self.changeable(h.nodeid)?;
         let dst = self.changeable(nodeid_out)?;
+        // The VFS's generic_copy_file_checks: an immutable destination is EPERM (an
+        // append-only one was opened O_APPEND, which the VFS refuses itself).
+        if self.iflags(w, dst)? & INODE_IMMUTABLE != 0 {
+            return Err(errno::EPERM);
+        }
         let need = w.read(|fs| Trans::copy_file_range_reservation(fs, off_in, off_out, len));
         let (n, _shared) = w.change_reserved("copy_file_range", need, |t| {
             t.copy_file_range(

@@ -585,19 +585,27 @@ impl Trans {
             buf.extend_from_slice(&tail);
         }
         let aligned_len = (buf.len() as u64).next_multiple_of(ss);
+        buf.resize(aligned_len as usize, 0);
+        if inode.flags & INODE_NODATACOW != 0
+            && self.reflink_source.is_none()
+            && self.nocow_write(root, ino, buf_start, &buf)?
+        {
+            inode.size = new_size;
+            self.touch(&mut inode, t, true);
+            return self.write_inode(root, ino, &inode);
+        }
         let released = self.drop_extents(root, ino, buf_start, buf_start + aligned_len)?;
         inode.nbytes = inode.nbytes.saturating_sub(released);
         if !self.no_holes() && buf_start > inode.size.next_multiple_of(ss) {
             let hs = inode.size.next_multiple_of(ss);
             self.fill_holes(root, ino, hs, buf_start)?;
         }
-        buf.resize(aligned_len as usize, 0);
         let mut pos = 0u64;
-        if let Some((alg, level)) = self.compress {
-            if inode.flags & (INODE_NOCOMPRESS | INODE_NODATASUM) == 0 {
-                pos = self.write_compressed(root, ino, &mut inode, buf_start, &buf, alg, level)?;
-            }
+        if let Some((alg, level, prop)) = self.need_compress(root, ino, &inode)? {
+            pos =
+                self.write_compressed(root, ino, &mut inode, buf_start, &buf, alg, level, prop)?;
         }
+        let nodatasum = inode.flags & INODE_NODATASUM != 0;
         while pos < aligned_len {
             let want = (aligned_len - pos).min(MAX_EXTENT_SIZE);
             let (bytenr, got) = self.alloc.alloc_data(&mut self.fs.info, want)?;
@@ -610,7 +618,9 @@ impl Trans {
                 _ => 0,
             };
             self.write_logical(bytenr + cloned, &chunk[cloned as usize..])?;
-            self.csum_data(bytenr, chunk)?;
+            if !nodatasum {
+                self.csum_data(bytenr, chunk)?;
+            }
             let body = FileExtentBody::Regular {
                 disk_bytenr: bytenr,
                 disk_num_bytes: got,
@@ -723,9 +733,106 @@ impl Trans {
         Ok(out)
     }
 
+    /// A NODATACOW write over data the file alone owns: `data` (sector aligned, at
+    /// `start`) goes into the existing extents in place, as the kernel's nocow path
+    /// does, when every sector of the range lies in a plain (uncompressed, not
+    /// preallocated) extent written after the subvolume's last snapshot with a
+    /// single reference. Returns false, having written nothing, when any part does
+    /// not qualify (then the whole write is copy-on-write; the kernel would split
+    /// it). The file extent items do not change.
+    fn nocow_write(&mut self, root: u64, ino: u64, start: u64, data: &[u8]) -> Result<bool> {
+        let end = start + data.len() as u64;
+        let last_snapshot = self.last_snapshot(root)?;
+        let mut plan = Vec::new();
+        let mut pos = start;
+        for (k, fe) in self.extent_items(root, ino, start, end)? {
+            let FileExtentBody::Regular {
+                disk_bytenr,
+                offset,
+                num_bytes,
+                ..
+            } = fe.body
+            else {
+                return Ok(false);
+            };
+            let extent_end = k.offset + num_bytes;
+            if extent_end <= pos {
+                continue;
+            }
+            let plain = fe.ty == FILE_EXTENT_REG
+                && fe.compression == 0
+                && fe.encryption == 0
+                && fe.other_encoding == 0
+                && disk_bytenr != 0;
+            if !plain || k.offset > pos || fe.generation <= last_snapshot {
+                return Ok(false);
+            }
+            if self.lookup_extent_info(disk_bytenr, 0)?.0 != 1 {
+                return Ok(false);
+            }
+            let piece_end = extent_end.min(end);
+            plan.push((
+                pos - start,
+                disk_bytenr + offset + (pos - k.offset),
+                piece_end - pos,
+            ));
+            pos = piece_end;
+            if pos >= end {
+                break;
+            }
+        }
+        if pos < end {
+            return Ok(false);
+        }
+        for (from, disk, len) in plan {
+            self.write_logical(disk, &data[from as usize..(from + len) as usize])?;
+        }
+        Ok(true)
+    }
+
+    /// Whether new data of the inode is compressed, and how (the kernel's
+    /// inode_need_compress and compress_file_range's choice): never with NODATACOW
+    /// or NODATASUM; always with compress-force; never once NOCOMPRESS (`chattr +m`,
+    /// `btrfs.compression=none`, or data that did not compress); otherwise with
+    /// `-o compress`, the COMPRESS flag (`chattr +c`) or a `btrfs.compression`
+    /// property. The property's algorithm wins over the mount's, which wins over
+    /// zlib. The third value says a property chose it (no give-up marking then).
+    /// Unlike the kernel, no heuristic looks at the data first: a piece that does
+    /// not save a sector is written plain.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn need_compress(
+        &self,
+        root: u64,
+        ino: u64,
+        inode: &InodeItem,
+    ) -> Result<Option<(ubtrfs_compress::Compression, Option<i32>, bool)>> {
+        if !crate::inode::props::can_compress(inode) {
+            return Ok(None);
+        }
+        let force = self.compress_force && self.compress.is_some();
+        if !force
+            && (inode.flags & INODE_NOCOMPRESS != 0
+                || (self.compress.is_none() && inode.flags & INODE_COMPRESS == 0))
+        {
+            // The property sets COMPRESS whenever it names an algorithm, so without
+            // either flag or mount option there is nothing to look up.
+            return Ok(None);
+        }
+        let prop = self.fs.prop_compress(Node::new(root, ino))?;
+        let (mount_alg, level) = match self.compress {
+            Some((a, l)) if a != ubtrfs_compress::Compression::None => (Some(a), l),
+            _ => (None, None),
+        };
+        let alg = prop
+            .or(mount_alg)
+            .unwrap_or(ubtrfs_compress::Compression::Zlib);
+        Ok(Some((alg, level, prop.is_some())))
+    }
+
     /// Writes 128 KiB compressed extents from the start of `buf` for as long as they
     /// save space; on the first chunk that does not, marks the inode NOCOMPRESS (the
-    /// kernel's give-up rule) and returns how far it got.
+    /// kernel's give-up rule, skipped with compress-force or a compression property)
+    /// and returns how far it got.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn write_compressed(
         &mut self,
@@ -736,6 +843,7 @@ impl Trans {
         buf: &[u8],
         alg: ubtrfs_compress::Compression,
         level: Option<i32>,
+        prop: bool,
     ) -> Result<u64> {
         let ss = self.fs.info.sectorsize as u64;
         let mut pos = 0usize;
@@ -745,7 +853,9 @@ impl Trans {
             let packed = ubtrfs_compress::compress(alg, input, level, ss as u32)
                 .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
             let Some(mut c) = packed else {
-                inode.flags |= INODE_NOCOMPRESS;
+                if !self.compress_force && !prop {
+                    inode.flags |= INODE_NOCOMPRESS;
+                }
                 break;
             };
             let disk_len = (c.len() as u64).next_multiple_of(ss);

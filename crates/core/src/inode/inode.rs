@@ -369,11 +369,13 @@ impl Trans {
             return Err(Error::NotDir(format!("inode {dir}")));
         }
         let ino = self.alloc_ino(root)?;
-        let item = InodeItem {
+        let mut item = InodeItem {
             nlink: 0,
             ..self.new_inode_item(&attr, FT_REG_FILE)
         };
+        Trans::inherit_iflags(&mut item, &d);
         self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), &item.to_bytes())?;
+        self.inherit_props(root, dir, ino)?;
         self.insert_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino), &[])?;
         self.orphans.push((root, ino));
         self.touch_root(root, attr.time)?;
@@ -421,10 +423,13 @@ impl Trans {
         if self.lookup(root, dir, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }
+        let parent = self.read_inode(root, dir)?;
         let ino = self.alloc_ino(root)?;
-        let item = self.new_inode_item(&attr, ty);
+        let mut item = self.new_inode_item(&attr, ty);
+        Trans::inherit_iflags(&mut item, &parent);
         self.insert_item(root, &Key::new(ino, INODE_ITEM_KEY, 0), &item.to_bytes())?;
         self.add_link(root, dir, name, ino, ty, attr.time)?;
+        self.inherit_props(root, dir, ino)?;
         self.touch_root(root, attr.time)?;
         Ok(ino)
     }

@@ -10,6 +10,8 @@
 //! | `reflink.rs` | reflink.c | clone ranges (shared extents), copy_file_range |
 //! | `file_item.rs` | file-item.c | data checksums |
 //! | `xattr.rs` | xattr.c | extended attributes |
+//! | `props.rs` | props.c | the `btrfs.compression` property: checks, effect on flags, inheritance |
+//! | `ioctl.rs` | ioctl.c (btrfs_fileattr_get/set) | lsattr/chattr flags |
 //!
 //! Owns: the items of one subvolume tree that describe files. May use: `tree`, `io`,
 //! `fs`, `alloc`, `transaction` (writes), `format`, `compress`, `error`.
@@ -20,5 +22,7 @@ pub(crate) mod file_item;
 #[allow(clippy::module_inception)]
 pub(crate) mod inode;
 pub(crate) mod inode_item;
+pub(crate) mod ioctl;
+pub(crate) mod props;
 pub(crate) mod reflink;
 pub(crate) mod xattr;

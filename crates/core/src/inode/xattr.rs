@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node};
+use crate::inode::props::XATTR_BTRFS_PREFIX;
 use crate::transaction::Trans;
 use crate::tree::ctree::{lookup_exact, TreeIter};
 use ubtrfs_format::consts::*;
@@ -51,7 +52,8 @@ impl Filesystem {
 }
 
 impl Trans {
-    /// Sets an extended attribute (replacing a previous value).
+    /// Sets an extended attribute (replacing a previous value). Names in the
+    /// `btrfs.` namespace are properties ([`Trans::set_prop`]).
     pub fn set_xattr(
         &mut self,
         root: u64,
@@ -63,8 +65,11 @@ impl Trans {
         if name.is_empty() || name.len() > NAME_LEN_MAX {
             return Err(Error::Invalid("xattr name".into()));
         }
+        if name.starts_with(XATTR_BTRFS_PREFIX) {
+            return self.set_prop(root, ino, name, Some(value), false, t);
+        }
         // The kernel accepts only these namespaces.
-        let known = [&b"user."[..], b"trusted.", b"security.", b"btrfs."];
+        let known = [&b"user."[..], b"trusted.", b"security."];
         let acl = name == b"system.posix_acl_access" || name == b"system.posix_acl_default";
         if !acl
             && !known
@@ -72,10 +77,24 @@ impl Trans {
                 .any(|p| name.starts_with(p) && name.len() > p.len())
         {
             return Err(Error::Unsupported(format!(
-                "xattr name {:?} (namespaces: user., trusted., security., system.posix_acl_*)",
+                "xattr name {:?} (namespaces: user., trusted., security., system.posix_acl_*, btrfs.)",
                 String::from_utf8_lossy(name)
             )));
         }
+        self.set_xattr_raw(root, ino, name, value)?;
+        let mut i = self.read_inode(root, ino)?;
+        self.touch(&mut i, t, false);
+        self.write_inode(root, ino, &i)
+    }
+
+    /// Stores an xattr item (replacing a previous value), leaving the inode alone.
+    pub(crate) fn set_xattr_raw(
+        &mut self,
+        root: u64,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+    ) -> Result<()> {
         let entry_len = 30 + name.len() + value.len();
         if entry_len > self.max_item_size() {
             return Err(Error::TooLarge(format!(
@@ -92,14 +111,14 @@ impl Trans {
             name,
             FT_XATTR,
         );
-        self.append_to_item(root, &key, &e)?;
-        let mut i = self.read_inode(root, ino)?;
-        self.touch(&mut i, t, false);
-        self.write_inode(root, ino, &i)
+        self.append_to_item(root, &key, &e)
     }
 
     /// Removes an extended attribute (ENODATA as [`Error::NotFound`] if absent).
     pub fn remove_xattr(&mut self, root: u64, ino: u64, name: &[u8], t: Timespec) -> Result<()> {
+        if name.starts_with(XATTR_BTRFS_PREFIX) {
+            return self.set_prop(root, ino, name, None, true, t);
+        }
         if !self.remove_xattr_entry(root, ino, name)? {
             return Err(Error::NotFound(format!(
                 "xattr {}",

@@ -271,7 +271,8 @@ impl Trans {
         Ok(())
     }
 
-    fn last_snapshot(&mut self, root_id: u64) -> Result<u64> {
+    /// The generation of the last snapshot of `root_id` (0 for unshareable trees).
+    pub(crate) fn last_snapshot(&mut self, root_id: u64) -> Result<u64> {
         if !Self::is_shareable(root_id) {
             return Ok(0);
         }

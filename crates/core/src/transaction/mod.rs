@@ -65,6 +65,9 @@ pub struct Trans {
     pub commits: u64,
     /// Compress file data on write (mkfs --compress, mount -o compress).
     pub compress: Option<(ubtrfs_compress::Compression, Option<i32>)>,
+    /// compress-force: compress even inodes marked NOCOMPRESS, and never mark one
+    /// NOCOMPRESS when data does not compress.
+    pub compress_force: bool,
     /// While set, `write` shares the data from this file (same offsets) instead of
     /// writing it, where it can (mkfs --reflink).
     pub reflink_source: Option<Arc<std::fs::File>>,
@@ -184,6 +187,7 @@ impl Trans {
             _lock: Vec::new(),
             commits: 0,
             compress: None,
+            compress_force: false,
             reflink_source: None,
             reflink_failed: false,
         }
