@@ -254,7 +254,7 @@ impl Trans {
 
     /// What [`Trans::copy_file_range`] may need: whole sectors are shared (a few
     /// items per source extent, no data), the rest is copied, at most
-    /// [`COPY_CHUNK_BYTES_MAX`] at a time.
+    /// `COPY_CHUNK_BYTES_MAX` (8 MiB) at a time.
     pub fn copy_file_range_reservation(
         fs: &Filesystem,
         src_off: u64,
@@ -276,7 +276,7 @@ impl Trans {
     /// copy_file_range(2) as on a kernel btrfs mount: the whole sectors of the range
     /// are shared ([`Trans::clone_range`]), what cannot be shared (unaligned offsets,
     /// a partial last sector, checksum mismatch) is copied. Copies at most
-    /// [`CLONE_CHUNK_BYTES_MAX`] (shared) or [`COPY_CHUNK_BYTES_MAX`] (copied) bytes
+    /// `CLONE_CHUNK_BYTES_MAX` (1 GiB) (shared) or `COPY_CHUNK_BYTES_MAX` (8 MiB) (copied) bytes
     /// and returns how many; 0 at or past the source's end of file. Returns whether
     /// the bytes were shared, too.
     #[allow(clippy::too_many_arguments)]
