@@ -241,10 +241,20 @@ impl Writer {
         d.bytes += len;
         self.delalloc_bytes.store(d.bytes, Ordering::Release);
         self.changes.fetch_add(1, Ordering::Relaxed);
-        let over = d.bytes > DELALLOC_BYTES_MAX;
-        drop(d);
-        if over {
-            self.flush(&mut t)?;
+        // Over the limit: write the largest runs first (the writer that has gathered
+        // most), keeping the others gathering.
+        while d.bytes > DELALLOC_BYTES_MAX {
+            let Some(largest) = d
+                .files
+                .iter()
+                .max_by_key(|(_, p)| p.data.len())
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            drop(d);
+            self.flush_where(&mut t, |k| k == largest)?;
+            d = self.delalloc.lock().unwrap_or_else(|p| p.into_inner());
         }
         Ok(())
     }
