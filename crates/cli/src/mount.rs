@@ -200,7 +200,8 @@ pub fn run(args: MountArgs) -> Result<()> {
         }
         None => {
             _locks = lock_shared(&paths)?;
-            let fs = Filesystem::open_paths(&paths, opts)
+            // A tree log is replayed in memory only: a read-only mount never writes.
+            let fs = Filesystem::open_replayed(&paths, opts)
                 .with_context(|| format!("cannot open {}", args.image))?;
             Engine::ReadOnly(Arc::new(fs))
         }
