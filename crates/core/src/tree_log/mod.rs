@@ -116,6 +116,11 @@ impl Filesystem {
     }
 }
 
+/// Offsets in struct btrfs_super_block.
+const SB_BYTENR: usize = 0x30;
+const SB_LOG_ROOT: usize = 0x60;
+const SB_LOG_ROOT_LEVEL: usize = 0xc8;
+
 /// What [`zero_log`] changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ZeroLog {
@@ -146,20 +151,32 @@ pub fn zero_log(paths: &[impl AsRef<Path>]) -> Result<ZeroLog> {
     }
     let mut before = None;
     for dev in &devs {
-        let (mut sb, _) = crate::io::disk_io::read_best_super(dev)?;
+        let (sb, _) = crate::io::disk_io::read_best_super(dev)?;
         before.get_or_insert(ZeroLog {
             log_root: sb.log_root,
             log_root_level: sb.log_root_level,
         });
-        sb.log_root = 0;
-        sb.log_root_level = 0;
+        let csum = sb
+            .csum_type()
+            .ok_or_else(|| Error::Unsupported(format!("csum type {}", sb.csum_type_raw)))?;
+        // Patch the bytes of the copy that was read rather than re-encoding it:
+        // btrfs-progs writes its in-memory copy, bytes past the used part of the
+        // system chunk array included, and so must this.
+        let mut raw = vec![0u8; SUPER_INFO_SIZE];
+        dev.read_at(sb.bytenr, &mut raw)
+            .map_err(|e| Error::io(format!("reading superblock on {}", dev.name()), e))?;
+        raw[SB_LOG_ROOT..SB_LOG_ROOT + 8].fill(0);
+        raw[SB_LOG_ROOT_LEVEL] = 0;
         for i in 0..SUPER_MIRROR_MAX {
             let off = crate::alloc::block_group::super_offset(i);
             if off + SUPER_INFO_SIZE as u64 > dev.size() {
                 break;
             }
-            sb.bytenr = off;
-            dev.write_at(off, &sb.to_bytes()).map_err(|e| {
+            raw[SB_BYTENR..SB_BYTENR + 8].copy_from_slice(&off.to_le_bytes());
+            let c = csum.compute(&raw[32..]);
+            raw[..32].fill(0);
+            raw[..csum.size()].copy_from_slice(&c[..csum.size()]);
+            dev.write_at(off, &raw).map_err(|e| {
                 Error::io(format!("writing superblock at {off} on {}", dev.name()), e)
             })?;
         }
