@@ -66,6 +66,23 @@ const SCENARIOS: &[(&str, &str, &str)] = &[
         "ln hl d/hl2; xfs_io -c fsync hl; rm e/two2; xfs_io -c fsync two",
     ),
     (
+        "new-dir-file",
+        "mkdir top",
+        "mkdir -p top/n1/n2; xfs_io -f -c 'pwrite -S 0x67 0 70000' -c fsync top/n1/n2/f",
+    ),
+    (
+        "prealloc-hole",
+        "head -c 131072 /dev/urandom > p",
+        "xfs_io -c 'pwrite -S 0x68 0 4k' -c fsync p; \
+         xfs_io -c 'falloc 200k 64k' -c 'fpunch 16k 8k' -c 'falloc -k 300k 40k' -c fsync p",
+    ),
+    (
+        "subvolume",
+        "btrfs -q subvolume create sv; echo a > sv/a; echo top > t",
+        "xfs_io -f -c 'pwrite -S 0x69 0 12k' -c fsync sv/b; \
+         xfs_io -c 'pwrite -S 0x6a 0 3' -c fsync t",
+    ),
+    (
         "xattr-truncate",
         "head -c 100000 /dev/urandom > t; setfattr -n user.a -v 1 t; setfattr -n user.b -v 2 t",
         "setfattr -x user.a t; setfattr -n user.c -v 3 t; truncate -s 5000 t; xfs_io -c fsync t",
@@ -212,12 +229,13 @@ fn kernel_logs_replay_like_the_kernel() {
         let want = kernel_walk(&kimg);
         let _ = std::fs::remove_file(&kimg);
 
-        // (a) Read-only: the replayed state, and the image unchanged.
+        // (a) Read-only: the replayed state, and the image unchanged. (`ino=kernel`:
+        // the btrfs inode numbers in every subvolume, as the kernel's st_ino.)
         let ro = dir.path().join(format!("{name}.ro.img"));
         copy(&crash, &ro);
         let ls = UBTRFS.stdout(&["ls".as_ref(), "-R".as_ref(), ro.as_os_str()]);
         assert!(!ls.is_empty(), "{name}: ls -R printed nothing");
-        let mut m = FuseMount::start(&UBTRFS, &[&ro], &["ro"]);
+        let mut m = FuseMount::start(&UBTRFS, &[&ro], &["ro,ino=kernel"]);
         let got = walk_mounted(&m.mnt);
         let st = m.unmount();
         assert!(st.success(), "{name}: ro mount exited {st}: {}", m.log());
@@ -231,7 +249,7 @@ fn kernel_logs_replay_like_the_kernel() {
         // (b) Read-write: replayed into the image.
         let rw = dir.path().join(format!("{name}.rw.img"));
         copy(&crash, &rw);
-        let mut m = FuseMount::start(&UBTRFS, &[&rw], &["rw"]);
+        let mut m = FuseMount::start(&UBTRFS, &[&rw], &["rw,ino=kernel"]);
         let got = walk_mounted(&m.mnt);
         let st = m.unmount();
         assert!(st.success(), "{name}: rw mount exited {st}: {}", m.log());
