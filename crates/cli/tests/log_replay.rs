@@ -83,6 +83,23 @@ const SCENARIOS: &[(&str, &str, &str)] = &[
          xfs_io -c 'pwrite -S 0x6a 0 3' -c fsync t",
     ),
     (
+        "rename-over",
+        "mkdir d; echo old > d/victim; echo new > d/src; echo keep > k; ln k d/k2",
+        "mv d/src d/victim; xfs_io -c fsync d/victim; rm d/k2; xfs_io -c fsync k",
+    ),
+    (
+        "truncate-down-up",
+        "head -c 300000 /dev/urandom > f",
+        "xfs_io -c 'pwrite -S 0x6b 0 4k' -c fsync f; \
+         truncate -s 10000 f; truncate -s 500000 f; xfs_io -c fsync f",
+    ),
+    (
+        "many-entries",
+        "mkdir big; for i in $(seq 1 300); do echo $i > big/old$i; done",
+        "for i in $(seq 1 3000); do : > big/f$i; done; rm big/old7 big/old200; \
+         ln -s target big/sym; mkfifo big/fifo; xfs_io -c fsync big",
+    ),
+    (
         "xattr-truncate",
         "head -c 100000 /dev/urandom > t; setfattr -n user.a -v 1 t; setfattr -n user.b -v 2 t",
         "setfattr -x user.a t; setfattr -n user.c -v 3 t; truncate -s 5000 t; xfs_io -c fsync t",
