@@ -100,6 +100,12 @@ const SCENARIOS: &[(&str, &str, &str)] = &[
          ln -s target big/sym; mkfifo big/fifo; xfs_io -c fsync big",
     ),
     (
+        "compressed-inline",
+        "touch c; btrfs property set c compression zstd; mkdir p; mv p q",
+        "yes abcdefgh | head -c 300000 > c; xfs_io -c fsync c; \
+         echo tiny > q/tiny; xfs_io -c fsync q/tiny",
+    ),
+    (
         "xattr-truncate",
         "head -c 100000 /dev/urandom > t; setfattr -n user.a -v 1 t; setfattr -n user.b -v 2 t",
         "setfattr -x user.a t; setfattr -n user.c -v 3 t; truncate -s 5000 t; xfs_io -c fsync t",
