@@ -11,7 +11,8 @@
 //! - `ubtrfs mount` (read-write) replays into the image; after unmounting, `btrfs
 //!   check --readonly --check-data-csum` is clean, log_root is 0, and the kernel shows
 //!   the same tree again;
-//! - `ubtrfs rescue zero-log` and `btrfs rescue zero-log` give the same superblock.
+//! - `ubtrfs rescue zero-log` and `btrfs rescue zero-log` give the same superblock;
+//! - a log item replay does not know is refused by name, and nothing is written.
 //!
 //! Times: where a replay unlinks a name (a rename's old name, a removed entry), the
 //! kernel sets the inode's ctime and the directory's mtime/ctime to the time of the
@@ -373,4 +374,76 @@ fn rescue_zero_log_equals_btrfs_progs() {
         assert_eq!(d(&crash), d(&theirs), "superblock copy {copy_nr} differs");
     }
     btrfs_check(&crash, None).unwrap_or_else(|e| panic!("btrfs check after zero-log: {e}"));
+}
+
+/// Rewrites the log tree's leaf so that its last item has a key type no replay
+/// knows (the same objectid, so the leaf stays sorted), checksum recomputed.
+fn give_last_log_item_an_unknown_type(img: &Path, ty: u8) {
+    use ubtrfs_core::format::consts::{HEADER_SIZE, ITEM_SIZE};
+    use ubtrfs_core::format::items::RootItem;
+    use ubtrfs_core::format::tree::{finish_block, BlockView};
+    let opts = ubtrfs_core::OpenOptions {
+        writable: true,
+        ..Default::default()
+    };
+    let info = ubtrfs_core::FsInfo::open_paths(&[img], opts).expect("open");
+    let ns = info.nodesize as usize;
+    let mut top = vec![0u8; ns];
+    info.read_logical(info.sb.log_root, &mut top, 0)
+        .expect("read log root");
+    let v = BlockView::new(&top);
+    assert_eq!(v.level(), 0, "log root tree of one leaf");
+    let r = RootItem::parse(v.item_data(0).expect("item")).expect("root item");
+    assert_eq!(r.level, 0, "log tree of one leaf");
+    let mut leaf = vec![0u8; ns];
+    info.read_logical(r.bytenr, &mut leaf, 0)
+        .expect("read log leaf");
+    let n = BlockView::new(&leaf).nritems() as usize;
+    leaf[HEADER_SIZE + (n - 1) * ITEM_SIZE + 8] = ty;
+    finish_block(&mut leaf, info.csum_type);
+    let e = info.chunk_map.lookup(r.bytenr).expect("chunk");
+    for m in 0..e.num_mirrors() {
+        let p = e.map(r.bytenr, m).expect("map");
+        info.devices[&p.devid]
+            .write_at(p.offset, &leaf)
+            .expect("write");
+    }
+}
+
+#[test]
+fn unsupported_log_items_are_refused_by_name() {
+    if !require_fuse("unsupported_log_items_are_refused_by_name") {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (crash, _) = crash_image(
+        dir.path(),
+        "odd",
+        "mkdir d; echo a > d/a",
+        "xfs_io -f -c 'pwrite -S 0x70 0 8k' -c fsync d/f",
+    );
+    give_last_log_item_an_unknown_type(&crash, 0xfd);
+    let before = dir.path().join("before.img");
+    copy(&crash, &before);
+    // A writing command refuses, naming the item, and writes nothing.
+    let (ok, _, err) = UBTRFS.run(&["mkdir".as_ref(), crash.as_os_str(), "/x".as_ref()]);
+    assert!(
+        !ok,
+        "mkdir on an image whose log cannot be replayed succeeded"
+    );
+    assert!(
+        err.contains("tree log replay: log item") && err.contains("type 253"),
+        "unclear error: {err}"
+    );
+    assert!(same_bytes(&crash, &before), "a refused replay wrote");
+    // Readers see the last commit, with a warning saying what is not shown.
+    let (ok, out, err) = UBTRFS.run(&["ls".as_ref(), "-R".as_ref(), crash.as_os_str()]);
+    assert!(ok, "ls failed: {err}");
+    assert!(err.contains("cannot be replayed"), "no warning: {err}");
+    assert!(
+        out.lines().any(|l| l == "a") && !out.lines().any(|l| l == "f"),
+        "not the last committed state: {out}"
+    );
+    assert!(same_bytes(&crash, &before), "ls wrote");
 }
