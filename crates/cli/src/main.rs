@@ -160,6 +160,11 @@ enum Cmd {
     },
     /// Mount read-only with FUSE (like the kernel's btrfs mount, for reading).
     Mount(mount::MountArgs),
+    /// Recovery commands.
+    Rescue {
+        #[command(subcommand)]
+        cmd: RescueCmd,
+    },
     /// Low-level inspection.
     Inspect {
         #[command(subcommand)]
@@ -192,6 +197,16 @@ enum SubvolCmd {
         uuid: bool,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
+    },
+}
+
+#[derive(Subcommand)]
+enum RescueCmd {
+    /// Clear the tree log (superblock log_root and log_root_level), like `btrfs rescue
+    /// zero-log`: what was fsynced after the last commit is lost.
+    ZeroLog {
+        /// Image file or block device (a multi-device filesystem: `a.img,b.img`).
+        image: String,
     },
 }
 
@@ -230,7 +245,9 @@ fn open(img: &Image) -> Result<Filesystem> {
         verify_data_csum: !img.no_csum,
         ..Default::default()
     };
-    let fs = Filesystem::open_paths(&paths, opts)?;
+    // A tree log (fsyncs before a crash) is replayed in memory: the image is not
+    // written by reading commands.
+    let fs = Filesystem::open_replayed(&paths, opts)?;
     flush_warnings(&fs);
     Ok(fs)
 }
@@ -417,6 +434,17 @@ fn run(cli: Cli) -> Result<()> {
             cmd_subvol_list(&fs, all, parent_uuid, uuid, format, &mut out)?;
         }
         Cmd::Mount(args) => mount::run(args)?,
+        Cmd::Rescue {
+            cmd: RescueCmd::ZeroLog { image },
+        } => {
+            let paths: Vec<PathBuf> = image.split(',').map(PathBuf::from).collect();
+            let z = ubtrfs_core::zero_log(&paths)?;
+            // The same line btrfs-progs prints.
+            println!(
+                "Clearing log on {image}, previous log_root {}, level {}",
+                z.log_root, z.log_root_level
+            );
+        }
         Cmd::Filesystem { cmd: FsCmd::Du(a) } => {
             let fs = open(&a.img)?;
             let r = share::cmd_du(&fs, &a, &mut out);

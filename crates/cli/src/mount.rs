@@ -17,8 +17,11 @@ Mount options (-o, comma separated, repeatable):
   rw                    read-write (the default): changes accumulate in a transaction that
                         is committed every commit= seconds, on sync/fsync and at unmount
   ro                    read-only; without an explicit rw, an image the write engine cannot
-                        write (e.g. no free-space tree, an unreplayed tree log) is mounted
-                        read-only with a warning, as mount(8) does for write-protected media
+                        write (e.g. no free-space tree, an interrupted balance) is mounted
+                        read-only with a warning, as mount(8) does for write-protected media.
+                        A tree log (fsyncs before a crash) is replayed: into the image
+                        read-write, in memory only read-only (the kernel writes it even
+                        on an ro mount unless nologreplay)
   commit=SECS           interval of periodic commits (default 30, as the kernel)
   compress=ALG[:LEVEL]  compress new data: zlib, lzo, zstd (the kernel's give-up rule)
   subvol=PATH           show this subvolume (path from the top level) at the mountpoint
@@ -204,7 +207,8 @@ pub fn run(args: MountArgs) -> Result<()> {
         }
         None => {
             _locks = lock_shared(&paths)?;
-            let fs = Filesystem::open_paths(&paths, opts)
+            // A tree log is replayed in memory only: a read-only mount never writes.
+            let fs = Filesystem::open_replayed(&paths, opts)
                 .with_context(|| format!("cannot open {}", args.image))?;
             Engine::ReadOnly(Arc::new(fs))
         }

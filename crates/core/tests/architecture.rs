@@ -18,6 +18,7 @@ const LAYERS: &[&str] = &[
     "backref",
     "inode",
     "subvol",
+    "tree_log",
     "tools",
     "fuzzing",
 ];

@@ -187,7 +187,6 @@ impl FreeSpaceIndex {
 
     /// Whether every byte of `[offset, offset + len)` is free. An empty range
     /// is free; a range overflowing `u64` is not.
-    #[cfg(test)]
     pub(crate) fn is_free(&self, offset: u64, len: u64) -> bool {
         if len == 0 {
             return true;

@@ -277,6 +277,47 @@ impl Allocator {
         in_groups + ((unallocated / copies) & !((1 << 20) - 1))
     }
 
+    /// Takes a tree block of the tree log out of the free space until the next commit
+    /// is durable (the kernel's btrfs_pin_extent_for_log_replay): log blocks are in no
+    /// extent tree, so the free-space tree calls them free, yet the log must stay
+    /// readable until the replay is committed.
+    pub(crate) fn pin_for_log_replay(
+        &mut self,
+        info: &FsInfo,
+        bytenr: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.take_free(info, bytenr, len, "tree log block")?;
+        self.pinned.push((bytenr, len));
+        Ok(())
+    }
+
+    /// Keeps a data extent a log points at, and the extent tree does not know yet,
+    /// from being allocated before the replay references it (the kernel's
+    /// btrfs_exclude_logged_extents); the replay then creates its extent item.
+    pub(crate) fn exclude_logged_extent(
+        &mut self,
+        info: &FsInfo,
+        bytenr: u64,
+        len: u64,
+    ) -> Result<()> {
+        self.take_free(info, bytenr, len, "logged data extent")
+    }
+
+    fn take_free(&mut self, info: &FsInfo, bytenr: u64, len: u64, what: &str) -> Result<()> {
+        let s = self.bg_of(bytenr)?;
+        self.ensure_loaded(info, s)?;
+        let bg = self.bgs.get_mut(&s).expect("found above");
+        if bytenr + len > bg.end() || !bg.free.is_free(bytenr, len) {
+            return Err(Error::corrupt(format!(
+                "{what} at {bytenr} ({len} bytes) is not free space: the log and the extent tree disagree"
+            )));
+        }
+        bg.free
+            .remove(bytenr, len)
+            .map_err(|e| Error::corrupt(format!("{what} at {bytenr}: {e}")))
+    }
+
     /// Returns unreferenced space allocated in this transaction (e.g. a failed write).
     pub(crate) fn release_unused(&mut self, bytenr: u64, len: u64) -> Result<()> {
         let s = self.bg_of(bytenr)?;

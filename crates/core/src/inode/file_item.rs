@@ -130,7 +130,7 @@ impl FsInfo {
 
 impl crate::transaction::Trans {
     /// Sectors of checksums per csum item (the kernel's MAX_CSUM_ITEMS bound).
-    fn csums_per_item(&self) -> usize {
+    pub(crate) fn csums_per_item(&self) -> usize {
         let csize = self.fs.info.csum_type.size();
         (self.max_item_size() - ubtrfs_format::consts::ITEM_SIZE) / csize - 1
     }

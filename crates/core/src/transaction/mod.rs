@@ -83,8 +83,9 @@ impl std::fmt::Debug for Trans {
 
 impl Trans {
     /// Opens image files or block devices for writing: refuses mounted devices, takes
-    /// an exclusive lock, validates what a write depends on.
-    pub fn open_paths(paths: &[impl AsRef<Path>]) -> Result<Trans> {
+    /// an exclusive lock, validates what a write depends on. A tree log is left as it
+    /// is: `Trans::open_paths` (tree_log/) replays it.
+    pub(crate) fn open_paths_no_replay(paths: &[impl AsRef<Path>]) -> Result<Trans> {
         let mut locks = Vec::new();
         for p in paths {
             let p = p.as_ref();
@@ -100,21 +101,17 @@ impl Trans {
             ..Default::default()
         };
         let fs = FsInfo::open_paths(paths, opts)?;
-        let mut t = Trans::from_fs(fs)?;
+        let mut t = Trans::from_fs_no_replay(fs)?;
         t._lock = locks;
         Ok(t)
     }
 
-    /// Starts writing an opened filesystem (devices must be writable).
-    pub fn from_fs(fs: FsInfo) -> Result<Trans> {
+    /// Starts writing an opened filesystem (devices must be writable). A tree log is
+    /// left as it is: the caller replays it (tree_log/) before anything is allocated,
+    /// because the log's blocks are not in the extent tree and look free.
+    pub(crate) fn from_fs_no_replay(fs: FsInfo) -> Result<Trans> {
         let fs = crate::fs::Filesystem::from_info(fs);
         let sb = &fs.info.sb;
-        if sb.log_root != 0 {
-            return Err(Error::Unsupported(
-                "the filesystem has an unreplayed tree log; mount it with the kernel once first"
-                    .into(),
-            ));
-        }
         if sb.flags & (SUPER_FLAG_SEEDING | SUPER_FLAG_METADUMP | SUPER_FLAG_METADUMP_V2) != 0 {
             return Err(Error::Unsupported(
                 "writing a seed device or metadump image".into(),
@@ -191,6 +188,12 @@ impl Trans {
             reflink_source: None,
             reflink_failed: false,
         }
+    }
+
+    /// The read side, once the transaction is done with (a read-only open that
+    /// replayed a log into memory keeps reading through it).
+    pub(crate) fn into_fs(self) -> crate::fs::Filesystem {
+        self.fs
     }
 
     /// Bytes of tree blocks waiting for the commit.
