@@ -573,8 +573,12 @@ impl Ops {
                     InoMode::Unique => self.st_ino(e.node),
                 };
                 if plus {
-                    match self.stat_attr(e.node) {
-                        Ok((_, attr)) => {
+                    // `fs` as given, never self.stat_attr: taking the engine's read lock
+                    // again here deadlocks once a writer queues between the two (the
+                    // RwLock then blocks new readers), as fstests' generic/013 (fsstress)
+                    // showed with readdirplus against writes and the commit timer.
+                    match fs.stat(e.node).map(|st| self.attr(e.node, &st)) {
+                        Ok(attr) => {
                             let id = self.nodes.intern(
                                 NodeKey::new(e.node, e.location),
                                 h.nodeid,
