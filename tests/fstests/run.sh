@@ -114,6 +114,7 @@ UBTRFS_BIN=$(realpath "$UBTRFS_BIN")
 # --- the run: images, loop devices, mounts; all undone by cleanup --------------------
 loops=()
 pids=()
+servers=()
 saved_helper=
 cleanup() {
     local p m l
@@ -122,8 +123,10 @@ cleanup() {
         kill_tree "$p"
     done
     for m in "$work"/kernel/{test,scratch} "$work"/ubtrfs/{test,scratch}; do
-        mountpoint -q "$m" || continue
-        umount "$m" 2>/dev/null || { abort_fuse "$m"; umount -l "$m"; }
+        unmount "$m"
+    done
+    for p in "${servers[@]}"; do
+        kill -KILL "$p" 2>/dev/null
     done
     for l in "${loops[@]}"; do
         losetup -d "$l"
@@ -143,22 +146,39 @@ kill_tree() {
     done
     kill -KILL "$1" 2>/dev/null
 }
+# mnt_dev DIR: major:minor of what is mounted on DIR, from the mount table: never
+# stat() a FUSE mount whose server may hang.
+mnt_dev() {
+    awk -v m="$1" '$5 == m { d = $3 } END { if (d) print d }' /proc/self/mountinfo
+}
 # abort_fuse DIR: break the FUSE connection of a mount whose server hangs, so the
-# processes waiting on it (and umount) can go on.
+# processes waiting on it (and umount) can go on. The server is noted in $servers,
+# to be killed: its threads may stay blocked on each other.
 abort_fuse() {
-    local dev
-    dev=$(mountpoint -d "$1" 2>/dev/null) || return 0
+    local dev p
+    dev=$(mnt_dev "$1")
+    [ -n "$dev" ] || return 0
+    for p in $(pgrep -f -x ".*ubtrfs.* mount $work/ubtrfs/[a-z]*\.img $1 .*"); do
+        servers+=("$p")
+    done
     [ -w "/sys/fs/fuse/connections/${dev#*:}/abort" ] &&
         echo 1 >"/sys/fs/fuse/connections/${dev#*:}/abort"
     return 0
 }
+# unmount DIR: umount; if that fails or hangs, abort the connection and detach lazily.
+unmount() {
+    [ -n "$(mnt_dev "$1")" ] || return 0
+    timeout 60 umount "$1" 2>/dev/null || { abort_fuse "$1"; umount -l "$1"; }
+}
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
+# The FUSE control filesystem: abort_fuse needs it.
+if [ -d /sys/fs/fuse/connections ] && [ -z "$(mnt_dev /sys/fs/fuse/connections)" ]; then
+    mount -t fusectl none /sys/fs/fuse/connections || true
+fi
 for m in "$work"/kernel/{test,scratch} "$work"/ubtrfs/{test,scratch}; do
-    if mountpoint -q "$m" 2>/dev/null; then
-        umount "$m" 2>/dev/null || { abort_fuse "$m"; umount -l "$m"; }
-    fi
+    unmount "$m"
 done
 # A previous run's loop devices on these images (if it was killed with -9).
 for f in "$work"/kernel/{test,scratch}.img; do
@@ -201,6 +221,7 @@ EOF
 # subtype=: the mount's type is plain "fuse", which fstests checks /proc/mounts for.
 # allow_other: tests run commands as the fsgqa users. suid,dev: the kernel's defaults
 # (a FUSE mount is nosuid,nodev unless asked).
+fuse_opts=subtype=,allow_other,suid,dev,log=$work/ubtrfs/ubtrfs.log
 cat >"$work/ubtrfs/local.config" <<EOF
 export FSTYP=fuse
 export FUSE_SUBTYP=.ubtrfs
@@ -209,8 +230,8 @@ export TEST_DIR=$work/ubtrfs/test
 export SCRATCH_DEV=$work/ubtrfs/scratch.img
 export SCRATCH_MNT=$work/ubtrfs/scratch
 export RESULT_BASE=$work/ubtrfs/results
-export MOUNT_OPTIONS="-o subtype=,allow_other,suid,dev,log=$work/ubtrfs/ubtrfs.log"
-export TEST_FS_MOUNT_OPTS="-o subtype=,allow_other,suid,dev,log=$work/ubtrfs/ubtrfs.log"
+export MOUNT_OPTIONS="-o $fuse_opts"
+export TEST_FS_MOUNT_OPTS="-o $fuse_opts"
 EOF
 
 # watchdog SIDE CHECKPID: kills a test that runs longer than $timeout seconds (fstests
@@ -222,7 +243,8 @@ watchdog() {
         t=
         for p in $(pgrep -P "$check"); do
             cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
-            case "$cmd" in */bash\ ./tests/*/[0-9]* | bash\ ./tests/*/[0-9]*) t=$p ;; esac
+            # check runs each test as `bash .../tests/DIR/NNN`.
+            case "$cmd" in *bash\ */tests/*/[0-9][0-9][0-9]*) t=$p ;; esac
         done
         now=$(date +%s)
         if [ -z "$t" ] || [ "$t" != "$seen" ]; then
@@ -231,11 +253,26 @@ watchdog() {
         fi
         if [ $((now - since)) -ge "$timeout" ]; then
             cmd=$(tr '\0' ' ' <"/proc/$t/cmdline" 2>/dev/null | awk '{print $2}')
-            echo "${cmd#./tests/} killed after $timeout s" >>"$work/$side/timeouts"
-            [ "$side" = ubtrfs ] && for m in "$work/ubtrfs/test" "$work/ubtrfs/scratch"; do
-                abort_fuse "$m"
-            done
-            kill_tree "$t"
+            echo "${cmd##*/tests/} killed after $timeout s" >>"$work/$side/timeouts"
+            if [ "$side" = ubtrfs ]; then
+                # A hung server blocks every process that touches its mount (even
+                # the kernel side's xfs_io, which statfs()es all mounts): break the
+                # connections, and give check a fresh test mount to go on with.
+                for m in "$work/ubtrfs/test" "$work/ubtrfs/scratch"; do
+                    abort_fuse "$m"
+                done
+                kill_tree "$t"
+                for m in "$work/ubtrfs/test" "$work/ubtrfs/scratch"; do
+                    [ -n "$(mnt_dev "$m")" ] && umount -l "$m"
+                done
+                for p in "${servers[@]}"; do
+                    kill -KILL "$p" 2>/dev/null
+                done
+                servers=()
+                mount -t fuse.ubtrfs "$work/ubtrfs/test.img" "$work/ubtrfs/test" -o "$fuse_opts" || true
+            else
+                kill_tree "$t"
+            fi
             seen= since=$now
         fi
     done
@@ -266,7 +303,7 @@ log "both sides done in $(($(date +%s) - start)) s"
 
 # fstests checks no FUSE filesystem afterwards: check what ubtrfs wrote.
 for m in "$work/ubtrfs/test" "$work/ubtrfs/scratch"; do
-    mountpoint -q "$m" && umount "$m"
+    unmount "$m"
 done
 fsck_note=
 fsck_failed=
