@@ -44,6 +44,11 @@ pub enum Error {
     #[error("{0}: No space left on device")]
     /// ENOSPC: no data, metadata or device space left.
     NoSpace(String),
+    #[error("{0}: No space left on device")]
+    /// ENOSPC refused before anything changed: a value larger than one item can hold
+    /// (the kernel's -ENOSPC for an oversized xattr). Unlike [`Error::NoSpace`] the
+    /// transaction is intact, so a mount need not abort it.
+    TooLarge(String),
     #[error("{0}: File exists")]
     /// EEXIST: the name is taken.
     Exists(String),
@@ -77,7 +82,7 @@ impl Error {
             Error::IsDir(_) => libc::EISDIR,
             Error::Invalid(_) => libc::EINVAL,
             Error::Loop(_) => libc::ELOOP,
-            Error::NoSpace(_) => libc::ENOSPC,
+            Error::NoSpace(_) | Error::TooLarge(_) => libc::ENOSPC,
             Error::Exists(_) => libc::EEXIST,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Busy(_) => libc::EBUSY,
