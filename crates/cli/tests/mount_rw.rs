@@ -277,6 +277,15 @@ fn rw_mount_refuses_what_the_kernel_refuses() {
         "ENOSPC"
     );
     std::fs::write(m.join("d/g"), b"after").expect("write after ENOSPC");
+    // A directory replaced by rename while open is still there for fstat, nlink 0, as
+    // on the kernel (it was deleted at once: fstests generic/035).
+    std::fs::create_dir(m.join("r1")).expect("mkdir");
+    std::fs::create_dir(m.join("r2")).expect("mkdir");
+    let open = std::fs::File::open(m.join("r2")).expect("open dir");
+    std::fs::rename(m.join("r1"), m.join("r2")).expect("rename over a directory");
+    let md = open.metadata().expect("fstat of the replaced directory");
+    assert_eq!(std::os::unix::fs::MetadataExt::nlink(&md), 0);
+    drop(open);
     // The image is locked while mounted read-write: offline writers are refused.
     let (ok, _, err) = UBTRFS.run(&["mkdir".as_ref(), img.as_os_str(), "/x".as_ref()]);
     assert!(
