@@ -115,6 +115,7 @@ UBTRFS_BIN=$(realpath "$UBTRFS_BIN")
 loops=()
 pids=()
 servers=()
+namespaces=()
 saved_helper=
 cleanup() {
     local p m l
@@ -122,6 +123,7 @@ cleanup() {
     for p in "${pids[@]}"; do
         kill_tree "$p"
     done
+    finish_namespaces
     for m in "$work"/kernel/{test,scratch} "$work"/ubtrfs/{test,scratch}; do
         unmount "$m"
     done
@@ -146,17 +148,54 @@ kill_tree() {
     done
     kill -KILL "$1" 2>/dev/null
 }
-# mnt_dev DIR: major:minor of what is mounted on DIR, from the mount table: never
-# stat() a FUSE mount whose server may hang.
-mnt_dev() {
-    awk -v m="$1" '$5 == m { d = $3 } END { if (d) print d }' /proc/self/mountinfo
+# finish_namespaces: ends what the checks left in their mount namespaces, which live
+# as long as a process is in them (and their mounts with them): first the processes
+# tests left behind (a background writer), then the ubtrfs mounts, unmounted from
+# inside so that their servers commit and exit, then whatever still remains.
+finish_namespaces() {
+    local ns p srv rest i alive
+    for ns in "${namespaces[@]}"; do
+        srv=() rest=()
+        for p in /proc/[0-9]*; do
+            [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$ns" ] || continue
+            case "$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" in
+            *" mount $work/ubtrfs/"*) srv+=("${p#/proc/}") ;;
+            *) rest+=("${p#/proc/}") ;;
+            esac
+        done
+        for p in "${rest[@]}"; do
+            kill -KILL "$p" 2>/dev/null
+        done
+        [ ${#srv[@]} -gt 0 ] || continue
+        for m in "$work/ubtrfs/test" "$work/ubtrfs/scratch"; do
+            [ -n "$(mnt_dev "$m" "${srv[0]}")" ] && nsenter -t "${srv[0]}" -m umount -l "$m"
+        done
+        for i in $(seq 1200); do
+            alive=
+            for p in "${srv[@]}"; do
+                kill -0 "$p" 2>/dev/null && alive=1
+            done
+            [ -n "$alive" ] || break
+            sleep 0.1
+        done
+        for p in "${srv[@]}"; do
+            kill -KILL "$p" 2>/dev/null
+        done
+    done
+    namespaces=()
+    return 0
 }
-# abort_fuse DIR: break the FUSE connection of a mount whose server hangs, so the
-# processes waiting on it (and umount) can go on. The server is noted in $servers,
-# to be killed: its threads may stay blocked on each other.
+# mnt_dev DIR [PID]: major:minor of what is mounted on DIR in PID's mount namespace,
+# from the mount table: never stat() a FUSE mount whose server may hang.
+mnt_dev() {
+    awk -v m="$1" '$5 == m { d = $3 } END { if (d) print d }' "/proc/${2:-self}/mountinfo"
+}
+# abort_fuse DIR [PID]: break the FUSE connection of a mount whose server hangs, so
+# the processes waiting on it (and umount) can go on. The server is noted in
+# $servers, to be killed: its threads may stay blocked on each other.
 abort_fuse() {
     local dev p
-    dev=$(mnt_dev "$1")
+    dev=$(mnt_dev "$1" "${2:-self}")
     [ -n "$dev" ] || return 0
     for p in $(pgrep -f -x ".*ubtrfs.* mount $work/ubtrfs/[a-z]*\.img $1 .*"); do
         servers+=("$p")
@@ -255,21 +294,22 @@ watchdog() {
             cmd=$(tr '\0' ' ' <"/proc/$t/cmdline" 2>/dev/null | awk '{print $2}')
             echo "${cmd##*/tests/} killed after $timeout s" >>"$work/$side/timeouts"
             if [ "$side" = ubtrfs ]; then
-                # A hung server blocks every process that touches its mount (even
-                # the kernel side's xfs_io, which statfs()es all mounts): break the
-                # connections, and give check a fresh test mount to go on with.
+                # A hung server blocks every process that touches its mount: break
+                # the connections, and give check a fresh test mount (in its mount
+                # namespace) to go on with.
                 for m in "$work/ubtrfs/test" "$work/ubtrfs/scratch"; do
-                    abort_fuse "$m"
+                    abort_fuse "$m" "$check"
                 done
                 kill_tree "$t"
                 for m in "$work/ubtrfs/test" "$work/ubtrfs/scratch"; do
-                    [ -n "$(mnt_dev "$m")" ] && umount -l "$m"
+                    [ -n "$(mnt_dev "$m" "$check")" ] && nsenter -t "$check" -m umount -l "$m"
                 done
                 for p in "${servers[@]}"; do
                     kill -KILL "$p" 2>/dev/null
                 done
                 servers=()
-                mount -t fuse.ubtrfs "$work/ubtrfs/test.img" "$work/ubtrfs/test" -o "$fuse_opts" || true
+                nsenter -t "$check" -m mount -t fuse.ubtrfs "$work/ubtrfs/test.img" \
+                    "$work/ubtrfs/test" -o "$fuse_opts" || true
             else
                 kill_tree "$t"
             fi
@@ -278,14 +318,32 @@ watchdog() {
     done
 }
 
+# run_side SIDE: fstests' check for one side, in a private mount namespace of its
+# own. The two sides run at once, and fstests' tools look at every mount (xfs_io
+# statfs()es each one at start): a statfs in flight on the other side's FUSE mount
+# made its umount fail with EBUSY. The namespace also dies with check, taking its
+# mounts along, and keeps out whatever else runs on the machine. Inside it, the
+# copies of other FUSE and loop-device mounts are detached first, so that they
+# cannot keep someone else's filesystem alive after its owner unmounts it.
 run_side() {
     local side=$1
     (
         cd "$work/$side/fstests"
-        HOST_OPTIONS=$work/$side/local.config exec ./check -E "$excl" "${tests[@]}"
+        export HOST_OPTIONS=$work/$side/local.config
+        # shellcheck disable=SC2016
+        exec unshare --mount --propagation private bash -c '
+            awk "{ split(\$0, a, \" - \"); split(a[2], b, \" \") }
+                 b[1] ~ /^fuse/ || b[2] ~ /^\/dev\/loop/ { print \$5 }" /proc/self/mountinfo |
+                sort -r | while read -r m; do umount -l "$(printf %b "$m")" 2>/dev/null; done
+            exec ./check "$@"' check -E "$excl" "${tests[@]}"
     ) >"$work/$side/check.log" 2>&1 &
-    local check=$!
+    local check=$! i
     pids+=("$check")
+    for i in $(seq 50); do
+        [ "$(readlink "/proc/$check/ns/mnt")" != "$(readlink /proc/self/ns/mnt)" ] && break
+        sleep 0.1
+    done
+    namespaces+=("$(readlink "/proc/$check/ns/mnt")")
     watchdog "$side" "$check" &
     pids+=("$!")
     log "$side: check running (pid $check), log $work/$side/check.log"
@@ -299,6 +357,7 @@ for p in "${pids[@]}"; do
     wait "$p" || true
 done
 pids=()
+finish_namespaces
 log "both sides done in $(($(date +%s) - start)) s"
 
 # fstests checks no FUSE filesystem afterwards: check what ubtrfs wrote.
@@ -308,7 +367,7 @@ done
 fsck_note=
 fsck_failed=
 for d in test scratch; do
-    # The server commits its last transaction after umount returns: wait for its lock.
+    # The server commits its last transaction after its mount goes: wait for its lock.
     flock -w 120 "$work/ubtrfs/$d.img" true || true
     if btrfs check --readonly --check-data-csum "$work/ubtrfs/$d.img" >"$work/ubtrfs/check-$d.log" 2>&1; then
         fsck_note+="btrfs check of the ubtrfs $d image: clean. "
