@@ -394,3 +394,45 @@ fn rw_mount_concurrent_writers() {
     ));
     k.umount();
 }
+
+/// POSIX ACLs on the mount behave as on the kernel: an access ACL sets the mode (and
+/// is not stored when the mode says it all), chmod rewrites the ACL, new inodes in a
+/// directory with a default ACL inherit it instead of having the umask applied, and
+/// elsewhere the umask applies (fstests generic/099). One script on both, outputs equal.
+#[test]
+fn rw_mount_acls_as_the_kernel() {
+    if !require_fuse("rw_mount_acls_as_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    if std::process::Command::new("setfacl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("setfacl is missing (apt-get install acl; tests/install-deps.sh installs it)");
+    }
+    let script = "set -u; umask 022
+        touch f0; mkdir d0; mknod p0 p; stat -c '%n %A' f0 d0 p0
+        touch f1; setfacl -m u::r--,g::rwx,o::rw- f1; stat -c '%n %A' f1; getfacl -c f1
+        setfacl -m u:1000:rwx f1; stat -c '%n %A' f1; chmod 640 f1; getfacl -c f1
+        stat -c '%n %A' f1
+        mkdir acldir; setfacl -d -m u::r,g::r,o::- acldir; setfacl -d -m u:1000:rw acldir
+        touch acldir/file2; mkdir acldir/sub; stat -c '%n %A' acldir/file2 acldir/sub
+        getfacl -c acldir/file2 acldir/sub
+        mkdir acl2; setfacl -d -m u::rwx,g::r-x,o::--- acl2; umask 077; touch acl2/x
+        stat -c '%n %A' acl2/x; getfacl -c acl2/x
+        umask 027; touch g; mkdir gd; stat -c '%n %A' g gd; echo done";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kimg = fresh_image(dir.path(), "k.img");
+    let k = KernelMount::new(&kimg, "rw");
+    let (want, kerr) = bash_in(&k.mnt, script);
+    k.umount();
+    assert!(want.ends_with("done\n"), "kernel: {want}{kerr}");
+    let img = fresh_image(dir.path(), "a.img");
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let (got, err) = bash_in(&fm.mnt, script);
+    assert_eq!(got, want, "ubtrfs vs kernel ({err})");
+    drop(fm);
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
+}

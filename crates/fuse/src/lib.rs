@@ -19,6 +19,7 @@
 #![deny(unreachable_pub)]
 
 mod abi;
+mod acl;
 mod channel;
 mod nodes;
 mod ops;
