@@ -89,7 +89,8 @@ def fail_reason(lines):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--work", required=True)
+    ap.add_argument("--work", required=True, action="append",
+                    help="a run's work directory; several: their tables merged")
     ap.add_argument("--known", required=True)
     ap.add_argument("--exclude")
     ap.add_argument("--note", default="")
@@ -99,8 +100,10 @@ def main():
 
     known = listing(a.known)
     excluded = listing(a.exclude)
-    kern = parse_side(os.path.join(a.work, "kernel"))
-    ub = parse_side(os.path.join(a.work, "ubtrfs"))
+    kern, ub = {}, {}
+    for w in a.work:
+        kern.update(parse_side(os.path.join(w, "kernel")))
+        ub.update(parse_side(os.path.join(w, "ubtrfs")))
     names = sorted(set(kern) | set(ub) | (set(excluded) & (set(kern) | set(ub))),
                    key=lambda n: (n.split("/")[0], int(n.split("/")[1])))
 

@@ -158,7 +158,7 @@ finish_namespaces() {
         srv=() rest=()
         for p in /proc/[0-9]*; do
             [ "$(readlink "$p/ns/mnt" 2>/dev/null)" = "$ns" ] || continue
-            case "$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null)" in
+            case "$(tr '\0' ' ' 2>/dev/null <"$p/cmdline")" in
             *" mount $work/ubtrfs/"*) srv+=("${p#/proc/}") ;;
             *) rest+=("${p#/proc/}") ;;
             esac
@@ -281,7 +281,7 @@ watchdog() {
         sleep 5
         t=
         for p in $(pgrep -P "$check"); do
-            cmd=$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null) || continue
+            cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$p/cmdline") || continue
             # check runs each test as `bash .../tests/DIR/NNN`.
             case "$cmd" in *bash\ */tests/*/[0-9][0-9][0-9]*) t=$p ;; esac
         done
@@ -291,7 +291,7 @@ watchdog() {
             continue
         fi
         if [ $((now - since)) -ge "$timeout" ]; then
-            cmd=$(tr '\0' ' ' <"/proc/$t/cmdline" 2>/dev/null | awk '{print $2}')
+            cmd=$(tr '\0' ' ' 2>/dev/null <"/proc/$t/cmdline" | awk '{print $2}')
             echo "${cmd##*/tests/} killed after $timeout s" >>"$work/$side/timeouts"
             if [ "$side" = ubtrfs ]; then
                 # A hung server blocks every process that touches its mount: break
