@@ -24,6 +24,7 @@ use ubtrfs_format::items::InodeItem;
 #[allow(dead_code)]
 pub(crate) mod errno {
     pub(crate) const EPERM: i32 = 1;
+    pub(crate) const ENOSPC: i32 = 28;
     pub(crate) const ENOENT: i32 = 2;
     pub(crate) const EIO: i32 = 5;
     pub(crate) const ENXIO: i32 = 6;

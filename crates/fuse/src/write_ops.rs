@@ -475,6 +475,17 @@ impl Ops {
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         let t0 = now();
         match mode & !FALLOC_FL_KEEP_SIZE {
+            // The kernel reserves the range's data space before allocating, so asking
+            // for more than is free fails with ENOSPC and changes nothing; allocation
+            // here goes extent by extent, and running out half-way would abort the
+            // transaction: refuse it up front (fstests generic/213).
+            0 if len
+                > w.read(crate::statfs::compute)
+                    .map(|s| s.bavail.saturating_mul(u64::from(s.frsize)))
+                    .map_err(|e| e.errno())? =>
+            {
+                Err(errno::ENOSPC)
+            }
             0 => w
                 .change("fallocate", |t| {
                     t.fallocate(node.root, node.ino, offset, len, keep, t0)
