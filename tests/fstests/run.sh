@@ -258,9 +258,9 @@ export SCRATCH_MNT=$work/kernel/scratch
 export RESULT_BASE=$work/kernel/results
 EOF
 # subtype=: the mount's type is plain "fuse", which fstests checks /proc/mounts for.
-# allow_other: tests run commands as the fsgqa users. suid,dev: the kernel's defaults
-# (a FUSE mount is nosuid,nodev unless asked).
-fuse_opts=subtype=,allow_other,suid,dev,log=$work/ubtrfs/ubtrfs.log
+# allow_other: tests run commands as the fsgqa users. (suid and dev, the kernel's
+# defaults, the helper adds itself: mount(8) passes neither.)
+fuse_opts=subtype=,allow_other,log=$work/ubtrfs/ubtrfs.log
 cat >"$work/ubtrfs/local.config" <<EOF
 export FSTYP=fuse
 export FUSE_SUBTYP=.ubtrfs
