@@ -168,7 +168,11 @@ finish_namespaces() {
         done
         [ ${#srv[@]} -gt 0 ] || continue
         for m in "$work/ubtrfs/test" "$work/ubtrfs/scratch"; do
-            [ -n "$(mnt_dev "$m" "${srv[0]}")" ] && nsenter -t "${srv[0]}" -m umount -l "$m"
+            # Through any server still there (one may be exiting).
+            for p in "${srv[@]}"; do
+                [ -n "$(mnt_dev "$m" "$p")" ] || continue
+                nsenter -t "$p" -m umount -l "$m" && break
+            done
         done
         for i in $(seq 1200); do
             alive=
@@ -188,7 +192,7 @@ finish_namespaces() {
 # mnt_dev DIR [PID]: major:minor of what is mounted on DIR in PID's mount namespace,
 # from the mount table: never stat() a FUSE mount whose server may hang.
 mnt_dev() {
-    awk -v m="$1" '$5 == m { d = $3 } END { if (d) print d }' "/proc/${2:-self}/mountinfo"
+    awk -v m="$1" '$5 == m { d = $3 } END { if (d) print d }' "/proc/${2:-self}/mountinfo" 2>/dev/null
 }
 # abort_fuse DIR [PID]: break the FUSE connection of a mount whose server hangs, so
 # the processes waiting on it (and umount) can go on. The server is noted in
