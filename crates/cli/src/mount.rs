@@ -16,6 +16,8 @@ pub const OPTIONS_HELP: &str = "\
 Mount options (-o, comma separated, repeatable):
   rw                    read-write (the default): changes accumulate in a transaction that
                         is committed every commit= seconds, on sync/fsync and at unmount
+  remount               with ro or rw, from mount(8): switch a mounted filesystem (the
+                        kernel then refuses writes itself); other options stay as they were
   ro                    read-only; without an explicit rw, an image the write engine cannot
                         write (e.g. no free-space tree, an unreplayed tree log) is mounted
                         read-only with a warning, as mount(8) does for write-protected media
@@ -81,6 +83,8 @@ struct Opts {
     rw: Option<bool>,
     commit_secs: u64,
     compress: Option<String>,
+    /// `-o remount,...` (from mount(8)): change the mounted filesystem's flags.
+    remount: bool,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -109,6 +113,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         rw: None,
         commit_secs: 30,
         compress: None,
+        remount: false,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -118,6 +123,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         match (k, v) {
             ("", None) => {}
             ("ro", None) => o.rw = Some(false),
+            ("remount", None) => o.remount = true,
             ("rw", None) => o.rw = Some(true),
             ("commit", Some(n)) => o.commit_secs = num::<u64>(k, n)?.clamp(1, 300),
             ("compress" | "compress-force", Some(c)) => {
@@ -152,6 +158,9 @@ fn parse_options(list: &[String]) -> Result<Opts> {
 
 pub fn run(args: MountArgs) -> Result<()> {
     let o = parse_options(&args.options)?;
+    if o.remount {
+        return remount(&args.mountpoint, &o);
+    }
     if !args.foreground && !args.daemon_child {
         return spawn_detached(&args);
     }
@@ -299,6 +308,26 @@ pub fn run(args: MountArgs) -> Result<()> {
         }
     }
     served
+}
+
+/// `mount -o remount,ro|rw DIR`: the kernel switches the FUSE mount's flags itself
+/// (writes then fail with EROFS before they reach the server), as for any
+/// filesystem; mount(8) passes the mount's whole option list, so flags not given
+/// are cleared. Other options cannot change on a running server and are ignored.
+fn remount(dir: &std::path::Path, o: &Opts) -> Result<()> {
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::MS_REMOUNT;
+    if o.rw == Some(false) {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    if !o.suid {
+        flags |= MsFlags::MS_NOSUID;
+    }
+    if !o.dev {
+        flags |= MsFlags::MS_NODEV;
+    }
+    nix::mount::mount(None::<&str>, dir, None::<&str>, flags, None::<&str>)
+        .with_context(|| format!("remounting {}", dir.display()))
 }
 
 /// The image cannot be opened for writing (a read-only file, medium or mount), as

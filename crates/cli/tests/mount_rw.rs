@@ -331,12 +331,15 @@ fn mount_t_fuse_ubtrfs_through_the_helper() {
         &format!(
             // subtype= makes the type plain "fuse" (fstests' FSTYP=fuse checks it);
             // the second mount right after umount waits for the first server's last
-            // commit instead of calling the image busy.
+            // commit instead of calling the image busy; remount,ro refuses writes and
+            // remount,rw allows them again.
             "set -e; mount -t fuse.ubtrfs {img} {mnt} -o rw,noauto,nofail,commit=5,subtype=; \
              grep -q ' {mnt} fuse ' /proc/mounts; \
              echo through-mount > {mnt}/x; umount {mnt}; \
              mount -t fuse.ubtrfs {img} {mnt} -o rw; grep -q ' {mnt} fuse.ubtrfs ' /proc/mounts; \
-             cat {mnt}/x >&2; echo again >> {mnt}/x; umount {mnt}; \
+             cat {mnt}/x >&2; mount -o remount,ro {mnt}; \
+             if touch {mnt}/ro 2>/dev/null; then echo remount-ro-ignored >&2; fi; \
+             mount -o remount,rw {mnt}; echo again >> {mnt}/x; umount {mnt}; \
              flock -w 60 {img} true; echo done >&2",
             img = img.display(),
             mnt = mnt.display()
