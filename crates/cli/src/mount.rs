@@ -124,6 +124,9 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("", None) => {}
             ("ro", None) => o.rw = Some(false),
             ("remount", None) => o.remount = true,
+            // The FUSE options the kernel shows in /proc/mounts, which mount(8) hands
+            // back on remount: ubtrfs sets them itself.
+            ("user_id" | "group_id" | "rootmode" | "fd" | "blksize", Some(_)) => {}
             ("rw", None) => o.rw = Some(true),
             ("commit", Some(n)) => o.commit_secs = num::<u64>(k, n)?.clamp(1, 300),
             ("compress" | "compress-force", Some(c)) => {
