@@ -446,3 +446,30 @@ fn rw_mount_acls_as_the_kernel() {
     drop(fm);
     btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
 }
+
+/// Renaming each entry while listing its directory ends, listing each original entry
+/// once, as on the kernel (fstests generic/736: renamed entries get new DIR_INDEX
+/// numbers and were listed again, forever); rewinddir then sees what changed.
+#[test]
+fn rw_mount_readdir_while_renaming() {
+    if !require_fuse("rw_mount_readdir_while_renaming") {
+        return;
+    }
+    let _serial = serial();
+    let script = r#"mkdir d; for i in $(seq 1 300); do : > d/f$i; done
+        perl -e 'opendir(D, "d") or die; my $n = 0;
+            while (defined(my $e = readdir(D))) { $n++; die "endless\n" if $n > 10000;
+                rename("d/$e", "d/r$e") if $e =~ /^f/; }
+            open(F, ">d/new") or die; close F; rewinddir(D); my @b = readdir(D);
+            print "$n ", scalar(@b), "\n";'"#;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kimg = fresh_image(dir.path(), "k.img");
+    let k = KernelMount::new(&kimg, "rw");
+    let (want, kerr) = bash_in(&k.mnt, script);
+    k.umount();
+    assert_eq!(want, "302 303\n", "kernel: {kerr}");
+    let img = fresh_image(dir.path(), "a.img");
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let (got, err) = bash_in(&fm.mnt, script);
+    assert_eq!(got, want, "ubtrfs vs kernel ({err})");
+}
