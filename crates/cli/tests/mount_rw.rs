@@ -333,7 +333,9 @@ fn mount_t_fuse_ubtrfs_through_the_helper() {
             // the second mount right after umount waits for the first server's last
             // commit instead of calling the image busy; remount,ro refuses writes and
             // remount,rw allows them again.
-            "set -e; mount -t fuse.ubtrfs {img} {mnt} -o rw,noauto,nofail,commit=5,subtype=; \
+            // On failure (set -e), the trap unmounts what is still mounted.
+            "set -e; trap 'while grep -q \" {mnt} \" /proc/mounts; do umount {mnt} || break; done' EXIT; \
+             mount -t fuse.ubtrfs {img} {mnt} -o rw,noauto,nofail,commit=5,subtype=; \
              grep -q ' {mnt} fuse ' /proc/mounts; \
              echo through-mount > {mnt}/x; umount {mnt}; \
              mount -t fuse.ubtrfs {img} {mnt} -o rw; grep -q ' {mnt} fuse.ubtrfs ' /proc/mounts; \
