@@ -133,11 +133,13 @@ cleanup() {
     for l in "${loops[@]}"; do
         losetup -d "$l"
     done
-    # Put back whatever helper was there before.
-    if [ -n "$saved_helper" ]; then
-        ln -sfn "$saved_helper" "$helper"
-    elif [ -L "$helper" ] && [ "$(readlink "$helper")" = "$UBTRFS_BIN" ]; then
-        rm -f "$helper"
+    # Put back whatever helper was there before, unless someone has replaced ours.
+    if [ -L "$helper" ] && [ "$(readlink "$helper")" = "$UBTRFS_BIN" ]; then
+        if [ -n "$saved_helper" ]; then
+            ln -sfn "$saved_helper" "$helper"
+        else
+            rm -f "$helper"
+        fi
     fi
 }
 # kill_tree PID: PID and everything it started (processes this script started).
