@@ -266,7 +266,10 @@ fn parse_octal(s: &str) -> std::result::Result<u32, String> {
 /// `mount -t fuse.ubtrfs IMAGE DIR -o OPTS` and /etc/fstab lines: mount(8) passes
 /// `SOURCE DIR [-sfnv] [-o OPTS]`; this becomes `ubtrfs mount SOURCE DIR -o OPTS`,
 /// without the options that are mount(8)'s own (noauto, user, nofail, _netdev, x-*).
-fn mount_helper_args(args: &[std::ffi::OsString]) -> Option<Vec<std::ffi::OsString>> {
+/// mount(8) passes nosuid and nodev (also those `user` implies) but not its defaults
+/// suid and dev; called by `root`, the mount honours them as a kernel filesystem
+/// mounted by mount(8) does (a FUSE mount is otherwise nosuid,nodev).
+fn mount_helper_args(args: &[std::ffi::OsString], root: bool) -> Option<Vec<std::ffi::OsString>> {
     let prog = std::path::Path::new(args.first()?).file_name()?.to_str()?;
     if prog != "mount.fuse.ubtrfs" && prog != "mount.ubtrfs" {
         return None;
@@ -304,7 +307,12 @@ fn mount_helper_args(args: &[std::ffi::OsString]) -> Option<Vec<std::ffi::OsStri
         ) || o.starts_with("x-")
             || o.starts_with("comment=")
     };
-    let kept: Vec<String> = opts.into_iter().filter(|o| !own(o)).collect();
+    let mut kept: Vec<String> = opts.into_iter().filter(|o| !own(o)).collect();
+    for (yes, no) in [("suid", "nosuid"), ("dev", "nodev")] {
+        if root && !kept.iter().any(|o| o == no || o == yes) {
+            kept.push(yes.to_string());
+        }
+    }
     if !kept.is_empty() {
         out.push("-o".into());
         out.push(kept.join(",").into());
@@ -314,7 +322,7 @@ fn mount_helper_args(args: &[std::ffi::OsString]) -> Option<Vec<std::ffi::OsStri
 
 fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let cli = match mount_helper_args(&args) {
+    let cli = match mount_helper_args(&args, nix::unistd::geteuid().is_root()) {
         Some(a) => Cli::parse_from(a),
         None => Cli::parse(),
     };
@@ -735,16 +743,41 @@ mod tests {
     #[test]
     fn mount_helper() {
         let a = |v: &[&str]| v.iter().map(std::ffi::OsString::from).collect::<Vec<_>>();
-        assert_eq!(super::mount_helper_args(&a(&["ubtrfs", "ls"])), None);
+        assert_eq!(super::mount_helper_args(&a(&["ubtrfs", "ls"]), false), None);
+        let helper = a(&[
+            "/sbin/mount.fuse.ubtrfs",
+            "/i.img",
+            "/mnt",
+            "-n",
+            "-o",
+            "rw,noauto,x-systemd.automount,commit=5,nofail",
+        ]);
         assert_eq!(
-            super::mount_helper_args(&a(&[
-                "/sbin/mount.fuse.ubtrfs",
+            super::mount_helper_args(&helper, true),
+            Some(a(&[
+                "ubtrfs",
+                "mount",
                 "/i.img",
                 "/mnt",
-                "-n",
                 "-o",
-                "rw,noauto,x-systemd.automount,commit=5,nofail"
-            ])),
+                "rw,commit=5,suid,dev"
+            ]))
+        );
+        let mut nosuid = helper.clone();
+        nosuid[5] = "nosuid,ro".into();
+        assert_eq!(
+            super::mount_helper_args(&nosuid, true),
+            Some(a(&[
+                "ubtrfs",
+                "mount",
+                "/i.img",
+                "/mnt",
+                "-o",
+                "nosuid,ro,dev"
+            ]))
+        );
+        assert_eq!(
+            super::mount_helper_args(&helper, false),
             Some(a(&[
                 "ubtrfs",
                 "mount",

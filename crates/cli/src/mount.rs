@@ -16,6 +16,8 @@ pub const OPTIONS_HELP: &str = "\
 Mount options (-o, comma separated, repeatable):
   rw                    read-write (the default): changes accumulate in a transaction that
                         is committed every commit= seconds, on sync/fsync and at unmount
+  remount               with ro or rw, from mount(8): switch a mounted filesystem (the
+                        kernel then refuses writes itself); other options stay as they were
   ro                    read-only; without an explicit rw, an image the write engine cannot
                         write (e.g. no free-space tree, an interrupted balance) is mounted
                         read-only with a warning, as mount(8) does for write-protected media.
@@ -43,6 +45,8 @@ Mount options (-o, comma separated, repeatable):
   log=FILE              append error messages (checksum failures...) to FILE; without it
                         a detached mount discards them (-f prints them on stderr)
   fsname=NAME           mount source shown in /proc/mounts (default: the image path)
+  subtype=NAME          mount type shown in /proc/mounts: fuse.NAME (default ubtrfs); empty
+                        (subtype=): plain fuse, as fstests' FSTYP=fuse expects
   default_permissions, atime, noatime, relatime: accepted (permissions are always checked
                         by the kernel; atime is not updated: noatime)";
 
@@ -80,11 +84,14 @@ struct Opts {
     verify_csum: bool,
     log: Option<PathBuf>,
     fsname: Option<String>,
+    subtype: Option<String>,
     /// Some(true): rw asked for; Some(false): ro; None: rw, falling back to ro.
     rw: Option<bool>,
     commit_secs: u64,
     compress: Option<String>,
     compress_force: bool,
+    /// `-o remount,...` (from mount(8)): change the mounted filesystem's flags.
+    remount: bool,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -109,10 +116,12 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         verify_csum: true,
         log: None,
         fsname: None,
+        subtype: None,
         rw: None,
         commit_secs: 30,
         compress: None,
         compress_force: false,
+        remount: false,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -122,6 +131,10 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         match (k, v) {
             ("", None) => {}
             ("ro", None) => o.rw = Some(false),
+            ("remount", None) => o.remount = true,
+            // The FUSE options the kernel shows in /proc/mounts, which mount(8) hands
+            // back on remount: ubtrfs sets them itself.
+            ("user_id" | "group_id" | "rootmode" | "fd" | "blksize", Some(_)) => {}
             ("rw", None) => o.rw = Some(true),
             ("commit", Some(n)) => o.commit_secs = num::<u64>(k, n)?.clamp(1, 300),
             ("compress" | "compress-force", Some(c)) => {
@@ -148,6 +161,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("rescue", Some("ignoredatacsums")) => o.verify_csum = false,
             ("log", Some(f)) => o.log = Some(PathBuf::from(f)),
             ("fsname", Some(n)) => o.fsname = Some(n.to_string()),
+            ("subtype", Some(n)) => o.subtype = Some(n.to_string()),
             _ => bail!("unknown mount option {item:?} (see ubtrfs mount --help)"),
         }
     }
@@ -156,6 +170,9 @@ fn parse_options(list: &[String]) -> Result<Opts> {
 
 pub fn run(args: MountArgs) -> Result<()> {
     let o = parse_options(&args.options)?;
+    if o.remount {
+        return remount(&args.mountpoint, &o);
+    }
     if !args.foreground && !args.daemon_child {
         return spawn_detached(&args);
     }
@@ -229,6 +246,9 @@ pub fn run(args: MountArgs) -> Result<()> {
     });
     let mut cfg = ubtrfs_fuse::Config::new(&fsname, root);
     cfg.mount.allow_other = o.allow_other;
+    if let Some(s) = &o.subtype {
+        cfg.mount.subtype = s.clone();
+    }
     cfg.mount.suid = o.suid;
     cfg.mount.dev = o.dev;
     cfg.ino = o.ino;
@@ -304,6 +324,26 @@ pub fn run(args: MountArgs) -> Result<()> {
     served
 }
 
+/// `mount -o remount,ro|rw DIR`: the kernel switches the FUSE mount's flags itself
+/// (writes then fail with EROFS before they reach the server), as for any
+/// filesystem; mount(8) passes the mount's whole option list, so flags not given
+/// are cleared. Other options cannot change on a running server and are ignored.
+fn remount(dir: &std::path::Path, o: &Opts) -> Result<()> {
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::MS_REMOUNT;
+    if o.rw == Some(false) {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    if !o.suid {
+        flags |= MsFlags::MS_NOSUID;
+    }
+    if !o.dev {
+        flags |= MsFlags::MS_NODEV;
+    }
+    nix::mount::mount(None::<&str>, dir, None::<&str>, flags, None::<&str>)
+        .with_context(|| format!("remounting {}", dir.display()))
+}
+
 /// The image cannot be opened for writing (a read-only file, medium or mount), as
 /// mount(8) falls back to read-only for write-protected media.
 fn write_protected(e: &anyhow::Error) -> bool {
@@ -326,7 +366,7 @@ fn open_writable(paths: &[PathBuf], opts: &OpenOptions) -> Result<Trans> {
     let mut locks = Vec::new();
     for p in paths {
         refuse_if_mounted(p).with_context(|| format!("cannot open {}", p.display()))?;
-        locks.push(lock_exclusive(p).with_context(|| format!("cannot open {}", p.display()))?);
+        locks.push(wait_for_lock(p, lock_exclusive)?);
     }
     let opts = OpenOptions {
         writable: true,
@@ -346,18 +386,45 @@ fn open_writable(paths: &[PathBuf], opts: &OpenOptions) -> Result<Trans> {
 fn lock_shared(paths: &[PathBuf]) -> Result<Vec<std::fs::File>> {
     let mut locks = Vec::new();
     for p in paths {
-        let f = std::fs::File::open(p).with_context(|| format!("cannot open {}", p.display()))?;
-        match f.try_lock_shared() {
-            Ok(()) => locks.push(f),
-            Err(std::fs::TryLockError::WouldBlock) => {
-                bail!("{} is being written by another ubtrfs process", p.display())
+        let f = wait_for_lock(p, |p| {
+            let f = std::fs::File::open(p)?;
+            match f.try_lock_shared() {
+                Ok(()) => Ok(f),
+                Err(std::fs::TryLockError::WouldBlock) => Err(std::io::Error::new(
+                    std::io::ErrorKind::ResourceBusy,
+                    format!("{} is being written by another ubtrfs process", p.display()),
+                )),
+                Err(std::fs::TryLockError::Error(e)) => Err(e),
             }
-            Err(std::fs::TryLockError::Error(e)) => {
-                return Err(e).with_context(|| format!("locking {}", p.display()))
-            }
-        }
+        })?;
+        locks.push(f);
     }
     Ok(locks)
+}
+
+/// How long a mount waits for an image another ubtrfs process holds.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Takes a lock with `lock`, waiting up to LOCK_WAIT while the image is busy: umount(8)
+/// of a FUSE mount returns before the server has committed its last transaction and
+/// let go of the image (the kernel waits for no reply to a plain `fuse` unmount), so
+/// `umount; mount` -- fstests' cycle mounts, scripts -- would find it busy for a moment.
+fn wait_for_lock(
+    p: &std::path::Path,
+    lock: impl Fn(&std::path::Path) -> std::io::Result<std::fs::File>,
+) -> Result<std::fs::File> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match lock(p) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ResourceBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            r => return r.with_context(|| format!("cannot open {}", p.display())),
+        }
+    }
 }
 
 fn redirect_fd(f: &std::fs::File, to: i32) -> Result<()> {
@@ -420,6 +487,8 @@ mod tests {
         let o = parse_options(&["rw,commit=5,compress=zstd:3".into()]).expect("valid");
         assert_eq!((o.rw, o.commit_secs), (Some(true), 5));
         assert_eq!(o.compress.as_deref(), Some("zstd:3"));
+        let o = parse_options(&["subtype=,allow_other".into()]).expect("valid");
+        assert_eq!(o.subtype.as_deref(), Some(""));
         assert_eq!(parse_options(&[]).expect("valid").rw, None);
         assert_eq!(parse_options(&[]).expect("valid").ino, InoMode::Unique);
         assert!(parse_options(&["compress=lz4".into()]).is_err());

@@ -244,6 +244,30 @@ fn rw_mount_refuses_what_the_kernel_refuses() {
         Some(61),
         "ENODATA"
     );
+    // A value larger than a leaf holds: ENOSPC as from the kernel, and the mount goes
+    // on (it once aborted the transaction: fstests generic/020).
+    assert_eq!(
+        errno(xattr::set(m.join("d/f"), "user.big", &vec![b'x'; 65536])),
+        Some(28),
+        "ENOSPC"
+    );
+    std::fs::write(m.join("d/g"), b"after").expect("write after ENOSPC");
+    // fallocate beyond the free space: ENOSPC and nothing changed, as the kernel
+    // (it ran out half-way and aborted: fstests generic/213).
+    let (out, _) = bash_in(m, "fallocate -l 4G big 2>&1; echo after > after; cat after");
+    assert!(
+        out.contains("No space left on device") && out.ends_with("after\n"),
+        "{out}"
+    );
+    // A directory replaced by rename while open is still there for fstat, nlink 0, as
+    // on the kernel (it was deleted at once: fstests generic/035).
+    std::fs::create_dir(m.join("r1")).expect("mkdir");
+    std::fs::create_dir(m.join("r2")).expect("mkdir");
+    let open = std::fs::File::open(m.join("r2")).expect("open dir");
+    std::fs::rename(m.join("r1"), m.join("r2")).expect("rename over a directory");
+    let md = open.metadata().expect("fstat of the replaced directory");
+    assert_eq!(std::os::unix::fs::MetadataExt::nlink(&md), 0);
+    drop(open);
     // The image is locked while mounted read-write: offline writers are refused.
     let (ok, _, err) = UBTRFS.run(&["mkdir".as_ref(), img.as_os_str(), "/x".as_ref()]);
     assert!(
@@ -280,22 +304,30 @@ fn mount_t_fuse_ubtrfs_through_the_helper() {
     let (_, err) = bash_in(
         dir.path(),
         &format!(
-            "set -e; mount -t fuse.ubtrfs {img} {mnt} -o rw,noauto,nofail,commit=5; \
+            // subtype= makes the type plain "fuse" (fstests' FSTYP=fuse checks it);
+            // the second mount right after umount waits for the first server's last
+            // commit instead of calling the image busy; remount,ro refuses writes and
+            // remount,rw allows them again.
+            // On failure (set -e), the trap unmounts what is still mounted.
+            "set -e; trap 'while grep -q \" {mnt} \" /proc/mounts; do umount {mnt} || break; done' EXIT; \
+             mount -t fuse.ubtrfs {img} {mnt} -o rw,noauto,nofail,commit=5,subtype=; \
+             grep -q ' {mnt} fuse ' /proc/mounts; \
              echo through-mount > {mnt}/x; umount {mnt}; \
+             mount -t fuse.ubtrfs {img} {mnt} -o rw; grep -q ' {mnt} fuse.ubtrfs ' /proc/mounts; \
+             cat {mnt}/x >&2; mount -o remount,ro {mnt}; \
+             if touch {mnt}/ro 2>/dev/null; then echo remount-ro-ignored >&2; fi; \
+             mount -o remount,rw {mnt}; echo again >> {mnt}/x; umount {mnt}; \
              flock -w 60 {img} true; echo done >&2",
             img = img.display(),
             mnt = mnt.display()
         ),
     );
-    assert!(
-        err.trim_end().ends_with("done"),
-        "mount -t fuse.ubtrfs: {err}"
-    );
+    assert_eq!(err, "through-mount\ndone\n", "mount -t fuse.ubtrfs");
     btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
     let k = KernelMount::new(&img, "ro");
     assert_eq!(
         std::fs::read_to_string(k.path("x")).expect("x"),
-        "through-mount\n"
+        "through-mount\nagain\n"
     );
     k.umount();
 }
@@ -348,4 +380,73 @@ fn rw_mount_concurrent_writers() {
         STAT_FIELDS,
     ));
     k.umount();
+}
+
+/// POSIX ACLs on the mount behave as on the kernel: an access ACL sets the mode (and
+/// is not stored when the mode says it all), chmod rewrites the ACL, new inodes in a
+/// directory with a default ACL inherit it instead of having the umask applied, and
+/// elsewhere the umask applies (fstests generic/099). One script on both, outputs equal.
+#[test]
+fn rw_mount_acls_as_the_kernel() {
+    if !require_fuse("rw_mount_acls_as_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    if std::process::Command::new("setfacl")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        panic!("setfacl is missing (apt-get install acl; tests/install-deps.sh installs it)");
+    }
+    let script = "set -u; umask 022
+        touch f0; mkdir d0; mknod p0 p; stat -c '%n %A' f0 d0 p0
+        touch f1; setfacl -m u::r--,g::rwx,o::rw- f1; stat -c '%n %A' f1; getfacl -c f1
+        setfacl -m u:1000:rwx f1; stat -c '%n %A' f1; chmod 640 f1; getfacl -c f1
+        stat -c '%n %A' f1
+        mkdir acldir; setfacl -d -m u::r,g::r,o::- acldir; setfacl -d -m u:1000:rw acldir
+        touch acldir/file2; mkdir acldir/sub; stat -c '%n %A' acldir/file2 acldir/sub
+        getfacl -c acldir/file2 acldir/sub
+        mkdir acl2; setfacl -d -m u::rwx,g::r-x,o::--- acl2; umask 077; touch acl2/x
+        stat -c '%n %A' acl2/x; getfacl -c acl2/x
+        umask 027; touch g; mkdir gd; stat -c '%n %A' g gd; echo done";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kimg = fresh_image(dir.path(), "k.img");
+    let k = KernelMount::new(&kimg, "rw");
+    let (want, kerr) = bash_in(&k.mnt, script);
+    k.umount();
+    assert!(want.ends_with("done\n"), "kernel: {want}{kerr}");
+    let img = fresh_image(dir.path(), "a.img");
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let (got, err) = bash_in(&fm.mnt, script);
+    assert_eq!(got, want, "ubtrfs vs kernel ({err})");
+    drop(fm);
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
+}
+
+/// Renaming each entry while listing its directory ends, listing each original entry
+/// once, as on the kernel (fstests generic/736: renamed entries get new DIR_INDEX
+/// numbers and were listed again, forever); rewinddir then sees what changed.
+#[test]
+fn rw_mount_readdir_while_renaming() {
+    if !require_fuse("rw_mount_readdir_while_renaming") {
+        return;
+    }
+    let _serial = serial();
+    let script = r#"mkdir d; for i in $(seq 1 300); do : > d/f$i; done
+        perl -e 'opendir(D, "d") or die; my $n = 0;
+            while (defined(my $e = readdir(D))) { $n++; die "endless\n" if $n > 10000;
+                rename("d/$e", "d/r$e") if $e =~ /^f/; }
+            open(F, ">d/new") or die; close F; rewinddir(D); my @b = readdir(D);
+            print "$n ", scalar(@b), "\n";'"#;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kimg = fresh_image(dir.path(), "k.img");
+    let k = KernelMount::new(&kimg, "rw");
+    let (want, kerr) = bash_in(&k.mnt, script);
+    k.umount();
+    assert_eq!(want, "302 303\n", "kernel: {kerr}");
+    let img = fresh_image(dir.path(), "a.img");
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let (got, err) = bash_in(&fm.mnt, script);
+    assert_eq!(got, want, "ubtrfs vs kernel ({err})");
 }

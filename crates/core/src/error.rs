@@ -45,8 +45,9 @@ pub enum Error {
     /// ENOSPC: no data, metadata or device space left.
     NoSpace(String),
     #[error("{0}: No space left on device")]
-    /// ENOSPC for what can never fit a leaf (an xattr larger than an item): found
-    /// before anything changed, unlike [`Error::NoSpace`], which may come mid-way.
+    /// ENOSPC refused before anything changed: a value larger than one item can hold
+    /// (the kernel's -ENOSPC for an oversized xattr). Unlike [`Error::NoSpace`] the
+    /// transaction is intact, so a mount need not abort it.
     TooLarge(String),
     #[error("{0}: File exists")]
     /// EEXIST: the name is taken.

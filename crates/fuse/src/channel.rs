@@ -15,7 +15,8 @@ use std::process::Command;
 pub struct MountOptions {
     /// Shown as the mount's source in /proc/mounts (`fsname`).
     pub fsname: String,
-    /// Mount type becomes `fuse.<subtype>`.
+    /// Mount type becomes `fuse.<subtype>`; empty: plain `fuse` (what fstests'
+    /// FSTYP=fuse expects to find in /proc/mounts).
     pub subtype: String,
     /// Let other users in (`allow_other`; permissions are still checked).
     pub allow_other: bool,
@@ -174,7 +175,11 @@ fn mount_direct(mountpoint: &Path, o: &MountOptions) -> io::Result<File> {
     if o.allow_other {
         data.push_str(",allow_other");
     }
-    let fstype = format!("fuse.{}", o.subtype);
+    let fstype = if o.subtype.is_empty() {
+        "fuse".to_string()
+    } else {
+        format!("fuse.{}", o.subtype)
+    };
     nix::mount::mount(
         Some(o.fsname.as_str()),
         mountpoint,
@@ -204,11 +209,13 @@ fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<File> {
         nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
     )?;
     let mut opts = format!(
-        "{},default_permissions,fsname={},subtype={}",
+        "{},default_permissions,fsname={}",
         if o.read_only { "ro" } else { "rw" },
         o.fsname.replace(',', "\\,"),
-        o.subtype
     );
+    if !o.subtype.is_empty() {
+        opts.push_str(&format!(",subtype={}", o.subtype));
+    }
     if !o.suid {
         opts.push_str(",nosuid");
     }

@@ -22,6 +22,7 @@
 #![deny(unreachable_pub)]
 
 mod abi;
+mod acl;
 mod channel;
 mod ino;
 mod nodes;

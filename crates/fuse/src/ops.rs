@@ -81,6 +81,10 @@ pub struct Ops {
     /// `btrfs property set ... ro true`), where every change is EROFS, as on the
     /// kernel. Fixed for the mount: nothing here changes a subvolume's flags.
     ro_subvols: HashSet<u64>,
+    /// Read-write: open directories (fh) and the DIR_INDEX their listing stops at,
+    /// taken at OPENDIR and again when a listing restarts at offset 0 (rewinddir).
+    dir_ends: Mutex<std::collections::HashMap<u64, u64>>,
+    next_dir_fh: std::sync::atomic::AtomicU64,
 }
 
 /// Longest name btrfs stores (BTRFS_NAME_LEN).
@@ -150,6 +154,8 @@ impl Ops {
             logged: Mutex::new(HashSet::new()),
             no_open: AtomicBool::new(false),
             no_opendir: AtomicBool::new(false),
+            dir_ends: Mutex::new(std::collections::HashMap::new()),
+            next_dir_fh: std::sync::atomic::AtomicU64::new(1),
         }
     }
 
@@ -196,7 +202,16 @@ impl Ops {
             op::OPENDIR => self.opendir(h, reply),
             op::READDIR => self.readdir(h, a, false, reply),
             op::READDIRPLUS => self.readdir(h, a, true, reply),
-            op::RELEASEDIR => reply.ok(&[]),
+            op::RELEASEDIR => {
+                let mut a = a;
+                if let Some(fh) = a.u64() {
+                    self.dir_ends
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&fh);
+                }
+                reply.ok(&[])
+            }
             op::STATFS => self.statfs(reply),
             op::GETXATTR => self.getxattr(h, a, reply),
             op::LISTXATTR => self.listxattr(h, a, reply),
@@ -550,8 +565,26 @@ impl Ops {
         if let Err(e) = self.node(h.nodeid) {
             return reply.error(e);
         }
-        if self.no_opendir.load(Ordering::Relaxed) {
+        // Read-write, directories are opened, to remember where their listing ends.
+        if self.no_opendir.load(Ordering::Relaxed) && !self.engine.writable() {
             return reply.error(errno::ENOSYS);
+        }
+        let mut fh = 0;
+        if self.engine.writable() {
+            let node = match self.node(h.nodeid) {
+                Ok(k) => k.node,
+                Err(e) => return reply.error(e),
+            };
+            match self.engine.read(|fs| fs.dir_index_end(node)) {
+                Ok(end) => {
+                    fh = self.next_dir_fh.fetch_add(1, Ordering::Relaxed);
+                    self.dir_ends
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(fh, end);
+                }
+                Err(e) => return reply.error(e.errno()),
+            }
         }
         let mut o = Out::with_capacity(16);
         // Read-only, the listing never changes: let the kernel keep it in its page
@@ -561,7 +594,7 @@ impl Ops {
         } else {
             abi::FOPEN_KEEP_CACHE | abi::FOPEN_CACHE_DIR
         };
-        o.u64(0).u32(flags).u32(0);
+        o.u64(fh).u32(flags).u32(0);
         reply.ok(&o.buf);
     }
 
@@ -569,7 +602,7 @@ impl Ops {
     /// with DIR_INDEX sequence n by n + 1 (btrfs numbers entries from 2), so an offset
     /// stays valid across calls, as the kernel's own readdir positions do.
     fn readdir(&self, h: &InHeader, mut a: Args<'_>, plus: bool, reply: Reply<'_>) {
-        let (Some(_fh), Some(offset), Some(size)) = (a.u64(), a.u64(), a.u32()) else {
+        let (Some(fh), Some(offset), Some(size)) = (a.u64(), a.u64(), a.u32()) else {
             return reply.error(errno::EINVAL);
         };
         let key = match self.node(h.nodeid) {
@@ -577,6 +610,23 @@ impl Ops {
             Err(e) => return reply.error(e),
         };
         let dir = key.node;
+        // Entries added after the listing began (a rename gives a new DIR_INDEX) are
+        // not listed, or renaming each entry read would list them forever (fstests
+        // generic/736; the kernel's btrfs does the same). Offset 0 starts anew.
+        let end = {
+            let mut ends = self.dir_ends.lock().unwrap_or_else(|p| p.into_inner());
+            match ends.get_mut(&fh) {
+                Some(end) => {
+                    if offset == 0 {
+                        if let Ok(e) = self.engine.read(|fs| fs.dir_index_end(dir)) {
+                            *end = e;
+                        }
+                    }
+                    *end
+                }
+                None => u64::MAX,
+            }
+        };
         let max = size as usize;
         let mut o = Out::with_capacity(max.min(1 << 16));
         let plus_extra = if plus { abi::ENTRY_OUT_SIZE } else { 0 };
@@ -605,14 +655,21 @@ impl Ops {
         }
         let r = self.engine.read(|fs| {
             fs.readdir_from(dir, offset.max(2), |e| {
+                if e.index >= end {
+                    return Ok(false);
+                }
                 let need = plus_extra + abi::dirent_size(e.name.len());
                 if o.len() + need > max {
                     return Ok(false);
                 }
                 let d_ino = self.ino.d_ino(e.node, e.location);
                 if plus {
-                    match self.stat_attr(e.node) {
-                        Ok((_, attr)) => {
+                    // `fs` as given, never self.stat_attr: taking the engine's read lock
+                    // again here deadlocks once a writer queues between the two (the
+                    // RwLock then blocks new readers), as fstests' generic/013 (fsstress)
+                    // showed with readdirplus against writes and the commit timer.
+                    match fs.stat(e.node).map(|st| self.attr(e.node, &st)) {
+                        Ok(attr) => {
                             let id = self.nodes.intern(
                                 NodeKey::new(e.node, e.location),
                                 h.nodeid,

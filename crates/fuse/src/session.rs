@@ -102,6 +102,9 @@ impl Session {
                 | init::DO_READDIRPLUS
                 | init::PARALLEL_DIROPS
                 | init::POSIX_ACL
+                // The umask comes with each create for us to apply, or not when the
+                // directory has a default ACL (write_ops.rs new_inode).
+                | init::DONT_MASK
                 | init::MAX_PAGES
                 | init::CACHE_SYMLINKS;
             let page = 4096u32;

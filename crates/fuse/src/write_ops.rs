@@ -4,6 +4,7 @@
 //! `default_permissions`), as on a kernel btrfs mount.
 
 use crate::abi::{self, op, Args, InHeader, Out};
+use crate::acl;
 use crate::nodes::NodeKey;
 use crate::ops::{errno, Ops, NAME_MAX};
 use crate::reply::Reply;
@@ -85,6 +86,29 @@ fn refuse(flags: u64, bits: u64) -> Result<(), i32> {
 }
 
 /// A missing xattr is ENODATA, not ENOENT.
+/// The ACLs a new inode inherits from its directory's default ACL.
+#[derive(Default)]
+struct Inherited {
+    /// Its access ACL, when the mode cannot say it all.
+    access: Option<Vec<u8>>,
+    /// A directory's own default ACL.
+    default: Option<Vec<u8>>,
+}
+
+impl Inherited {
+    /// Stores them on the new inode, in the transaction that creates it.
+    fn store(&self, t: &mut ubtrfs_core::Trans, root: u64, ino: u64) -> ubtrfs_core::Result<()> {
+        let t0 = now();
+        if let Some(a) = &self.access {
+            t.set_xattr(root, ino, acl::ACCESS, a, t0)?;
+        }
+        if let Some(d) = &self.default {
+            t.set_xattr(root, ino, acl::DEFAULT, d, t0)?;
+        }
+        Ok(())
+    }
+}
+
 fn xattr_errno(e: i32) -> i32 {
     if e == errno::ENOENT {
         errno::ENODATA
@@ -221,9 +245,39 @@ impl Ops {
 
     /// Owner and group of a new inode: the caller's, or the directory's group when
     /// it is setgid (directories then inherit setgid), as the kernel's inode_init_owner.
-    fn new_inode(&self, w: &Writer, h: &InHeader, dir: Node, mode: u32) -> Result<NewInode, i32> {
+    /// Its permissions: the directory's default ACL if it has one (also returned, as
+    /// the ACLs to store), else the mode without the `umask` bits (FUSE_DONT_MASK: the
+    /// kernel leaves both to us), as the kernel's posix_acl_create.
+    fn new_inode(
+        &self,
+        w: &Writer,
+        h: &InHeader,
+        dir: Node,
+        mode: u32,
+        umask: u32,
+    ) -> Result<(NewInode, Inherited), i32> {
         let parent = w.read(|fs| fs.stat(dir)).map_err(|e| e.errno())?;
         let mut mode = mode;
+        let mut inherited = Inherited::default();
+        let default = if mode & S_IFMT == S_IFLNK {
+            None
+        } else {
+            w.read(|fs| fs.getxattr(dir, acl::DEFAULT))
+                .map_err(|e| e.errno())?
+                .and_then(|v| acl::Acl::parse(&v))
+        };
+        match default {
+            Some(d) => {
+                let mut access = d.clone();
+                if access.create_masq(&mut mode) {
+                    inherited.access = Some(access.encode());
+                }
+                if mode & S_IFMT == S_IFDIR {
+                    inherited.default = Some(d.encode());
+                }
+            }
+            None => mode &= !(umask & 0o777),
+        }
         let mut gid = h.gid;
         if parent.mode & S_ISGID != 0 {
             gid = parent.gid;
@@ -231,13 +285,14 @@ impl Ops {
                 mode |= S_ISGID;
             }
         }
-        Ok(NewInode {
+        let new = NewInode {
             mode,
             uid: h.uid,
             gid,
             rdev: 0,
             time: now(),
-        })
+        };
+        Ok((new, inherited))
     }
 
     /// An entry reply for `node`, found as `name` in the directory `parent`.
@@ -251,24 +306,29 @@ impl Ops {
     }
 
     fn mknod(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, dir: bool) -> Result<Vec<u8>, i32> {
-        let (mode, rdev) = if dir {
+        let (mode, rdev, umask) = if dir {
             let mode = a.u32().ok_or(errno::EINVAL)?;
-            a.u32().ok_or(errno::EINVAL)?; // umask, applied by the kernel
-            (mode & 0o7777 | S_IFDIR, 0)
+            let umask = a.u32().ok_or(errno::EINVAL)?;
+            (mode & 0o7777 | S_IFDIR, 0, umask)
         } else {
             let mode = a.u32().ok_or(errno::EINVAL)?;
             let rdev = a.u32().ok_or(errno::EINVAL)?;
-            a.skip(8).ok_or(errno::EINVAL)?; // umask, padding
-            (mode, rdev_from_fuse(rdev))
+            let umask = a.u32().ok_or(errno::EINVAL)?;
+            a.skip(4).ok_or(errno::EINVAL)?; // padding
+            (mode, rdev_from_fuse(rdev), umask)
         };
         let name = name(&mut a)?;
         let parent = self.changeable(h.nodeid)?;
         // may_create: nothing new in an immutable directory.
         let pflags = self.iflags(w, parent)?;
         refuse(pflags, INODE_IMMUTABLE)?;
-        let mut attr = self.new_inode(w, h, parent, mode)?;
+        let (mut attr, acls) = self.new_inode(w, h, parent, mode, umask)?;
         attr.rdev = rdev;
-        let ino = w.change("mknod", |t| t.create(parent.root, parent.ino, name, attr))?;
+        let ino = w.change("mknod", |t| {
+            let ino = t.create(parent.root, parent.ino, name, attr)?;
+            acls.store(t, parent.root, ino)?;
+            Ok(ino)
+        })?;
         self.sync_if(w, pflags, INODE_SYNC | INODE_DIRSYNC)?;
         self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
     }
@@ -279,19 +339,22 @@ impl Ops {
         let r = (|| {
             let _flags = a.u32().ok_or(errno::EINVAL)?;
             let mode = a.u32().ok_or(errno::EINVAL)?;
-            a.skip(8).ok_or(errno::EINVAL)?; // umask, open_flags
+            let umask = a.u32().ok_or(errno::EINVAL)?;
+            a.skip(4).ok_or(errno::EINVAL)?; // open_flags
             let name = name(&mut a)?;
             let parent = self.changeable(h.nodeid)?;
             let pflags = self.iflags(w, parent)?;
             refuse(pflags, INODE_IMMUTABLE)?;
-            let attr = self.new_inode(w, h, parent, mode)?;
-            let ino = if tmp {
-                w.change("tmpfile", |t| {
-                    t.create_tmpfile(parent.root, parent.ino, attr)
-                })?
-            } else {
-                w.change("create", |t| t.create(parent.root, parent.ino, name, attr))?
-            };
+            let (attr, acls) = self.new_inode(w, h, parent, mode, umask)?;
+            let ino = w.change(if tmp { "tmpfile" } else { "create" }, |t| {
+                let ino = if tmp {
+                    t.create_tmpfile(parent.root, parent.ino, attr)?
+                } else {
+                    t.create(parent.root, parent.ino, name, attr)?
+                };
+                acls.store(t, parent.root, ino)?;
+                Ok(ino)
+            })?;
             self.sync_if(w, pflags, INODE_SYNC | INODE_DIRSYNC)?;
             let node = Node::new(parent.root, ino);
             let mut body = self.entry(w, h.nodeid, node, name)?;
@@ -313,7 +376,7 @@ impl Ops {
         let parent = self.changeable(h.nodeid)?;
         let pflags = self.iflags(w, parent)?;
         refuse(pflags, INODE_IMMUTABLE)?;
-        let attr = self.new_inode(w, h, parent, S_IFLNK | 0o777)?;
+        let (attr, _) = self.new_inode(w, h, parent, S_IFLNK | 0o777, 0)?;
         let ino = w
             .change("symlink", |t| {
                 t.symlink(parent.root, parent.ino, name, target, attr)
@@ -533,6 +596,16 @@ impl Ops {
             {
                 t.setattr(node.root, node.ino, mode, uid, gid, atime, mtime, t0)?;
             }
+            if let Some(m) = mode {
+                // chmod rewrites the access ACL, as the kernel's posix_acl_chmod.
+                if let Some(mut a) =
+                    t.fs.getxattr(node, acl::ACCESS)?
+                        .and_then(|v| acl::Acl::parse(&v))
+                {
+                    a.chmod(m);
+                    t.set_xattr(node.root, node.ino, acl::ACCESS, &a.encode(), t0)?;
+                }
+            }
             Ok(())
         })?;
         self.sync_if(w, iflags, INODE_SYNC)?;
@@ -563,6 +636,32 @@ impl Ops {
                 if flags & XATTR_REPLACE != 0 && !have {
                     return Err(Error::NotFound(String::from_utf8_lossy(name).into_owned()));
                 }
+            }
+            if name == acl::ACCESS {
+                // The ACL sets the mode's permission bits; one the mode says in full
+                // is not stored (the kernel's posix_acl_update_mode).
+                let a = acl::Acl::parse(value)
+                    .ok_or_else(|| Error::Invalid("malformed POSIX ACL".into()))?;
+                let (bits, equiv) = a.equiv_mode();
+                let t0 = now();
+                let mode = t.read_inode(node.root, node.ino)?.mode;
+                t.setattr(
+                    node.root,
+                    node.ino,
+                    Some((mode & !0o777) | bits),
+                    None,
+                    None,
+                    None,
+                    None,
+                    t0,
+                )?;
+                if equiv {
+                    return match t.remove_xattr(node.root, node.ino, name, t0) {
+                        Err(Error::NotFound(_)) => Ok(()),
+                        r => r,
+                    };
+                }
+                return t.set_xattr(node.root, node.ino, name, value, t0);
             }
             t.set_xattr(node.root, node.ino, name, value, now())
         })
@@ -599,8 +698,10 @@ impl Ops {
         }
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         let t0 = now();
-        // Preallocation and zeroing allocate the range; a punched hole frees it but
-        // may rewrite its partial first and last sectors.
+        // Preallocation and zeroing allocate the range (reserved first, as the
+        // kernel does: more than is free is ENOSPC with nothing changed, fstests
+        // generic/213); a punched hole frees it but may rewrite its partial first and
+        // last sectors.
         let alloc = Reservation::write(len);
         let punch = Reservation {
             data_bytes: 1,

@@ -85,6 +85,9 @@ pub struct Writer {
 /// a writing mount holds beyond the engine's caches.
 pub(crate) const DELALLOC_BYTES_MAX: u64 = 32 << 20;
 
+/// Free data space below which writes are not gathered but written at once.
+pub(crate) const DELALLOC_LOW_SPACE_BYTES: u64 = 4 * DELALLOC_BYTES_MAX;
+
 /// Data written to one file and not yet in the transaction: one contiguous run.
 #[derive(Debug)]
 struct Pending {
@@ -221,6 +224,30 @@ impl Writer {
             if inode.mode & 0o170000 != 0o100000 {
                 return Err(errno::EINVAL);
             }
+        }
+        // Near full, no gathering: a reservation here holds nothing, so a metadata
+        // chunk allocated meanwhile could take the space the pending data counted on,
+        // and a run that cannot be written after its WRITE was answered loses data.
+        // Write through instead, reserved and allocated in one step, as without
+        // delayed allocation.
+        if t.data_available_bytes() < DELALLOC_LOW_SPACE_BYTES + 2 * (d.bytes + len) {
+            drop(d);
+            self.flush(&mut t)?;
+            match t.reserve(Reservation::write(len)) {
+                Ok(()) => {}
+                Err(Error::NoSpace(_)) => return Err(errno::ENOSPC),
+                Err(e) => {
+                    self.abort(&format!("write: {e}"));
+                    return Err(e.errno());
+                }
+            }
+            self.changes.fetch_add(1, Ordering::Relaxed);
+            return t.write(root, ino, offset, data, now()).map_err(|e| {
+                if is_fatal(&e) {
+                    self.abort(&format!("write: {e}"));
+                }
+                e.errno()
+            });
         }
         // Room for this run and every other pending one, as when they are written.
         match t.reserve(Reservation::write(d.bytes + len)) {

@@ -109,6 +109,27 @@ impl Filesystem {
         self.readdir_from(dir, 0, f)
     }
 
+    /// One past the highest DIR_INDEX of `dir`: where its next new entry goes (2 in
+    /// an empty directory, 0 for a placeholder). A listing can stop there to skip
+    /// entries added after it began, as the kernel's btrfs_opendir records it, so
+    /// that renaming while reading does not list renamed entries forever.
+    pub fn dir_index_end(&self, dir: Node) -> Result<u64> {
+        if dir.is_placeholder() {
+            return Ok(0);
+        }
+        let root = self.root(dir.root)?;
+        Ok(
+            match lookup_prev(
+                &self.info,
+                &root,
+                Key::new(dir.ino, DIR_INDEX_KEY, u64::MAX),
+            )? {
+                Some((k, _)) if k.objectid == dir.ino && k.ty == DIR_INDEX_KEY => k.offset + 1,
+                _ => 2,
+            },
+        )
+    }
+
     /// Like [`Filesystem::readdir_each`], starting at the first entry whose DIR_INDEX
     /// sequence is `>= start` (a resumable readdir offset).
     pub fn readdir_from(

@@ -501,12 +501,7 @@ impl Trans {
         let mut i = self.read_inode(root, ino)?;
         i.nlink = i.nlink.saturating_sub(1);
         if i.nlink == 0 && self.defer_eviction {
-            // Still open, maybe: an orphan until the last user goes (the kernel's
-            // btrfs_orphan_add); a mount after a crash deletes it.
-            self.touch(&mut i, t, false);
-            self.write_inode(root, ino, &i)?;
-            self.insert_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino), &[])?;
-            self.orphans.push((root, ino));
+            self.orphan_inode(root, ino, &mut i, t)?;
         } else if i.nlink == 0 {
             self.evict_inode(root, ino)?;
         } else {
@@ -529,8 +524,27 @@ impl Trans {
             return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));
         }
         self.remove_link(root, dir, name, t)?;
-        self.evict_inode(root, ino)?;
+        if self.defer_eviction {
+            // A removed directory can still be open (an fd, a cwd) and fstat() must
+            // find it, nlink 0, as the kernel's btrfs_rmdir orphans it too: fstests
+            // generic/035 fstat()s a directory that a rename replaced.
+            let mut i = self.read_inode(root, ino)?;
+            i.nlink = 0;
+            self.orphan_inode(root, ino, &mut i, t)?;
+        } else {
+            self.evict_inode(root, ino)?;
+        }
         self.touch_root(root, t)
+    }
+
+    /// Keeps an inode whose last link is gone (nlink 0, written) as an orphan until its
+    /// last user goes (the kernel's btrfs_orphan_add); a mount after a crash deletes it.
+    fn orphan_inode(&mut self, root: u64, ino: u64, i: &mut InodeItem, t: Timespec) -> Result<()> {
+        self.touch(i, t, false);
+        self.write_inode(root, ino, i)?;
+        self.insert_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino), &[])?;
+        self.orphans.push((root, ino));
+        Ok(())
     }
 
     /// Deletes every item of an inode, dropping its data references.

@@ -125,6 +125,13 @@ impl Trans {
         )
     }
 
+    /// Data bytes allocations could take now (free in data block groups, pinned
+    /// space excluded, plus what new data chunks could take).
+    pub fn data_available_bytes(&self) -> u64 {
+        self.alloc
+            .available(self.fs.info.sb.total_bytes, BLOCK_GROUP_DATA)
+    }
+
     /// Makes sure `r` can be carried out: commits the running transaction when that
     /// would help (it unpins what the transaction freed), and fails with
     /// [`Error::NoSpace`] — having changed nothing — when there is still not enough.
