@@ -11,40 +11,13 @@
 //!
 //! Needs root (/dev/fuse, loop devices); skipped with a line outside CI.
 
-use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
-use ubtrfs_sim::golden::{report, walk_mounted, STAT_FIELDS};
+use ubtrfs_sim::golden::{compare_walks as compare, report, walk_mounted};
 use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, Ubtrfs};
-use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
+use ubtrfs_sim::mount::{kernel_round_trip, kernel_writes, mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
-
-/// Differences of `fields` between two walks.
-fn compare(
-    what: &str,
-    want: &BTreeMap<String, Value>,
-    got: &BTreeMap<String, Value>,
-    fields: &[&str],
-) -> Vec<String> {
-    let mut diffs = Vec::new();
-    for p in want.keys().filter(|p| !got.contains_key(*p)) {
-        diffs.push(format!("{what}: {p}: missing"));
-    }
-    for p in got.keys().filter(|p| !want.contains_key(*p)) {
-        diffs.push(format!("{what}: {p}: unexpected"));
-    }
-    for (p, w) in want {
-        let Some(g) = got.get(p) else { continue };
-        for f in fields {
-            if w[*f] != g[*f] {
-                diffs.push(format!("{what}: {p}: {f}: want {} got {}", w[*f], g[*f]));
-            }
-        }
-    }
-    diffs
-}
 
 /// A workload that gives the same tree wherever it runs (deterministic data; times
 /// set explicitly where they are compared).
@@ -154,26 +127,15 @@ fn rw_mount_matches_kernel_and_round_trips() {
     report(diffs);
 
     // Round trip: btrfs check, then the kernel shows what the FUSE mount showed.
-    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after the ubtrfs mount: {e}"));
-    let k = KernelMount::new(&img, "ro");
-    let seen = walk_mounted(&k.path(""));
-    report(compare(
-        "kernel view of the ubtrfs-written image",
-        &fuse_tree,
-        &seen,
-        STAT_FIELDS,
-    ));
-    k.umount();
+    kernel_round_trip(&img, &fuse_tree, "after the ubtrfs mount");
 
     // The kernel writes more; ubtrfs mounts read-write again and goes on.
-    let k = KernelMount::new(&img, "rw");
-    let (_, err) = bash_in(
-        &k.path(""),
-        "set -e; echo kernel > kfile; rm a/f; mkdir kdir; echo done >&2",
+    kernel_writes(
+        &img,
+        "echo kernel > kfile; rm a/f; mkdir kdir",
+        "after the ubtrfs mount",
     );
-    assert!(err.trim_end().ends_with("done"), "kernel writes: {err}");
-    k.umount();
-    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
     let (_, err) = bash_in(
         &fm.mnt,
         "set -e; test \"$(cat kfile)\" = kernel; echo again >> kfile; mv kdir kdir2; \
@@ -184,18 +146,8 @@ fn rw_mount_matches_kernel_and_round_trips() {
         "second ubtrfs mount: {err}\n{}",
         fm.log()
     );
-    let again = walk_mounted(&fm.mnt);
-    let st = fm.unmount();
-    assert!(st.success(), "server exit {st}: {}", fm.log());
-    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after the second mount: {e}"));
-    let k = KernelMount::new(&img, "ro");
-    report(compare(
-        "kernel view after the second mount",
-        &again,
-        &walk_mounted(&k.path("")),
-        STAT_FIELDS,
-    ));
-    k.umount();
+    let again = fm.walk_and_unmount();
+    kernel_round_trip(&img, &again, "after the second mount");
 }
 
 #[test]
@@ -335,7 +287,7 @@ fn rw_mount_concurrent_writers() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let img = fresh_image(dir.path(), "a.img");
-    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
     let (_, err) = bash_in(
         &fm.mnt,
         "set -e; mkdir d; : > shared
@@ -361,16 +313,6 @@ fn rw_mount_concurrent_writers() {
             "writer {w}'s range of the shared file"
         );
     }
-    let tree = walk_mounted(&fm.mnt);
-    let st = fm.unmount();
-    assert!(st.success(), "server: {}", fm.log());
-    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
-    let k = KernelMount::new(&img, "ro");
-    report(compare(
-        "kernel view after concurrent writers",
-        &tree,
-        &walk_mounted(&k.path("")),
-        STAT_FIELDS,
-    ));
-    k.umount();
+    let tree = fm.walk_and_unmount();
+    kernel_round_trip(&img, &tree, "concurrent writers");
 }
