@@ -57,6 +57,15 @@ for i in $(seq 1 300); do echo $i > many/f$i; done
 rm many/f1*
 rm a/b/hard
 mkdir gone && touch gone/x && rm -r gone
+mkdir -m 700 acld
+setfacl --set u::rwx,g::r-x,o::r-x acld
+cp -a a/b acl-copy
+touch aclf
+setfacl -m u:1000:rw aclf
+chmod 640 aclf
+touch aclg
+setfacl -m u:1000:rwx,g::r aclg
+setfacl --set u::rw,g::r,o::- aclg
 touch -m -d '2020-01-02 03:04:05.123456789' a/b/seq2
 touch -a -d '2021-01-02 03:04:05.5' a/b/seq2
 "#;

@@ -39,6 +39,77 @@ const RENAME_EXCHANGE: u32 = 2;
 const XATTR_CREATE: u32 = 1;
 const XATTR_REPLACE: u32 = 2;
 
+// POSIX ACLs in their xattr form (what the kernel hands over in SETXATTR): a
+// little-endian u32 version, then 8-byte entries {u16 tag, u16 perm, u32 id}.
+const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_USER_OBJ: u16 = 0x01;
+const ACL_USER: u16 = 0x02;
+const ACL_GROUP_OBJ: u16 = 0x04;
+const ACL_GROUP: u16 = 0x08;
+const ACL_MASK: u16 = 0x10;
+const ACL_OTHER: u16 = 0x20;
+
+/// The entries (tag, perm) of an access ACL in xattr form; None if malformed.
+fn acl_entries(value: &[u8]) -> Option<Vec<(usize, u16, u16)>> {
+    let body = value.get(4..)?;
+    if body.len() % 8 != 0 {
+        return None;
+    }
+    Some(
+        body.chunks_exact(8)
+            .enumerate()
+            .map(|(n, e)| {
+                (
+                    4 + n * 8,
+                    u16::from_le_bytes([e[0], e[1]]),
+                    u16::from_le_bytes([e[2], e[3]]),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// The permission bits an access ACL gives the file (owner from USER_OBJ, group
+/// from MASK if there is one, else GROUP_OBJ, other from OTHER), and whether the
+/// ACL says no more than those bits (only the three base entries): then the kernel
+/// keeps no ACL at all, only the mode (posix_acl_update_mode).
+fn acl_mode(value: &[u8]) -> Option<(u32, bool)> {
+    let (mut u, mut g, mut m, mut o) = (None, None, None, None);
+    let mut named = false;
+    for (_, tag, perm) in acl_entries(value)? {
+        let p = Some(u32::from(perm) & 0o7);
+        match tag {
+            ACL_USER_OBJ => u = p,
+            ACL_GROUP_OBJ => g = p,
+            ACL_MASK => m = p,
+            ACL_OTHER => o = p,
+            ACL_USER | ACL_GROUP => named = true,
+            _ => return None,
+        }
+    }
+    let (u, g, o) = (u?, m.or(g)?, o?);
+    Some((u << 6 | g << 3 | o, m.is_none() && !named))
+}
+
+/// An access ACL after chmod to `mode` (posix_acl_chmod): USER_OBJ, MASK (or
+/// GROUP_OBJ without a mask) and OTHER take the new permission bits.
+fn acl_chmod(value: &[u8], mode: u32) -> Option<Vec<u8>> {
+    let entries = acl_entries(value)?;
+    let has_mask = entries.iter().any(|e| e.1 == ACL_MASK);
+    let mut out = value.to_vec();
+    for (at, tag, _) in entries {
+        let bits = match tag {
+            ACL_USER_OBJ => mode >> 6,
+            ACL_MASK => mode >> 3,
+            ACL_GROUP_OBJ if !has_mask => mode >> 3,
+            ACL_OTHER => mode,
+            _ => continue,
+        };
+        out[at + 2..at + 4].copy_from_slice(&((bits & 0o7) as u16).to_le_bytes());
+    }
+    Some(out)
+}
+
 /// A name from a request: ENAMETOOLONG past btrfs' 255 bytes, as the kernel answers.
 fn name<'a>(a: &mut Args<'a>) -> Result<&'a [u8], i32> {
     let n = a.cstr().ok_or(errno::EINVAL)?;
@@ -322,6 +393,18 @@ impl Ops {
             {
                 t.setattr(node.root, node.ino, mode, uid, gid, atime, mtime, t0)?;
             }
+            // chmod also rewrites the access ACL's owner, mask (or group) and other
+            // entries (btrfs_setattr's posix_acl_chmod): with POSIX_ACL the kernel
+            // leaves that to us.
+            if let Some(m) = mode {
+                if let Some(acl) = t.fs.getxattr(node, ACL_ACCESS)? {
+                    if let Some(new) = acl_chmod(&acl, m) {
+                        if new != acl {
+                            t.set_xattr(node.root, node.ino, ACL_ACCESS, &new, t0)?;
+                        }
+                    }
+                }
+            }
             Ok(())
         })?;
         let st = w.read(|fs| fs.stat(node)).map_err(|e| e.errno())?;
@@ -349,7 +432,26 @@ impl Ops {
                     return Err(Error::NotFound(String::from_utf8_lossy(name).into_owned()));
                 }
             }
-            t.set_xattr(node.root, node.ino, name, value, now())
+            let t0 = now();
+            // With POSIX_ACL the kernel leaves what btrfs_set_acl does to us: an
+            // access ACL sets the mode's permission bits, and one that says no more
+            // than the mode is not stored (the kernel's posix_acl_update_mode), as
+            // on a kernel btrfs mount (cp -a, setfacl --set u::rwx,g::r-x,o::r-x).
+            if name == ACL_ACCESS {
+                if let Some((bits, equiv)) = acl_mode(value) {
+                    let i = t.read_inode(node.root, node.ino)?;
+                    let mode = (i.mode & 0o7000) | bits;
+                    if equiv {
+                        if t.fs.getxattr(node, name)?.is_some() {
+                            t.remove_xattr(node.root, node.ino, name, t0)?;
+                        }
+                    } else {
+                        t.set_xattr(node.root, node.ino, name, value, t0)?;
+                    }
+                    return t.setattr(node.root, node.ino, Some(mode), None, None, None, None, t0);
+                }
+            }
+            t.set_xattr(node.root, node.ino, name, value, t0)
         })
         .map_err(xattr_errno)?;
         Ok(Vec::new())
