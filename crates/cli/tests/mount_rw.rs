@@ -66,6 +66,12 @@ chmod 640 aclf
 touch aclg
 setfacl -m u:1000:rwx,g::r aclg
 setfacl --set u::rw,g::r,o::- aclg
+mkdir defd defe
+setfacl -d -m u:1000:rwx defd
+setfacl -d --set u::rwx,g::rx,o::- defe
+(umask 022; touch defd/f; mkdir defd/sub defd/sub/deeper; mknod defd/fifo p; ln -s f defd/sym)
+(umask 077; touch defe/f; mkdir defe/d; echo x > defd/sub/g)
+(umask 027; touch plainf; mkdir plaind; mknod plainp p)
 touch -m -d '2020-01-02 03:04:05.123456789' a/b/seq2
 touch -a -d '2021-01-02 03:04:05.5' a/b/seq2
 "#;

@@ -69,6 +69,7 @@ pub(crate) mod op {
 pub(crate) mod init {
     pub(crate) const ASYNC_READ: u32 = 1 << 0;
     pub(crate) const BIG_WRITES: u32 = 1 << 5;
+    pub(crate) const DONT_MASK: u32 = 1 << 6;
     pub(crate) const DO_READDIRPLUS: u32 = 1 << 13;
     pub(crate) const READDIRPLUS_AUTO: u32 = 1 << 14;
     pub(crate) const NO_OPEN_SUPPORT: u32 = 1 << 17;

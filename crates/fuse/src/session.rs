@@ -102,6 +102,9 @@ impl Session {
                 | init::DO_READDIRPLUS
                 | init::PARALLEL_DIROPS
                 | init::POSIX_ACL
+                // The server applies the umask: only it knows whether the
+                // directory has a default ACL, which replaces the umask.
+                | init::DONT_MASK
                 | init::MAX_PAGES
                 | init::CACHE_SYMLINKS;
             let page = 4096u32;

@@ -42,6 +42,10 @@ const XATTR_REPLACE: u32 = 2;
 // POSIX ACLs in their xattr form (what the kernel hands over in SETXATTR): a
 // little-endian u32 version, then 8-byte entries {u16 tag, u16 perm, u32 id}.
 const ACL_ACCESS: &[u8] = b"system.posix_acl_access";
+const ACL_DEFAULT: &[u8] = b"system.posix_acl_default";
+
+/// An xattr to set: name and value.
+type Xattr = (&'static [u8], Vec<u8>);
 const ACL_USER_OBJ: u16 = 0x01;
 const ACL_USER: u16 = 0x02;
 const ACL_GROUP_OBJ: u16 = 0x04;
@@ -108,6 +112,48 @@ fn acl_chmod(value: &[u8], mode: u32) -> Option<Vec<u8>> {
         out[at + 2..at + 4].copy_from_slice(&((bits & 0o7) as u16).to_le_bytes());
     }
     Some(out)
+}
+
+/// A new inode's access ACL and mode from its directory's default ACL
+/// (posix_acl_create): the default ACL's owner, other and mask (or group) entries
+/// limited by the mode asked for, and the mode limited by them. The ACL is None
+/// when it says no more than the mode.
+fn acl_create(default: &[u8], mode: u32) -> Option<(Option<Vec<u8>>, u32)> {
+    let mut acl = default.to_vec();
+    let mut m = mode & 0o777;
+    let mut equiv = true;
+    let mut group = None;
+    let set = |acl: &mut Vec<u8>, at: usize, p: u32| {
+        acl[at + 2..at + 4].copy_from_slice(&(p as u16).to_le_bytes());
+    };
+    for (at, tag, perm) in acl_entries(default)? {
+        let p = u32::from(perm) & 0o7;
+        match tag {
+            ACL_USER_OBJ => {
+                let p = p & (m >> 6);
+                set(&mut acl, at, p);
+                m = (m & !0o700) | p << 6;
+            }
+            ACL_OTHER => {
+                let p = p & m & 0o7;
+                set(&mut acl, at, p);
+                m = (m & !0o7) | p;
+            }
+            ACL_GROUP_OBJ if group.is_none() => group = Some((at, p)),
+            ACL_GROUP_OBJ => {}
+            ACL_MASK => {
+                group = Some((at, p));
+                equiv = false;
+            }
+            ACL_USER | ACL_GROUP => equiv = false,
+            _ => return None,
+        }
+    }
+    let (at, p) = group?;
+    let p = p & (m >> 3) & 0o7;
+    set(&mut acl, at, p);
+    m = (m & !0o70) | p << 3;
+    Some(((!equiv).then_some(acl), (mode & !0o777) | m))
 }
 
 /// A name from a request: ENAMETOOLONG past btrfs' 255 bytes, as the kernel answers.
@@ -178,9 +224,43 @@ impl Ops {
 
     /// Owner and group of a new inode: the caller's, or the directory's group when
     /// it is setgid (directories then inherit setgid), as the kernel's inode_init_owner.
-    fn new_inode(&self, w: &Writer, h: &InHeader, dir: Node, mode: u32) -> Result<NewInode, i32> {
+    /// Its permissions and ACLs as posix_acl_create gives them: with a default ACL
+    /// on the directory, the mode limited by it (the umask is not used), an access
+    /// ACL unless the mode says it all, and for a directory the default ACL again;
+    /// without one, the mode less the umask. (The server applies the umask: it asks
+    /// for DONT_MASK at INIT, because the kernel cannot know about default ACLs.)
+    /// Returns the xattrs to set on the new inode, too.
+    fn new_inode(
+        &self,
+        w: &Writer,
+        h: &InHeader,
+        dir: Node,
+        mode: u32,
+        umask: u32,
+    ) -> Result<(NewInode, Vec<Xattr>), i32> {
         let parent = w.read(|fs| fs.stat(dir)).map_err(|e| e.errno())?;
+        let mut xattrs = Vec::new();
         let mut mode = mode;
+        if mode & S_IFMT != S_IFLNK {
+            let default = w
+                .read(|fs| fs.getxattr(dir, ACL_DEFAULT))
+                .map_err(|e| e.errno())?;
+            match default
+                .as_deref()
+                .and_then(|d| acl_create(d, mode).map(|r| (d, r)))
+            {
+                Some((d, (access, m))) => {
+                    mode = m;
+                    if let Some(a) = access {
+                        xattrs.push((ACL_ACCESS, a));
+                    }
+                    if mode & S_IFMT == S_IFDIR {
+                        xattrs.push((ACL_DEFAULT, d.to_vec()));
+                    }
+                }
+                None => mode &= !(umask & 0o777),
+            }
+        }
         let mut gid = h.gid;
         if parent.mode & S_ISGID != 0 {
             gid = parent.gid;
@@ -188,13 +268,14 @@ impl Ops {
                 mode |= S_ISGID;
             }
         }
-        Ok(NewInode {
+        let attr = NewInode {
             mode,
             uid: h.uid,
             gid,
             rdev: 0,
             time: now(),
-        })
+        };
+        Ok((attr, xattrs))
     }
 
     /// An entry reply for `node`, found as `name` in the directory `parent`.
@@ -208,21 +289,28 @@ impl Ops {
     }
 
     fn mknod(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, dir: bool) -> Result<Vec<u8>, i32> {
-        let (mode, rdev) = if dir {
+        let (mode, rdev, umask) = if dir {
             let mode = a.u32().ok_or(errno::EINVAL)?;
-            a.u32().ok_or(errno::EINVAL)?; // umask, applied by the kernel
-            (mode & 0o7777 | S_IFDIR, 0)
+            let umask = a.u32().ok_or(errno::EINVAL)?;
+            (mode & 0o7777 | S_IFDIR, 0, umask)
         } else {
             let mode = a.u32().ok_or(errno::EINVAL)?;
             let rdev = a.u32().ok_or(errno::EINVAL)?;
-            a.skip(8).ok_or(errno::EINVAL)?; // umask, padding
-            (mode, rdev_from_fuse(rdev))
+            let umask = a.u32().ok_or(errno::EINVAL)?;
+            a.skip(4).ok_or(errno::EINVAL)?; // padding
+            (mode, rdev_from_fuse(rdev), umask)
         };
         let name = name(&mut a)?;
         let parent = self.changeable(h.nodeid)?;
-        let mut attr = self.new_inode(w, h, parent, mode)?;
+        let (mut attr, xattrs) = self.new_inode(w, h, parent, mode, umask)?;
         attr.rdev = rdev;
-        let ino = w.change("mknod", |t| t.create(parent.root, parent.ino, name, attr))?;
+        let ino = w.change("mknod", |t| {
+            let ino = t.create(parent.root, parent.ino, name, attr)?;
+            for (n, v) in &xattrs {
+                t.set_xattr(parent.root, ino, n, v, attr.time)?;
+            }
+            Ok(ino)
+        })?;
         self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
     }
 
@@ -230,11 +318,18 @@ impl Ops {
         let r = (|| {
             let _flags = a.u32().ok_or(errno::EINVAL)?;
             let mode = a.u32().ok_or(errno::EINVAL)?;
-            a.skip(8).ok_or(errno::EINVAL)?; // umask, open_flags
+            let umask = a.u32().ok_or(errno::EINVAL)?;
+            a.skip(4).ok_or(errno::EINVAL)?; // open_flags
             let name = name(&mut a)?;
             let parent = self.changeable(h.nodeid)?;
-            let attr = self.new_inode(w, h, parent, mode)?;
-            let ino = w.change("create", |t| t.create(parent.root, parent.ino, name, attr))?;
+            let (attr, xattrs) = self.new_inode(w, h, parent, mode, umask)?;
+            let ino = w.change("create", |t| {
+                let ino = t.create(parent.root, parent.ino, name, attr)?;
+                for (n, v) in &xattrs {
+                    t.set_xattr(parent.root, ino, n, v, attr.time)?;
+                }
+                Ok(ino)
+            })?;
             let node = Node::new(parent.root, ino);
             let mut body = self.entry(w, h.nodeid, node, name)?;
             let fh = self.register_open(h.nodeid, node)?;
@@ -253,7 +348,7 @@ impl Ops {
         let name = name(&mut a)?;
         let target = a.cstr().ok_or(errno::EINVAL)?;
         let parent = self.changeable(h.nodeid)?;
-        let attr = self.new_inode(w, h, parent, S_IFLNK | 0o777)?;
+        let (attr, _) = self.new_inode(w, h, parent, S_IFLNK | 0o777, 0)?;
         let ino = w.change("symlink", |t| {
             t.symlink(parent.root, parent.ino, name, target, attr)
         })?;
