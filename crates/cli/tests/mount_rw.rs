@@ -13,9 +13,9 @@
 
 use std::path::Path;
 use std::time::Duration;
-use ubtrfs_sim::golden::{compare_walks as compare, report, walk_mounted, STAT_FIELDS};
+use ubtrfs_sim::golden::{compare_walks as compare, report, walk_mounted};
 use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, Ubtrfs};
-use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
+use ubtrfs_sim::mount::{kernel_round_trip, kernel_writes, mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -57,6 +57,21 @@ for i in $(seq 1 300); do echo $i > many/f$i; done
 rm many/f1*
 rm a/b/hard
 mkdir gone && touch gone/x && rm -r gone
+mkdir -m 700 acld
+setfacl --set u::rwx,g::r-x,o::r-x acld
+cp -a a/b acl-copy
+touch aclf
+setfacl -m u:1000:rw aclf
+chmod 640 aclf
+touch aclg
+setfacl -m u:1000:rwx,g::r aclg
+setfacl --set u::rw,g::r,o::- aclg
+mkdir defd defe
+setfacl -d -m u:1000:rwx defd
+setfacl -d --set u::rwx,g::rx,o::- defe
+(umask 022; touch defd/f; mkdir defd/sub defd/sub/deeper; mknod defd/fifo p; ln -s f defd/sym)
+(umask 077; touch defe/f; mkdir defe/d; echo x > defd/sub/g)
+(umask 027; touch plainf; mkdir plaind; mknod plainp p)
 touch -m -d '2020-01-02 03:04:05.123456789' a/b/seq2
 touch -a -d '2021-01-02 03:04:05.5' a/b/seq2
 "#;
@@ -127,26 +142,15 @@ fn rw_mount_matches_kernel_and_round_trips() {
     report(diffs);
 
     // Round trip: btrfs check, then the kernel shows what the FUSE mount showed.
-    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after the ubtrfs mount: {e}"));
-    let k = KernelMount::new(&img, "ro");
-    let seen = walk_mounted(&k.path(""));
-    report(compare(
-        "kernel view of the ubtrfs-written image",
-        &fuse_tree,
-        &seen,
-        STAT_FIELDS,
-    ));
-    k.umount();
+    kernel_round_trip(&img, &fuse_tree, "after the ubtrfs mount");
 
     // The kernel writes more; ubtrfs mounts read-write again and goes on.
-    let k = KernelMount::new(&img, "rw");
-    let (_, err) = bash_in(
-        &k.path(""),
-        "set -e; echo kernel > kfile; rm a/f; mkdir kdir; echo done >&2",
+    kernel_writes(
+        &img,
+        "echo kernel > kfile; rm a/f; mkdir kdir",
+        "after the ubtrfs mount",
     );
-    assert!(err.trim_end().ends_with("done"), "kernel writes: {err}");
-    k.umount();
-    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
     let (_, err) = bash_in(
         &fm.mnt,
         "set -e; test \"$(cat kfile)\" = kernel; echo again >> kfile; mv kdir kdir2; \
@@ -157,18 +161,8 @@ fn rw_mount_matches_kernel_and_round_trips() {
         "second ubtrfs mount: {err}\n{}",
         fm.log()
     );
-    let again = walk_mounted(&fm.mnt);
-    let st = fm.unmount();
-    assert!(st.success(), "server exit {st}: {}", fm.log());
-    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after the second mount: {e}"));
-    let k = KernelMount::new(&img, "ro");
-    report(compare(
-        "kernel view after the second mount",
-        &again,
-        &walk_mounted(&k.path("")),
-        STAT_FIELDS,
-    ));
-    k.umount();
+    let again = fm.walk_and_unmount();
+    kernel_round_trip(&img, &again, "after the second mount");
 }
 
 #[test]
@@ -342,7 +336,7 @@ fn rw_mount_concurrent_writers() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let img = fresh_image(dir.path(), "a.img");
-    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
     let (_, err) = bash_in(
         &fm.mnt,
         "set -e; mkdir d; : > shared
@@ -368,18 +362,8 @@ fn rw_mount_concurrent_writers() {
             "writer {w}'s range of the shared file"
         );
     }
-    let tree = walk_mounted(&fm.mnt);
-    let st = fm.unmount();
-    assert!(st.success(), "server: {}", fm.log());
-    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
-    let k = KernelMount::new(&img, "ro");
-    report(compare(
-        "kernel view after concurrent writers",
-        &tree,
-        &walk_mounted(&k.path("")),
-        STAT_FIELDS,
-    ));
-    k.umount();
+    let tree = fm.walk_and_unmount();
+    kernel_round_trip(&img, &tree, "concurrent writers");
 }
 
 /// POSIX ACLs on the mount behave as on the kernel: an access ACL sets the mode (and

@@ -163,6 +163,33 @@ pub fn comparable(entry: &Value, field: &str) -> bool {
     !(entry["ino"] == 2 && ["atime", "mtime", "ctime", "crtime"].contains(&field))
 }
 
+/// Differences of `fields` between two walks ([`walk_mounted`]) of one tree: paths
+/// missing from `got`, paths only in `got`, and every field that differs, each line
+/// starting with `what`.
+pub fn compare_walks(
+    what: &str,
+    want: &BTreeMap<String, Value>,
+    got: &BTreeMap<String, Value>,
+    fields: &[&str],
+) -> Vec<String> {
+    let mut diffs = Vec::new();
+    for p in want.keys().filter(|p| !got.contains_key(*p)) {
+        diffs.push(format!("{what}: {p}: missing"));
+    }
+    for p in got.keys().filter(|p| !want.contains_key(*p)) {
+        diffs.push(format!("{what}: {p}: unexpected"));
+    }
+    for (p, w) in want {
+        let Some(g) = got.get(p) else { continue };
+        for f in fields {
+            if w[*f] != g[*f] {
+                diffs.push(format!("{what}: {p}: {f}: want {} got {}", w[*f], g[*f]));
+            }
+        }
+    }
+    diffs
+}
+
 /// Panics listing (the first 60 of) `diffs`, if there are any.
 pub fn report(diffs: Vec<String>) {
     if !diffs.is_empty() {
@@ -310,30 +337,4 @@ pub fn walk_mounted(root: &Path) -> BTreeMap<String, Value> {
         out.insert(path, v);
     }
     out
-}
-
-/// Differences of `fields` between two walks ([`walk_mounted`]): paths missing on
-/// either side, then every field that differs; `what` names the comparison.
-pub fn compare_walks(
-    what: &str,
-    want: &BTreeMap<String, Value>,
-    got: &BTreeMap<String, Value>,
-    fields: &[&str],
-) -> Vec<String> {
-    let mut diffs = Vec::new();
-    for p in want.keys().filter(|p| !got.contains_key(*p)) {
-        diffs.push(format!("{what}: {p}: missing"));
-    }
-    for p in got.keys().filter(|p| !want.contains_key(*p)) {
-        diffs.push(format!("{what}: {p}: unexpected"));
-    }
-    for (p, w) in want {
-        let Some(g) = got.get(p) else { continue };
-        for f in fields {
-            if w[*f] != g[*f] {
-                diffs.push(format!("{what}: {p}: {f}: want {} got {}", w[*f], g[*f]));
-            }
-        }
-    }
-    diffs
 }

@@ -152,6 +152,32 @@ pub fn bash_in(dir: &Path, script: &str) -> (String, String) {
     )
 }
 
+/// `bash -c 'set -e' SCRIPT` in `dir`: its stdout when it exits 0, else an error
+/// with the exit status, stdout and stderr (cut to their last lines).
+pub fn bash_ok(dir: &Path, script: &str) -> Result<String, String> {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!("set -e\n{script}"))
+        .current_dir(dir)
+        .output()
+        .map_err(|e| format!("running bash: {e}"))?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if out.status.success() {
+        return Ok(stdout);
+    }
+    let tail = |s: &str| {
+        let v: Vec<&str> = s.lines().collect();
+        v[v.len().saturating_sub(40)..].join("\n")
+    };
+    Err(format!(
+        "script failed ({}) in {}:\n{script}\n--- stdout (end):\n{}\n--- stderr (end):\n{}",
+        out.status,
+        dir.display(),
+        tail(&stdout),
+        tail(&String::from_utf8_lossy(&out.stderr))
+    ))
+}
+
 /// Runs `cmd`: its stdout and stderr when it exits 0, else an error naming it.
 pub fn run_text(cmd: &mut Command) -> Result<String, String> {
     let o = cmd.output().map_err(|e| format!("running {cmd:?}: {e}"))?;

@@ -17,7 +17,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::host::{dmesg_tail, forget_devices, output_text, run_text, shell_quote, Ubtrfs};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+use crate::golden::{compare_walks, report, walk_mounted, STAT_FIELDS};
+use crate::host::{
+    bash_ok, btrfs_check, dmesg_tail, forget_devices, output_text, run_text, shell_quote, Ubtrfs,
+};
 
 /// Whether something is mounted at `p`.
 pub fn is_mounted(p: &Path) -> bool {
@@ -318,6 +324,19 @@ impl FuseMount {
         self.wait(Duration::from_secs(20))
     }
 
+    /// What the mount shows now ([`walk_mounted`]: names, every stat field, contents,
+    /// xattrs), then unmounts; panics unless the server exits 0.
+    pub fn walk_and_unmount(mut self) -> BTreeMap<String, Value> {
+        let seen = walk_mounted(&self.mnt);
+        let st = self.unmount();
+        assert!(
+            st.success(),
+            "ubtrfs mount exited with {st}: {}",
+            self.log()
+        );
+        seen
+    }
+
     /// Waits for the server to exit; kills it after `limit`.
     pub fn wait(&mut self, limit: Duration) -> ExitStatus {
         let t0 = Instant::now();
@@ -338,4 +357,31 @@ impl Drop for FuseMount {
     fn drop(&mut self) {
         self.unmount();
     }
+}
+
+/// The kernel round trip of an image that a read-write `ubtrfs mount` wrote and
+/// unmounted: `btrfs check --readonly --check-data-csum` is clean and a kernel
+/// mount shows exactly `seen` (what the FUSE mount showed: every field of
+/// [`STAT_FIELDS`], st_ino and times included). Panics naming `what` otherwise.
+pub fn kernel_round_trip(img: &Path, seen: &BTreeMap<String, Value>, what: &str) {
+    btrfs_check(img, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let k = KernelMount::new(img, "ro");
+    let kernel = walk_mounted(&k.mnt);
+    k.umount();
+    report(compare_walks(
+        &format!("{what}: kernel view of the ubtrfs-written image"),
+        seen,
+        &kernel,
+        STAT_FIELDS,
+    ));
+}
+
+/// The kernel mounts `img` read-write, runs `script` there with bash (`set -e`) and
+/// unmounts: the kernel writing to an image ubtrfs wrote, before ubtrfs mounts it
+/// again. Its stdout; panics naming `what` if the script fails.
+pub fn kernel_writes(img: &Path, script: &str, what: &str) -> String {
+    let k = KernelMount::new(img, "rw");
+    let out = bash_ok(&k.mnt, script).unwrap_or_else(|e| panic!("{what}: kernel writes: {e}"));
+    k.umount();
+    out
 }
