@@ -5,6 +5,7 @@
 #   dd:       sequential write of SIZE (`dd bs=1M conv=fsync`), plain and -o compress=zstd
 #   tar x:    unpack a tar of $SRC, then `sync`
 #   files:    create NFILES empty files in one directory, then remove them (+ sync)
+#   fio:      4 KiB random writes for 30 s (IOPS)
 # Prints each time, throughput and the ratio ubtrfs/kernel (times: > 1 is slower;
 # throughput: < 1 is slower), and the server's peak RSS.
 # Needs root. SIZE=1G by default; SRC=/usr/share/doc; NFILES=100000;
@@ -47,7 +48,8 @@ fresh_ubtrfs() {
     rm -f "$WORK/u.img"; truncate -s "$img_bytes" "$WORK/u.img"; mkfs.btrfs -q -f "$WORK/u.img"
     "$U" mount "$WORK/u.img" "$UM" -o "rw${1:+,$1}"
 }
-rss_kb() { ps -o rss= -C ubtrfs | sort -n | tail -1 | tr -d ' '; }
+# Peak RSS (VmHWM) of the newest ubtrfs server, in KiB.
+rss_kb() { local p; p=$(pgrep -n -x ubtrfs) || return 1; awk '/^VmHWM/ {print $2}' "/proc/$p/status"; }
 
 dd_ms() { ms dd if=/dev/zero of="$1/big" bs=1M count=$(( bytes >> 20 )) conv=fsync status=none; }
 # Incompressible data for the plain run (zeros would be compressed by zstd runs only).
@@ -88,4 +90,16 @@ files() {
 fresh_kernel; k=$(ms files "$KM")
 fresh_ubtrfs; u=$(ms files "$UM"); note_rss
 report "$NFILES empty files created then removed, one directory" "$u" "$k"
-echo "ubtrfs server peak RSS seen: $(( peak / 1024 )) MiB"
+# fio: 4 KiB random writes for FIO_SECS (30) seconds into a 1 GiB file, buffered,
+# one job, fsync at the end (on ubtrfs a commit).
+command -v fio >/dev/null || apt-get install -y -qq fio >/dev/null
+fio_iops() {
+    fio --name=randw --directory="$1" --rw=randwrite --bs=4k --size=1G \
+        --runtime="${FIO_SECS:-30}" --time_based --ioengine=psync --end_fsync=1 \
+        --output-format=json |
+        python3 -c 'import json, sys; print(int(json.load(sys.stdin)["jobs"][0]["write"]["iops"]))'
+}
+fresh_kernel; k=$(fio_iops "$KM")
+fresh_ubtrfs; u=$(fio_iops "$UM"); note_rss
+echo "fio 4 KiB random writes, ${FIO_SECS:-30} s: ubtrfs $u IOPS, kernel $k IOPS, ratio $(ratio "$u" "$k")x"
+echo "ubtrfs server peak RSS (VmHWM) seen: $(( peak / 1024 )) MiB"
