@@ -3,9 +3,9 @@
 //! as on the kernel, and the server's memory stays bounded while it writes. The same
 //! writers run on a kernel btrfs loop mount in the same run; after unmounting, the
 //! kernel counts the extents of both images' files (`filefrag`): a single writer gets
-//! as many as on the kernel (±1), parallel writers at least 4 MiB an extent. The contents must match and
+//! at least 8 MiB an extent, parallel writers at least 1 MiB an extent. The contents must match and
 //! `btrfs check` must be clean. The server's peak RSS (VmHWM) while writing 512 MiB
-//! must stay below 256 MiB (the limit of held data is 32 MiB).
+//! must stay below 256 MiB (the limit of held data is 8 MiB).
 //!
 //! Needs root (/dev/fuse, loop devices); skipped with a line outside CI.
 
@@ -120,16 +120,18 @@ fn rw_mount_delayed_allocation() {
     let ours = extents(&k.path(""));
     k.umount();
     eprintln!("extents: kernel {kernel_extents:?}, ubtrfs {ours:?}; server peak RSS {rss} KiB");
-    // One writer: as the kernel (±1). Four at once share the 32 MiB of held data, so
-    // each 16 MiB file may be written in a few runs: at least 4 MiB an extent on
-    // average (one per 128 KiB request without delayed allocation).
-    assert!(ours["seq"] <= kernel_extents["seq"] + 1, "seq: {ours:?}");
+    // One writer: runs of the 8 MiB held, allocated one after the other (the kernel's
+    // filefrag merges those that touch; 1 or 2 here): at most one extent per run.
+    // Four at once share the 8 MiB, so each 16 MiB file is written in runs of about
+    // 2 MiB, interleaved with the others': at least 1 MiB an extent. (Without delayed
+    // allocation: one per 128 KiB request, 512 for 64 MiB, 128 for 16 MiB.)
+    assert!(ours["seq"] <= 8, "seq: {ours:?}");
     assert!(
         ours["small-appends"] <= kernel_extents["small-appends"] + 1,
         "{ours:?}"
     );
     for f in ["par0", "par1", "par2", "par3"] {
-        assert!(ours[f] <= 4, "{f}: {} extents for 16 MiB", ours[f]);
+        assert!(ours[f] <= 16, "{f}: {} extents for 16 MiB", ours[f]);
     }
     assert!(rss > 0 && rss < 256 << 10, "server peak RSS {rss} KiB");
 }
