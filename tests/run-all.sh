@@ -26,7 +26,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 export UBTRFS_CI=1
 # On a fresh machine, install what the tests need first (as .ci/run does).
-for tool in mkfs.btrfs btrfs zstd python3 losetup fusermount3 setfattr mkfs.xfs rsync; do
+for tool in mkfs.btrfs btrfs zstd python3 losetup fusermount3 setfattr mkfs.xfs rsync duperemove; do
     if ! command -v "$tool" >/dev/null; then
         bash tests/install-deps.sh
         break

@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use std::io::Write;
 
+use ubtrfs_core::tools::dedupe::DedupeReport;
 use ubtrfs_core::tools::du::{DuLine, Footprint, FootprintRow};
 use ubtrfs_core::tools::fiemap::FiemapExtent;
 use ubtrfs_core::tools::subvol_du::QgroupNumbers;
@@ -195,4 +196,20 @@ pub fn subvol_du(
         })
         .collect();
     json!({"subvolumes": v, "freed_by_deleting_all_given": freed})
+}
+
+/// `dedupe` summary.
+pub fn dedupe(r: &DedupeReport, dry_run: bool) -> Value {
+    json!({
+        "dry_run": dry_run,
+        "files": r.files,
+        "bytes_scanned": r.bytes_scanned,
+        "ranges": r.ranges,
+        "bytes_deduped": r.bytes_deduped,
+        "bytes_already_shared": r.bytes_already_shared,
+        "bytes_differing": r.bytes_differing,
+        "data_used_before": r.data_used_before,
+        "data_used_after": r.data_used_after,
+        "bytes_freed": r.bytes_freed(),
+    })
 }

@@ -7,6 +7,7 @@ mod fmt;
 mod json;
 mod mount;
 mod share;
+mod share_edit;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -109,6 +110,15 @@ enum Cmd {
         path: String,
         #[arg(short = 's')]
         size: String,
+    },
+    /// Copy inside an image, sharing data (reflink) like `cp --reflink` on btrfs.
+    Cp(share_edit::CpArgs),
+    /// Find identical file data and make it share extents (like duperemove -d).
+    Dedupe {
+        #[command(flatten)]
+        args: share_edit::DedupeArgs,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
     },
     /// List a directory (paths are absolute from the top-level subvolume).
     Ls {
@@ -382,6 +392,16 @@ fn run(cli: Cli) -> Result<()> {
             value,
             remove,
         } => edit::setfattr(&image, &path, &name, value.as_deref(), remove)?,
+        Cmd::Cp(a) => share_edit::cp(a)?,
+        Cmd::Dedupe { args, format } => {
+            let dry_run = args.dry_run;
+            let r = share_edit::dedupe_cmd(args)?;
+            if format == Format::Json {
+                json::write(&mut out, &json::dedupe(&r, dry_run))?;
+            } else {
+                share_edit::print_dedupe(&mut out, &r, dry_run)?;
+            }
+        }
         Cmd::Truncate { image, path, size } => {
             edit::truncate(&image, &path, edit::parse_size(&size)?)?
         }

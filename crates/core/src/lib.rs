@@ -46,6 +46,7 @@ pub use inode::ioctl::{
     fsflags, fsflags_to_xflags, inode_flags_to_fsflags, xflags_to_fsflags, FsXattr,
 };
 pub use inode::props::{compression_of, XATTR_BTRFS_COMPRESSION, XATTR_BTRFS_PREFIX};
+pub use inode::reflink::FilePos;
 pub use io::dev::{lock_exclusive, refuse_if_mounted, Device, FileDevice, MemDevice};
 pub use io::disk_io::{read_best_super, FsInfo, OpenOptions};
 pub use subvol::subvol::SubvolInfo;

@@ -15,7 +15,9 @@ use ubtrfs_core::format::consts::{INODE_APPEND, INODE_DIRSYNC, INODE_IMMUTABLE, 
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::fsflags::{FS_APPEND_FL, FS_IMMUTABLE_FL};
 use ubtrfs_core::mode::{S_IFDIR, S_IFLNK, S_IFMT};
-use ubtrfs_core::{inode_flags_to_fsflags, now, Error, NewInode, Node, Reservation, Trans};
+use ubtrfs_core::{
+    inode_flags_to_fsflags, now, Error, FilePos, NewInode, Node, Reservation, Trans,
+};
 
 const S_ISGID: u32 = 0o2000;
 
@@ -749,12 +751,8 @@ impl Ops {
         let need = w.read(|fs| Trans::copy_file_range_reservation(fs, off_in, off_out, len));
         let (n, _shared) = w.change_reserved("copy_file_range", need, |t| {
             t.copy_file_range(
-                src.root,
-                src.ino,
-                off_in,
-                dst.root,
-                dst.ino,
-                off_out,
+                FilePos::new(src.root, src.ino, off_in),
+                FilePos::new(dst.root, dst.ino, off_out),
                 len,
                 now(),
             )

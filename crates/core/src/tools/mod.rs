@@ -1,9 +1,10 @@
 //! Tools built on the engine, as btrfs-progs builds its commands on kernel-shared/:
-//! the dump-super/dump-tree printer, fiemap, `filesystem du`, `subvolume du` and mkfs.
+//! the dump-super/dump-tree printer, fiemap, dedupe, `filesystem du`, `subvolume du` and mkfs.
 //!
 //! Architecture invariant: nothing outside `tools/` imports from it; the engine does not
 //! know its tools exist.
 
+pub mod dedupe;
 pub mod du;
 pub mod fiemap;
 pub mod mkfs;

@@ -132,6 +132,17 @@ impl Trans {
             .available(self.fs.info.sb.total_bytes, BLOCK_GROUP_DATA)
     }
 
+    /// Bytes allocated in data block groups (extents in use, as `btrfs filesystem df`
+    /// counts "used" for data).
+    pub fn data_used_bytes(&self) -> u64 {
+        self.alloc
+            .bgs
+            .values()
+            .filter(|bg| bg.flags & BLOCK_GROUP_DATA != 0)
+            .map(|bg| bg.used)
+            .sum()
+    }
+
     /// Makes sure `r` can be carried out: commits the running transaction when that
     /// would help (it unpins what the transaction freed), and fails with
     /// [`Error::NoSpace`] — having changed nothing — when there is still not enough.
