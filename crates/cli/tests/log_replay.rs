@@ -24,7 +24,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use ubtrfs_sim::golden::{report, walk_mounted, STAT_FIELDS};
+use ubtrfs_sim::golden::{compare_walks_except, report, walk_mounted, STAT_FIELDS};
 use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, Ubtrfs};
 use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
 
@@ -198,31 +198,9 @@ fn compare(
     got: &BTreeMap<String, serde_json::Value>,
     crash_time: u64,
 ) -> Vec<String> {
-    let mut diffs = Vec::new();
-    for p in want.keys().filter(|p| !got.contains_key(*p)) {
-        diffs.push(format!("{what}: {p}: missing"));
-    }
-    for p in got.keys().filter(|p| !want.contains_key(*p)) {
-        diffs.push(format!("{what}: {p}: unexpected"));
-    }
-    for (p, w) in want {
-        let Some(g) = got.get(p) else { continue };
-        for f in STAT_FIELDS {
-            if w[*f] == g[*f] {
-                continue;
-            }
-            let replay_time = matches!(*f, "ctime" | "mtime")
-                && secs(&w[*f]) >= crash_time
-                && secs(&g[*f]) >= crash_time;
-            if !replay_time {
-                diffs.push(format!(
-                    "{what}: {p}: {f}: kernel {} ubtrfs {}",
-                    w[*f], g[*f]
-                ));
-            }
-        }
-    }
-    diffs
+    compare_walks_except(what, want, got, STAT_FIELDS, |f, w, g| {
+        matches!(f, "ctime" | "mtime") && secs(w) >= crash_time && secs(g) >= crash_time
+    })
 }
 
 /// The kernel's view (`noatime`: the walk reads every file, which must not change

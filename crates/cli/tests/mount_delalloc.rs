@@ -11,9 +11,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use ubtrfs_sim::golden::{compare_walks, report, walk_mounted};
-use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, sh, shell_quote, Ubtrfs};
-use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
+use ubtrfs_sim::golden::{compare_walks, report};
+use ubtrfs_sim::host::{require_fuse, serial, sh, shell_quote, Ubtrfs};
+use ubtrfs_sim::mount::{kernel_round_trip, kernel_workload, mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -84,37 +84,27 @@ fn rw_mount_delayed_allocation() {
     mkfs_btrfs(&img, 2 << 30, &[]);
     mkfs_btrfs(&kimg, 2 << 30, &[]);
 
-    let k = KernelMount::new(&kimg, "rw");
-    let (_, err) = bash_in(&k.path(""), &format!("{WORKLOAD}\nsync\necho done >&2"));
-    assert!(err.trim_end().ends_with("done"), "kernel: {err}");
-    let kernel_tree = walk_mounted(&k.path(""));
+    let kernel_tree = kernel_workload(&kimg, "rw", &format!("{WORKLOAD}\nsync"), "writers");
+    let k = KernelMount::new(&kimg, "ro");
     let kernel_extents = extents(&k.path(""));
     k.umount();
 
-    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
-    let (_, err) = bash_in(&fm.mnt, &format!("{WORKLOAD}\necho done >&2"));
-    assert!(
-        err.trim_end().ends_with("done"),
-        "ubtrfs: {err}\n{}",
-        fm.log()
-    );
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    fm.run(WORKLOAD, "writers");
     // Memory while writing a large file: the held data is bounded.
-    let (_, err) = bash_in(
-        &fm.mnt,
-        "dd if=/dev/zero of=large bs=1M count=512 status=none && rm large && echo done >&2",
+    fm.run(
+        "dd if=/dev/zero of=large bs=1M count=512 status=none && rm large",
+        "dd",
     );
-    assert!(err.trim_end().ends_with("done"), "ubtrfs dd: {err}");
     let rss = peak_rss_kib(fm.child.id());
-    let tree = walk_mounted(&fm.mnt);
-    let st = fm.unmount();
-    assert!(st.success(), "server exit {st}: {}", fm.log());
+    let tree = fm.walk_and_unmount();
     report(compare_walks(
         "ubtrfs vs kernel",
         &kernel_tree,
         &tree,
         &["type", "size", "sha256"],
     ));
-    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
+    kernel_round_trip(&img, &tree, "delayed allocation");
 
     let k = KernelMount::new(&img, "ro");
     let ours = extents(&k.path(""));

@@ -31,7 +31,7 @@ use ubtrfs_core::tools::mkfs::make_filesystem;
 use ubtrfs_core::{kernel_rdev_to_user, Device, FileDevice};
 use ubtrfs_sim::host::{btrfs_check, env_u64, require_fuse, serial, sh, shell_quote, Ubtrfs};
 use ubtrfs_sim::model::{
-    bulk_data, bulk_name, bulk_victims, compare_subtree, gen_op, link_name, open_ro, show,
+    bulk_data, bulk_name, bulk_victims, compare_subtree, gen_op, join, link_name, open_ro, show,
     write_data, FsConfig, Kind, Model, Op,
 };
 use ubtrfs_sim::mount::FuseMount;
@@ -144,12 +144,7 @@ impl Worker {
             ) if is_ancestor(&join(ndir, nname), &join(odir, oname)) => Err(ENOTEMPTY),
             // The VFS finds the name taken before btrfs looks at the target.
             (Op::Symlink { dir, name, .. }, Err(EINVAL)) => {
-                let mut p = dir.clone();
-                if !p.is_empty() {
-                    p.push(b'/');
-                }
-                p.extend_from_slice(name);
-                if self.kind(&p).is_some() {
+                if self.kind(&join(dir, name)).is_some() {
                     Err(EEXIST)
                 } else {
                     Err(ENAMETOOLONG)
@@ -162,14 +157,7 @@ impl Worker {
     /// Runs `op` as system calls on the mount.
     fn apply_mount(&self, op: &Op) -> Result<(), i32> {
         let p = |x: &[u8]| self.path(x);
-        let j = |d: &[u8], n: &[u8]| {
-            let mut v = d.to_vec();
-            if !v.is_empty() {
-                v.push(b'/');
-            }
-            v.extend_from_slice(n);
-            self.path(&v)
-        };
+        let j = |d: &[u8], n: &[u8]| self.path(&join(d, n));
         let open_w = |x: &[u8]| fs::OpenOptions::new().write(true).open(p(x)).map_err(errno);
         match op {
             Op::Create {
@@ -450,16 +438,6 @@ impl Worker {
         self.check(&op)
             .map_err(|e| format!("step {} after {op:?}: {e}", self.step))
     }
-}
-
-/// `dir/name` as the model spells paths.
-fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = dir.to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 /// Whether `a` is a proper ancestor of `b`.

@@ -13,11 +13,11 @@
 //!
 //! Needs root (/dev/fuse, loop devices); skipped with a line outside CI.
 
-use std::collections::BTreeMap;
-use std::path::Path;
-use ubtrfs_sim::golden::{compare_walks, report, walk_mounted, STAT_FIELDS};
-use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, sh, shell_quote, Ubtrfs};
-use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
+use ubtrfs_sim::golden::{compare_walks, report};
+use ubtrfs_sim::host::{bash_ok, btrfs_check, require_fuse, serial, Ubtrfs};
+use ubtrfs_sim::mount::{
+    kernel_exclusive_bytes, kernel_round_trip, kernel_workload, mkfs_btrfs, FuseMount, KernelMount,
+};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -61,26 +61,6 @@ cp --reflink=auto big bigcopy
 sync
 "#;
 
-/// The kernel's `btrfs filesystem du --raw` of some files of a mounted image, one
-/// "name exclusive" line each (total and shared follow from the extent layout, which
-/// the kernel and ubtrfs choose differently).
-fn exclusive(mnt: &Path, files: &[&str]) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for f in files {
-        let text = sh(&format!(
-            "btrfs filesystem du --raw {} | tail -1",
-            shell_quote(&mnt.join(f))
-        ));
-        let cols: Vec<&str> = text.split_whitespace().collect();
-        let excl = cols
-            .get(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("btrfs filesystem du {f}: {text}"));
-        out.insert(f.to_string(), excl);
-    }
-    out
-}
-
 const COPIES: &[&str] = &["part", "tail", "holey2", "bigcopy", "unaligned"];
 
 #[test]
@@ -101,43 +81,28 @@ fn rw_mount_copy_file_range_shares_extents() {
             format!("rw,{compress}")
         };
 
-        let k = KernelMount::new(&kimg, &kopts);
-        let (_, err) = bash_in(&k.path(""), &format!("{WORKLOAD}\necho done >&2"));
-        assert!(err.trim_end().ends_with("done"), "kernel workload: {err}");
-        let kernel_tree = walk_mounted(&k.path(""));
-        let kernel_excl = exclusive(&k.path(""), COPIES);
+        let kernel_tree = kernel_workload(&kimg, &kopts, WORKLOAD, "copies");
+        let k = KernelMount::new(&kimg, "ro");
+        let kernel_excl = kernel_exclusive_bytes(&k.path(""), COPIES);
         k.umount();
 
         let mut opts = vec!["rw"];
         if !compress.is_empty() {
             opts.push(compress);
         }
-        let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &opts);
-        let (_, err) = bash_in(&fm.mnt, &format!("{WORKLOAD}\necho done >&2"));
-        assert!(
-            err.trim_end().ends_with("done"),
-            "ubtrfs workload ({compress}): {err}\nserver: {}",
-            fm.log()
-        );
-        let fuse_tree = walk_mounted(&fm.mnt);
-        let st = fm.unmount();
-        assert!(st.success(), "server exit {st}: {}", fm.log());
+        let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &opts);
+        fm.run(WORKLOAD, &format!("copies ({compress})"));
+        let fuse_tree = fm.walk_and_unmount();
         report(compare_walks(
             &format!("ubtrfs mount vs kernel mount ({compress})"),
             &kernel_tree,
             &fuse_tree,
             &["type", "mode", "nlink", "size", "sha256"],
         ));
+        kernel_round_trip(&img, &fuse_tree, &format!("copy_file_range ({compress})"));
 
-        btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check ({compress}): {e}"));
         let k = KernelMount::new(&img, "rw");
-        report(compare_walks(
-            &format!("kernel view of the ubtrfs image ({compress})"),
-            &fuse_tree,
-            &walk_mounted(&k.path("")),
-            STAT_FIELDS,
-        ));
-        let ours = exclusive(&k.path(""), COPIES);
+        let ours = kernel_exclusive_bytes(&k.path(""), COPIES);
         assert_eq!(
             ours, kernel_excl,
             "exclusive bytes of the copies ({compress}): ubtrfs image vs kernel image"
@@ -147,14 +112,13 @@ fn rw_mount_copy_file_range_shares_extents() {
         assert!(ours["unaligned"] > 0, "an unaligned copy owns its data");
 
         // The kernel overwrites shared data of one copy; the other keeps its bytes.
-        let (_, err) = bash_in(
+        bash_ok(
             &k.path(""),
-            "set -e; want=$(sha256sum < big); \
+            "want=$(sha256sum < big); \
              dd if=/dev/zero of=bigcopy bs=64K count=4 seek=2 conv=notrunc status=none; \
-             sync; test \"$(sha256sum < big)\" = \"$want\"; \
-             ! cmp -s big bigcopy; echo done >&2",
-        );
-        assert!(err.trim_end().ends_with("done"), "kernel overwrite: {err}");
+             sync; test \"$(sha256sum < big)\" = \"$want\"; ! cmp -s big bigcopy",
+        )
+        .unwrap_or_else(|e| panic!("kernel overwrite: {e}"));
         k.umount();
         btrfs_check(&img, None)
             .unwrap_or_else(|e| panic!("btrfs check after the kernel's overwrite: {e}"));

@@ -9,7 +9,7 @@
 use std::time::Duration;
 use ubtrfs_sim::golden::{compare_walks, report, walk_mounted, STAT_FIELDS};
 use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, Ubtrfs};
-use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
+use ubtrfs_sim::mount::{kernel_workload, mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -59,19 +59,9 @@ fn rw_mount_o_tmpfile() {
     mkfs_btrfs(&img, 1 << 30, &[]);
     mkfs_btrfs(&kimg, 1 << 30, &[]);
 
-    let k = KernelMount::new(&kimg, "rw");
-    let (_, err) = bash_in(&k.path(""), &format!("{WORKLOAD}\necho done >&2"));
-    assert!(err.trim_end().ends_with("done"), "kernel: {err}");
-    let kernel_tree = walk_mounted(&k.path(""));
-    k.umount();
-
+    let kernel_tree = kernel_workload(&kimg, "rw", WORKLOAD, "tmpfile workload");
     let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
-    let (_, err) = bash_in(&fm.mnt, &format!("{WORKLOAD}\necho done >&2"));
-    assert!(
-        err.trim_end().ends_with("done"),
-        "ubtrfs: {err}\n{}",
-        fm.log()
-    );
+    fm.run(WORKLOAD, "tmpfile workload");
     let tree = walk_mounted(&fm.mnt);
     report(compare_walks(
         "ubtrfs vs kernel",

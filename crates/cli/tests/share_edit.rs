@@ -10,11 +10,10 @@
 //!
 //! Needs root (loop devices); skipped with a line outside CI.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use ubtrfs_sim::golden::{compare_walks, report, walk_mounted};
 use ubtrfs_sim::host::{bash_ok, btrfs_check, require_root, serial, sh, shell_quote, Ubtrfs};
-use ubtrfs_sim::mount::{kernel_writes, mkfs_btrfs, KernelMount};
+use ubtrfs_sim::mount::{kernel_exclusive_bytes, kernel_writes, mkfs_btrfs, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -44,22 +43,15 @@ btrfs -q subvolume snapshot -r sv ro
 sync
 "#;
 
-/// The kernel's `btrfs filesystem du --raw` exclusive bytes of some files.
-fn exclusive(mnt: &Path, files: &[&str]) -> BTreeMap<String, u64> {
-    let mut out = BTreeMap::new();
-    for f in files {
-        let text = sh(&format!(
-            "btrfs filesystem du --raw {} | tail -1",
-            shell_quote(&mnt.join(f))
-        ));
-        let cols: Vec<&str> = text.split_whitespace().collect();
-        let excl = cols
-            .get(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or_else(|| panic!("btrfs filesystem du {f}: {text}"));
-        out.insert(f.to_string(), excl);
-    }
-    out
+/// Two identical images holding what `script` wrote on a kernel mount: (ubtrfs's,
+/// the kernel's).
+fn twin_images(dir: &Path, script: &str) -> (PathBuf, PathBuf) {
+    let img = dir.join("ubtrfs.img");
+    let kimg = dir.join("kernel.img");
+    mkfs_btrfs(&img, 512 << 20, &[]);
+    kernel_writes(&img, script, "source tree");
+    std::fs::copy(&img, &kimg).expect("twin image");
+    (img, kimg)
 }
 
 /// Data bytes used, from the kernel's `btrfs filesystem df -b` of a mount.
@@ -89,11 +81,7 @@ fn cp_reflink_shares_as_the_kernel() {
     }
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let img = dir.path().join("ubtrfs.img");
-    let kimg = dir.path().join("kernel.img");
-    mkfs_btrfs(&img, 512 << 20, &[]);
-    kernel_writes(&img, SOURCE, "source tree");
-    std::fs::copy(&img, &kimg).expect("twin image");
+    let (img, kimg) = twin_images(dir.path(), SOURCE);
 
     kernel_writes(
         &kimg,
@@ -126,11 +114,11 @@ fn cp_reflink_shares_as_the_kernel() {
     btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after ubtrfs cp: {e}"));
     let k = KernelMount::new(&kimg, "ro");
     let kernel_tree = walk_mounted(&k.path(""));
-    let kernel_excl = exclusive(&k.path(""), COPIES);
+    let kernel_excl = kernel_exclusive_bytes(&k.path(""), COPIES);
     k.umount();
     let k = KernelMount::new(&img, "rw");
     let ours_tree = walk_mounted(&k.path(""));
-    let ours_excl = exclusive(&k.path(""), COPIES);
+    let ours_excl = kernel_exclusive_bytes(&k.path(""), COPIES);
     report(compare_walks(
         "ubtrfs cp vs GNU cp on the kernel",
         &kernel_tree,
@@ -189,11 +177,7 @@ fn dedupe_frees_what_duperemove_frees() {
     }
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let img = dir.path().join("ubtrfs.img");
-    let kimg = dir.path().join("kernel.img");
-    mkfs_btrfs(&img, 512 << 20, &[]);
-    kernel_writes(&img, DUPLICATES, "duplicate tree");
-    std::fs::copy(&img, &kimg).expect("twin image");
+    let (img, kimg) = twin_images(dir.path(), DUPLICATES);
 
     let k = KernelMount::new(&kimg, "rw");
     let before_tree = walk_mounted(&k.path(""));

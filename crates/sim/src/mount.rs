@@ -337,6 +337,13 @@ impl FuseMount {
         seen
     }
 
+    /// Runs `script` with bash (`set -e`) in the mount: its stdout. Panics naming
+    /// `what`, with the server's log, if the script fails.
+    pub fn run(&self, script: &str, what: &str) -> String {
+        bash_ok(&self.mnt, script)
+            .unwrap_or_else(|e| panic!("{what} on the ubtrfs mount: {e}\nserver: {}", self.log()))
+    }
+
     /// Waits for the server to exit; kills it after `limit`.
     pub fn wait(&mut self, limit: Duration) -> ExitStatus {
         let t0 = Instant::now();
@@ -374,6 +381,44 @@ pub fn kernel_round_trip(img: &Path, seen: &BTreeMap<String, Value>, what: &str)
         &kernel,
         STAT_FIELDS,
     ));
+}
+
+/// The kernel mounts `img` with `opts`, runs `script` there with bash (`set -e`),
+/// and returns what the mount shows then ([`walk_mounted`]), before unmounting: the
+/// kernel's side of a workload run on both. Panics naming `what` if the script fails.
+pub fn kernel_workload(
+    img: &Path,
+    opts: &str,
+    script: &str,
+    what: &str,
+) -> BTreeMap<String, Value> {
+    let k = KernelMount::new(img, opts);
+    bash_ok(&k.mnt, script).unwrap_or_else(|e| panic!("{what} on the kernel: {e}"));
+    let tree = walk_mounted(&k.mnt);
+    k.umount();
+    tree
+}
+
+/// The exclusive bytes of some files of a kernel mount, as `btrfs filesystem du
+/// --raw` counts them (by name relative to `mnt`).
+pub fn kernel_exclusive_bytes(mnt: &Path, files: &[&str]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for f in files {
+        let text = run_text(
+            Command::new("btrfs")
+                .args(["filesystem", "du", "--raw"])
+                .arg(mnt.join(f)),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let excl = text
+            .lines()
+            .last()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("btrfs filesystem du {f}: {text}"));
+        out.insert(f.to_string(), excl);
+    }
+    out
 }
 
 /// The kernel mounts `img` read-write, runs `script` there with bash (`set -e`) and

@@ -122,7 +122,8 @@ pub fn show(p: &[u8]) -> String {
     format!("/{}", p.escape_ascii())
 }
 
-fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+/// `dir/name` as the model spells paths (relative, no leading slash).
+pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     if dir.is_empty() {
         name.to_vec()
     } else {
