@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::fcntl::{fallocate, renameat2, FallocateFlags, RenameFlags};
+use nix::fcntl::{copy_file_range, fallocate, renameat2, FallocateFlags, RenameFlags};
 use nix::sys::stat::{mknod, Mode, SFlag};
 use ubtrfs_core::tools::mkfs::make_filesystem;
 use ubtrfs_core::{kernel_rdev_to_user, Device, FileDevice};
@@ -47,6 +47,7 @@ const EINVAL: i32 = 22;
 const ENOTEMPTY: i32 = 39;
 const ENODATA: i32 = 61;
 const ENAMETOOLONG: i32 = 36;
+const EOPNOTSUPP: i32 = 95;
 
 fn errno(e: io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
@@ -83,6 +84,10 @@ impl Worker {
     /// both sides): no chmod of a symlink (chmod follows links), no data operation on
     /// a symlink, fifo or device (open would follow or block).
     fn expressible(&self, op: &Op) -> bool {
+        // FIDEDUPERANGE never reaches a FUSE server.
+        if matches!(op, Op::Dedupe { .. }) {
+            return false;
+        }
         let data_path = match op {
             Op::Write { path, .. }
             | Op::Truncate { path, .. }
@@ -310,6 +315,34 @@ impl Worker {
                 }
                 Ok(())
             }
+            Op::CopyRange {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                len,
+            } => {
+                let fi = fs::File::open(p(src)).map_err(errno)?;
+                let fo = open_w(dst)?;
+                let (mut so, mut dof) = (*src_off as i64, *dst_off as i64);
+                // Short counts are normal: loop, as cp does, over what the source
+                // held at the start (a copy within one file must not go on into what
+                // it appended; one call on the kernel's btrfs does it all).
+                let size = fi.metadata().map_err(errno)?.len();
+                let mut left = (*len).min(size.saturating_sub(*src_off)) as usize;
+                while left > 0 {
+                    let n = copy_file_range(&fi, Some(&mut so), &fo, Some(&mut dof), left)
+                        .map_err(nix_errno)?;
+                    if n == 0 {
+                        break;
+                    }
+                    left -= n;
+                }
+                Ok(())
+            }
+            // FIDEDUPERANGE never reaches a FUSE server (the VFS answers EOPNOTSUPP):
+            // left out by `expressible`.
+            Op::Dedupe { .. } => Err(EOPNOTSUPP),
             Op::BulkUnlink { dir, keep_every } => {
                 let id = self.model.resolve(dir).ok_or(ENOENT)?;
                 let Kind::Dir(entries) = &self.model.node(id).kind else {

@@ -396,10 +396,11 @@ impl Trans {
     /// FIDEDUPERANGE for one destination, as the kernel's btrfs_extent_same: when the
     /// `len` bytes at `src` and at `dst` are equal, the destination range is made to
     /// share the source's extents; returns the bytes deduplicated, 0 when the contents
-    /// differ (FILE_DEDUPE_RANGE_DIFFERS). As the VFS does for a dedupe, a length
-    /// reaching past either file's end is refused, and a length that is not whole
-    /// sectors is shortened to whole sectors unless it ends at both files' ends. No
-    /// times change: the contents stay the same.
+    /// differ (FILE_DEDUPE_RANGE_DIFFERS). As the VFS does for a dedupe: a length of
+    /// 0 does nothing; offsets must be sector aligned and the ranges inside both
+    /// files; a length that is not whole sectors is shortened to whole sectors unless
+    /// it ends at both files' ends; then the clone rules apply (no overlap within one
+    /// file, checksum flags alike). No times change: the contents stay the same.
     pub fn dedupe_range(&mut self, src: FilePos, dst: FilePos, len: u64) -> Result<u64> {
         self.dedupe_range_checked(src, dst, len, Compare::Bytes)
     }
@@ -415,6 +416,12 @@ impl Trans {
     ) -> Result<u64> {
         let ss = self.fs.info.sectorsize as u64;
         let (src_i, dst_i) = self.clone_inodes(src, dst)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        if !src.offset.is_multiple_of(ss) || !dst.offset.is_multiple_of(ss) {
+            return Err(Error::Invalid("dedupe: offsets not sector aligned".into()));
+        }
         let src_end = src.offset.checked_add(len);
         let dst_end = dst.offset.checked_add(len);
         if src_end.is_none_or(|e| e > src_i.size) || dst_end.is_none_or(|e| e > dst_i.size) {

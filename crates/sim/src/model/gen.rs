@@ -84,6 +84,34 @@ fn file_len(m: &Model, path: &[u8]) -> u64 {
     })
 }
 
+/// How many bytes from `a`@`a_off` equal those from `b`@`b_off`, in whole sectors
+/// (or up to both files' ends).
+fn equal_prefix(m: &Model, a: &[u8], a_off: u64, b: &[u8], b_off: u64) -> u64 {
+    let data = |p: &[u8]| {
+        m.resolve(p).and_then(|id| match &m.node(id).kind {
+            Kind::File(d) => Some(d.clone()),
+            _ => None,
+        })
+    };
+    let (Some(x), Some(y)) = (data(a), data(b)) else {
+        return 0;
+    };
+    let (xo, yo) = (a_off as usize, b_off as usize);
+    if xo > x.len() || yo > y.len() {
+        return 0;
+    }
+    let n = x[xo..]
+        .iter()
+        .zip(&y[yo..])
+        .take_while(|(p, q)| p == q)
+        .count();
+    if xo + n == x.len() && yo + n == y.len() {
+        n as u64
+    } else {
+        (n - n % 4096) as u64
+    }
+}
+
 /// One of `paths` (none the root), as (parent directory, name).
 fn pick_entry(r: &mut Rng, paths: &[Vec<u8>]) -> (Vec<u8>, Vec<u8>) {
     let (d, n) = split(pick::<Vec<u8>>(r, paths)).expect("not the root");
@@ -339,7 +367,80 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
                     name: pick(r, &XATTR_NAMES).to_vec(),
                 }
             }
-            92..=97 => {
+            95..=96 => {
+                let (Some((src, slen)), Some((dst, dlen))) = (some_file(r), some_file(r)) else {
+                    continue;
+                };
+                let src_off = match r.below(4) {
+                    0 => 0,
+                    1 => r.below(slen / 4096 + 1) * 4096,
+                    2 => r.below(slen + 1),
+                    _ => slen + r.below(5000),
+                };
+                let dst_off = match r.below(4) {
+                    0 => src_off,
+                    1 => r.below(dlen / 4096 + 2) * 4096,
+                    2 => r.below(dlen + 5000),
+                    _ => dlen.next_multiple_of(4096),
+                }
+                .min(FILE_SIZE_MAX - 1);
+                let len = match r.below(3) {
+                    0 => 4096 * r.range(1, 40),
+                    1 => r.range(1, 200_000),
+                    // To the source's end of file, give or take.
+                    _ => slen.saturating_sub(src_off) + r.below(3),
+                }
+                .min(FILE_SIZE_MAX - dst_off);
+                // The VFS refuses overlapping ranges of one file (EINVAL) before the
+                // filesystem sees them: not worth generating.
+                let n = len.min(slen.saturating_sub(src_off));
+                if m.resolve(&src) == m.resolve(&dst)
+                    && src_off < dst_off + n
+                    && dst_off < src_off + n
+                {
+                    continue;
+                }
+                Op::CopyRange {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    len,
+                }
+            }
+            97 => {
+                let (Some((src, slen)), Some((dst, dlen))) = (some_file(r), some_file(r)) else {
+                    continue;
+                };
+                let mut src_off = r.below(slen / 4096 + 1) * 4096;
+                let mut dst_off = if r.chance(1, 2) {
+                    src_off
+                } else {
+                    r.below(dlen / 4096 + 1) * 4096
+                };
+                if r.chance(1, 10) {
+                    src_off += r.below(4096);
+                    dst_off += r.below(4096);
+                }
+                let mut len = match r.below(3) {
+                    0 => 4096 * r.range(1, 16),
+                    1 => slen.saturating_sub(src_off),
+                    _ => r.range(1, 100_000),
+                };
+                // Mostly ranges that are equal (after copies), so data gets shared.
+                let equal = equal_prefix(m, &src, src_off, &dst, dst_off);
+                if equal >= 4096 && r.chance(3, 4) {
+                    len = equal;
+                }
+                Op::Dedupe {
+                    src,
+                    src_off,
+                    dst,
+                    dst_off,
+                    len,
+                }
+            }
+            92..=94 => {
                 let Some((path, cur)) = some_file(r) else {
                     continue;
                 };

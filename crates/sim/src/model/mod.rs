@@ -312,6 +312,59 @@ impl Model {
             Op::Truncate { path, size } => {
                 self.file_mut(path)?.resize(*size as usize, 0);
             }
+            Op::CopyRange {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                len,
+            } => {
+                let data = self.file_mut(src)?;
+                let so = *src_off as usize;
+                if so >= data.len() {
+                    return Ok(None);
+                }
+                let n = (*len as usize).min(data.len() - so);
+                let piece = data[so..so + n].to_vec();
+                let f = self.file_mut(dst)?;
+                let off = *dst_off as usize;
+                if f.len() < off + n {
+                    f.resize(off + n, 0);
+                }
+                f[off..off + n].copy_from_slice(&piece);
+            }
+            Op::Dedupe {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                len,
+            } => {
+                // Trans::dedupe_range's rules (the VFS's for FIDEDUPERANGE); the
+                // contents never change.
+                const SECTOR: u64 = 4096;
+                let s = self.file_mut(src)?.len() as u64;
+                let d = self.file_mut(dst)?.len() as u64;
+                if *len == 0 {
+                    return Ok(None);
+                }
+                if src_off % SECTOR != 0 || dst_off % SECTOR != 0 {
+                    return Err(EINVAL);
+                }
+                if src_off + len > s || dst_off + len > d {
+                    return Err(EINVAL);
+                }
+                let at_eofs = src_off + len == s && dst_off + len == d;
+                let len = if at_eofs { *len } else { len - len % SECTOR };
+                if len == 0 {
+                    return Ok(None);
+                }
+                let aligned = len.next_multiple_of(SECTOR);
+                let same = self.resolve(src) == self.resolve(dst);
+                if same && *src_off < dst_off + aligned && *dst_off < src_off + aligned {
+                    return Err(EINVAL);
+                }
+            }
             Op::Fallocate {
                 path,
                 offset,

@@ -166,6 +166,36 @@ pub enum Op {
         /// Second name.
         bname: Vec<u8>,
     },
+    /// copy_file_range(2) of `len` bytes (fewer at the source's end; none from at
+    /// or past it): on btrfs whole sectors are shared, the rest copied. Never two
+    /// overlapping ranges of one file (the VFS refuses those before btrfs sees them).
+    CopyRange {
+        /// Source file.
+        src: Vec<u8>,
+        /// Offset in the source.
+        src_off: u64,
+        /// Destination file.
+        dst: Vec<u8>,
+        /// Offset in the destination.
+        dst_off: u64,
+        /// Bytes asked for.
+        len: u64,
+    },
+    /// FIDEDUPERANGE of one range ([`ubtrfs_core::Trans::dedupe_range`]): shares
+    /// equal data, changes no contents. The engine only: it never reaches a FUSE
+    /// server.
+    Dedupe {
+        /// Source file.
+        src: Vec<u8>,
+        /// Offset in the source.
+        src_off: u64,
+        /// Destination file.
+        dst: Vec<u8>,
+        /// Offset in the destination.
+        dst_off: u64,
+        /// Bytes.
+        len: u64,
+    },
     /// Creates files `bulk<first>`.. `bulk<first + count - 1>` in `dir`, file i with
     /// `i % 300` bytes of data and every fifth with an xattr (grows trees quickly).
     BulkCreate {
@@ -298,6 +328,30 @@ impl fmt::Debug for Op {
                 write!(f, "removexattr {} {}", show(path), name.escape_ascii())
             }
             Op::Chmod { path, perm } => write!(f, "chmod {} {perm:o}", show(path)),
+            Op::CopyRange {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                len,
+            } => write!(
+                f,
+                "copy_file_range {} @{src_off} -> {} @{dst_off} len {len}",
+                show(src),
+                show(dst)
+            ),
+            Op::Dedupe {
+                src,
+                src_off,
+                dst,
+                dst_off,
+                len,
+            } => write!(
+                f,
+                "dedupe {} @{src_off} -> {} @{dst_off} len {len}",
+                show(src),
+                show(dst)
+            ),
             Op::BulkCreate { dir, first, count } => write!(
                 f,
                 "bulk create {count} files from {}",
@@ -396,6 +450,9 @@ impl Op {
             }
             Op::BulkCreate { dir, .. } | Op::BulkUnlink { dir, .. } => vec![dir.clone()],
             Op::BulkLink { src, dir, .. } => vec![src.clone(), dir.clone()],
+            Op::CopyRange { src, dst, .. } | Op::Dedupe { src, dst, .. } => {
+                vec![src.clone(), dst.clone()]
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ use ubtrfs_core::mode::S_IFREG;
 use ubtrfs_core::tools::mkfs::make_filesystem;
 use ubtrfs_core::Device;
 use ubtrfs_core::NewInode;
-use ubtrfs_core::{Error, FsInfo, OpenOptions, Trans};
+use ubtrfs_core::{Error, FilePos, FsInfo, OpenOptions, Trans};
 
 use super::op::{bulk_data, bulk_name, bulk_victims, link_name};
 use super::{
@@ -80,6 +80,47 @@ pub fn apply_engine(
             seed,
         } => t.write(FS_TREE, ino(path)?, *offset, &write_data(*len, *seed), tm)?,
         Op::Truncate { path, size } => t.truncate(FS_TREE, ino(path)?, *size, tm)?,
+        Op::CopyRange {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            len,
+        } => {
+            let (s, d) = (ino(src)?, ino(dst)?);
+            // One copy_file_range(2) on the kernel copies what the source held when
+            // it started; the engine copies in bounded calls, which must not go on
+            // into what they appended themselves (a copy within one file).
+            let size = t.read_inode(FS_TREE, s)?.size;
+            let len = (*len).min(size.saturating_sub(*src_off));
+            let mut done = 0;
+            while done < len {
+                let (n, _) = t.copy_file_range(
+                    FilePos::new(FS_TREE, s, src_off + done),
+                    FilePos::new(FS_TREE, d, dst_off + done),
+                    len - done,
+                    tm,
+                )?;
+                if n == 0 {
+                    break;
+                }
+                done += n;
+            }
+        }
+        Op::Dedupe {
+            src,
+            src_off,
+            dst,
+            dst_off,
+            len,
+        } => {
+            let (s, d) = (ino(src)?, ino(dst)?);
+            t.dedupe_range(
+                FilePos::new(FS_TREE, s, *src_off),
+                FilePos::new(FS_TREE, d, *dst_off),
+                *len,
+            )?;
+        }
         Op::Fallocate {
             path,
             offset,
