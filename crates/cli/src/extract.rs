@@ -1,12 +1,22 @@
 //! `ubtrfs extract`: copy files out of an image with their metadata, like
 //! `btrfs restore` (contents, modes, owners, times, xattrs, symlinks, hard links,
 //! special files, holes).
+//!
+//! Salvage (the default; `--strict` stops at the first error instead): the image is
+//! opened so that tree blocks no copy gives intact read as empty (see the core's
+//! `io/salvage.rs`), and data failing its checksums in every copy is written as
+//! found. Every loss is reported once on stderr with what it affects; an entry that
+//! cannot be restored is reported and skipped. After the walk, a subvolume that lost
+//! blocks is swept for inodes the walk did not reach (their directory entries were
+//! in a lost block): each is restored under its parent's path through its
+//! INODE_REF/INODE_EXTREF, or in `lost+found/<subvolume>/<inode>` when no name
+//! leads anywhere. Subvolumes no path reaches go to `lost+found/<subvolume>` too.
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use nix::sys::stat::{mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::io::{IsTerminal, Seek, SeekFrom, Write};
@@ -20,18 +30,59 @@ use ubtrfs_format::items::{InodeItem, Timespec};
 
 pub struct Summary {
     pub entries: u64,
+    /// Metadata that could not be applied (owner, mode, xattrs, times).
     pub failures: u64,
+    /// Tree blocks lost (no copy intact).
+    pub lost_blocks: u64,
+    /// Data ranges written as found (checksums failed in every copy).
+    pub damaged_data: u64,
+    /// Entries that could not be restored at all.
+    pub lost_entries: u64,
+    /// Inodes restored through their back references after their directory entry
+    /// was lost.
+    pub recovered: u64,
+    /// Of those, the ones without a usable name (in lost+found).
+    pub in_lost_found: u64,
+}
+
+impl Summary {
+    /// Whether anything of the image could not be restored as it was.
+    pub fn lost_anything(&self) -> bool {
+        self.lost_blocks + self.damaged_data + self.lost_entries > 0
+    }
+}
+
+/// What the caller asked for.
+pub struct ExtractOptions {
+    /// Stop at the first error (no salvage).
+    pub strict: bool,
+    /// List what would be restored, write nothing.
+    pub dry_run: bool,
 }
 
 struct Ctx<'a> {
     fs: &'a Filesystem,
+    opts: &'a ExtractOptions,
+    dest: PathBuf,
     /// Directories on the current path: an entry leading back to one is a loop.
     ancestors: Vec<Node>,
     links: HashMap<(u64, u64), PathBuf>,
     bar: ProgressBar,
     summary: Summary,
     warned: HashMap<&'static str, u64>,
+    /// Lost tree blocks and damaged data already reported.
+    lost_reported: (u64, u64),
+    /// Subvolumes whose trees lost blocks while they were walked.
+    damaged: BTreeSet<u64>,
+    /// Every inode restored (or found unrestorable), and where directories went.
+    done: HashSet<(u64, u64)>,
+    dir_paths: HashMap<(u64, u64), PathBuf>,
+    /// After the walk: entries restored now are counted as recovered.
+    recovering: bool,
 }
+
+/// The root directory inode of a subvolume, as in the core's consts.
+const FIRST_FREE_OBJECTID_CLI: u64 = ubtrfs_core::format::consts::FIRST_FREE_OBJECTID;
 
 /// Read size for file data.
 const COPY_CHUNK_BYTES: usize = 1 << 20;
@@ -48,11 +99,90 @@ impl Ctx<'_> {
                 .suspend(|| eprintln!("ubtrfs: warning: {}: {kind}: {e}", path.display()));
         }
     }
+
+    /// Reports the tree blocks and data lost since the last call, once each, as
+    /// affecting `what` (a path and the kind of read) in subvolume `subvol`.
+    fn note_losses(&mut self, subvol: u64, what: &dyn Fn() -> String) {
+        let (_, blocks) = self.fs.info.lost_blocks();
+        let (_, data) = self.fs.info.damaged_data();
+        if (blocks, data) == self.lost_reported {
+            return;
+        }
+        let (lost, _) = self.fs.info.lost_blocks();
+        let (bad, _) = self.fs.info.damaged_data();
+        let affects = what();
+        for b in lost.iter().skip(self.lost_reported.0 as usize) {
+            let level = b.level.map_or("?".to_string(), |l| l.to_string());
+            let from = b
+                .first_key
+                .map_or(String::new(), |k| format!(", keys from {k}"));
+            self.bar.suspend(|| {
+                eprintln!(
+                    "ubtrfs: lost: tree block {} (level {level}{from}) of subvolume {subvol}, \
+                     affects {affects}: {}",
+                    b.bytenr, b.error
+                )
+            });
+        }
+        for d in bad.iter().skip(self.lost_reported.1 as usize) {
+            self.bar
+                .suspend(|| eprintln!("ubtrfs: damaged: {affects}: {d}"));
+        }
+        if blocks > self.lost_reported.0 {
+            self.damaged.insert(subvol);
+        }
+        self.summary.lost_blocks = blocks;
+        self.summary.damaged_data = data;
+        self.lost_reported = (blocks, data);
+    }
+
+    /// An entry that cannot be restored: an error with `--strict`, else reported and
+    /// counted.
+    fn lose_entry(&mut self, p: &Path, e: anyhow::Error) -> Result<()> {
+        if self.opts.strict {
+            return Err(e);
+        }
+        self.summary.lost_entries += 1;
+        self.bar
+            .suspend(|| eprintln!("ubtrfs: lost: {}: {e:#}", p.display()));
+        Ok(())
+    }
 }
 
-pub fn extract(fs: &Filesystem, src: &str, dest: &Path) -> Result<Summary> {
+pub fn extract(fs: &Filesystem, src: &str, dest: &Path, opts: &ExtractOptions) -> Result<Summary> {
     let node = fs.resolve(src)?;
-    let (st, inode) = stat_and_inode(fs, node)?;
+    // A subvolume's root directory whose inode item was lost is still walked (its
+    // entries may be in other blocks), without its own metadata.
+    let (st, inode, root_lost) = match stat_and_inode(fs, node) {
+        Ok((st, i)) => (st, i, false),
+        Err(e) if !opts.strict && node.ino == FIRST_FREE_OBJECTID_CLI => {
+            eprintln!(
+                "ubtrfs: lost: the root directory of subvolume {} ({e}): its entries are \
+                 restored without its own owner, mode and times",
+                node.root
+            );
+            let st = Stat {
+                subvol: node.root,
+                ino: node.ino,
+                mode: S_IFDIR | 0o755,
+                nlink: 1,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                size: 0,
+                blocks: 0,
+                blksize: fs.info.sectorsize,
+                atime: Timespec::default(),
+                mtime: Timespec::default(),
+                ctime: Timespec::default(),
+                crtime: Timespec::default(),
+                generation: 0,
+                flags: 0,
+            };
+            (st, None, true)
+        }
+        Err(e) => return Err(e),
+    };
     let bar = if std::io::stderr().is_terminal() {
         let b = ProgressBar::new_spinner();
         b.set_style(
@@ -65,23 +195,50 @@ pub fn extract(fs: &Filesystem, src: &str, dest: &Path) -> Result<Summary> {
     };
     let mut ctx = Ctx {
         fs,
+        opts,
+        dest: dest.to_path_buf(),
         ancestors: Vec::new(),
         links: HashMap::new(),
         bar,
         summary: Summary {
             entries: 0,
             failures: 0,
+            lost_blocks: 0,
+            damaged_data: 0,
+            lost_entries: 0,
+            recovered: 0,
+            in_lost_found: 0,
         },
         warned: HashMap::new(),
+        lost_reported: (0, 0),
+        damaged: BTreeSet::new(),
+        done: HashSet::new(),
+        dir_paths: HashMap::new(),
+        recovering: false,
     };
+    // Losses met while opening (chunk and root trees) and finding the start.
+    ctx.note_losses(node.root, &|| format!("the way to {src}"));
+    if !opts.dry_run {
+        fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
+    }
     if st.mode & S_IFMT == S_IFDIR {
-        fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
+        ctx.done.insert((node.root, node.ino));
+        ctx.dir_paths
+            .insert((node.root, node.ino), dest.to_path_buf());
         extract_dir(&mut ctx, node, dest)?;
-        apply_meta(&mut ctx, node, &st, dest)?;
+        if root_lost {
+            ctx.summary.lost_entries += 1;
+        } else if !opts.dry_run {
+            apply_meta(&mut ctx, node, &st, dest)?;
+        }
     } else {
-        fs::create_dir_all(dest).with_context(|| format!("creating {}", dest.display()))?;
         let name = src.rsplit('/').next().unwrap_or(src);
         extract_one(&mut ctx, node, &st, inode.as_ref(), &dest.join(name))?;
+    }
+    // Only a whole-filesystem extract can tell what no path reached.
+    if !opts.strict && (src == "/" || src.is_empty()) {
+        ctx.recovering = true;
+        recover_unreached(&mut ctx)?;
     }
     ctx.bar.finish_and_clear();
     for (kind, n) in &ctx.warned {
@@ -111,14 +268,175 @@ fn extract_dir(ctx: &mut Ctx<'_>, dir: Node, path: &Path) -> Result<()> {
         );
     }
     ctx.ancestors.push(dir);
-    let entries = ctx.fs.readdir(dir)?;
+    let entries = ctx.fs.readdir(dir);
+    ctx.note_losses(dir.root, &|| format!("the listing of {}", path.display()));
+    let entries = match entries {
+        Ok(e) => e,
+        Err(e) => {
+            ctx.ancestors.pop();
+            return ctx.lose_entry(path, anyhow::Error::from(e).context("listing"));
+        }
+    };
     for e in entries {
         let p = path.join(OsStr::from_bytes(&e.name));
-        let (st, inode) = stat_and_inode(ctx.fs, e.node)?;
-        extract_one(ctx, e.node, &st, inode.as_ref(), &p)?;
+        if ctx.done.contains(&(e.node.root, e.node.ino)) && !e.node.is_placeholder() {
+            // Reached twice: a hard link is linked again (extract_one); anything else
+            // (a directory, or an inode salvage reached by two ways) is not.
+            match stat_and_inode(ctx.fs, e.node) {
+                Ok((st, _)) if st.mode & S_IFMT != S_IFDIR && st.nlink > 1 => {}
+                _ => continue,
+            }
+        }
+        let got = stat_and_inode(ctx.fs, e.node);
+        ctx.note_losses(e.node.root, &|| format!("the inode of {}", p.display()));
+        match got {
+            Ok((st, inode)) => extract_one(ctx, e.node, &st, inode.as_ref(), &p)?,
+            Err(err) => {
+                ctx.done.insert((e.node.root, e.node.ino));
+                let err = err.context(format!("subvolume {} inode {}", e.node.root, e.node.ino));
+                ctx.lose_entry(&p, err)?;
+            }
+        }
     }
     ctx.ancestors.pop();
     Ok(())
+}
+
+/// Restores what the walk did not reach in the subvolumes that lost blocks (see
+/// the module comment), and the subvolumes no path reached.
+fn recover_unreached(ctx: &mut Ctx<'_>) -> Result<()> {
+    // Subvolumes first: their root directories anchor their inodes' paths.
+    if let Ok(subs) = ctx.fs.subvolumes() {
+        for sv in subs {
+            let root_dir = Node::new(sv.id, FIRST_FREE_OBJECTID_CLI);
+            if ctx.done.contains(&(sv.id, FIRST_FREE_OBJECTID_CLI)) {
+                continue;
+            }
+            let p = lost_found(ctx, sv.id, None);
+            match stat_and_inode(ctx.fs, root_dir) {
+                Ok((st, inode)) => {
+                    ctx.bar.suspend(|| {
+                        eprintln!(
+                            "ubtrfs: recovered: subvolume {} ({}) reached by no path: {}",
+                            sv.id,
+                            sv.path,
+                            p.display()
+                        )
+                    });
+                    extract_one(ctx, root_dir, &st, inode.as_ref(), &p)?;
+                }
+                Err(e) => ctx.lose_entry(&p, e)?,
+            }
+        }
+    }
+    let damaged: Vec<u64> = ctx.damaged.iter().copied().collect();
+    for subvol in damaged {
+        let mut unreached = Vec::new();
+        let done = &ctx.done;
+        let swept = ctx.fs.for_each_inode(subvol, |ino, i| {
+            if i.nlink > 0 && !done.contains(&(subvol, ino)) {
+                unreached.push(ino);
+            }
+            Ok(true)
+        });
+        ctx.note_losses(subvol, &|| format!("the sweep of subvolume {subvol}"));
+        if let Err(e) = swept {
+            ctx.lose_entry(&ctx.dest.clone(), anyhow::Error::from(e).context("sweep"))?;
+        }
+        for ino in unreached {
+            recover_inode(ctx, Node::new(subvol, ino), 0)?;
+        }
+    }
+    Ok(())
+}
+
+/// Where an unnamed inode (or with `ino` None, a subvolume's root) goes.
+fn lost_found(ctx: &mut Ctx<'_>, subvol: u64, ino: Option<u64>) -> PathBuf {
+    let mut p = ctx.dest.join("lost+found").join(subvol.to_string());
+    if let Some(i) = ino {
+        if !ctx.opts.dry_run {
+            let _ = fs::create_dir_all(&p);
+        }
+        p = p.join(i.to_string());
+    } else if !ctx.opts.dry_run {
+        let _ = fs::create_dir_all(ctx.dest.join("lost+found"));
+    }
+    p
+}
+
+/// Restores an inode the walk did not reach, under its parent's path when a back
+/// reference names a directory that is (or can be) restored; returns where it went.
+fn recover_inode(ctx: &mut Ctx<'_>, node: Node, depth: usize) -> Result<Option<PathBuf>> {
+    if let Some(p) = ctx.dir_paths.get(&(node.root, node.ino)) {
+        return Ok(Some(p.clone()));
+    }
+    if ctx.done.contains(&(node.root, node.ino)) || depth > DEPTH_MAX {
+        return Ok(None);
+    }
+    let (st, inode) = match stat_and_inode(ctx.fs, node) {
+        Ok(x) => x,
+        Err(_) => return Ok(None),
+    };
+    let refs = ctx.fs.inode_refs(node).unwrap_or_default();
+    let mut at = None;
+    for r in refs {
+        if r.name.is_empty() || r.name.contains(&b'/') || r.parent == node.ino {
+            continue;
+        }
+        if let Some(parent) = recover_inode(ctx, Node::new(node.root, r.parent), depth + 1)? {
+            at = Some(parent.join(OsStr::from_bytes(&r.name)));
+            break;
+        }
+    }
+    let p = match at {
+        Some(p) => p,
+        None => {
+            // A name whose directory is lost keeps the name, under the lost
+            // directory's inode number; no name at all: the inode number.
+            let usable = ctx
+                .fs
+                .inode_refs(node)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|r| !r.name.is_empty() && !r.name.contains(&b'/'));
+            match usable {
+                Some(r) => {
+                    let d = lost_found(ctx, node.root, Some(r.parent));
+                    let lost_dir = Node::new(node.root, r.parent);
+                    if !ctx.dir_paths.contains_key(&(lost_dir.root, lost_dir.ino)) {
+                        // The directory's own item is lost, but its entries may not
+                        // be: list what is left of it there, this inode included.
+                        if !ctx.opts.dry_run {
+                            let _ = fs::create_dir_all(&d);
+                        }
+                        ctx.dir_paths
+                            .insert((lost_dir.root, lost_dir.ino), d.clone());
+                        ctx.done.insert((lost_dir.root, lost_dir.ino));
+                        extract_dir(ctx, lost_dir, &d)?;
+                        if ctx.done.contains(&(node.root, node.ino)) {
+                            return Ok(ctx.dir_paths.get(&(node.root, node.ino)).cloned());
+                        }
+                    }
+                    d.join(OsStr::from_bytes(&r.name))
+                }
+                None => lost_found(ctx, node.root, Some(node.ino)),
+            }
+        }
+    };
+    if ctx.done.contains(&(node.root, node.ino)) {
+        // Restored meanwhile (a parent's recovery listed it).
+        return Ok(ctx.dir_paths.get(&(node.root, node.ino)).cloned());
+    }
+    ctx.bar.suspend(|| {
+        eprintln!(
+            "ubtrfs: recovered: subvolume {} inode {} (its directory entry is lost): {}",
+            node.root,
+            node.ino,
+            p.display()
+        )
+    });
+    extract_one(ctx, node, &st, inode.as_ref(), &p)?;
+    Ok((st.mode & S_IFMT == S_IFDIR).then_some(p))
 }
 
 /// The inode is read once per entry: stat is derived from it and the data copy
@@ -140,13 +458,62 @@ fn extract_one(
 ) -> Result<()> {
     ctx.summary.entries += 1;
     ctx.bar.inc(1);
+    ctx.done.insert((node.root, node.ino));
+    if ctx.recovering {
+        ctx.summary.recovered += 1;
+        if p.starts_with(ctx.dest.join("lost+found")) {
+            ctx.summary.in_lost_found += 1;
+        }
+    }
+    let kind = st.mode & S_IFMT;
+    if ctx.opts.dry_run {
+        ctx.bar.suspend(|| println!("{}", p.display()));
+        if kind == S_IFDIR {
+            ctx.dir_paths.insert((node.root, node.ino), p.to_path_buf());
+            extract_dir(ctx, node, p)?;
+        } else if kind == S_IFREG {
+            // Reading the data finds what is lost in it.
+            let r = ctx.fs.data_ranges(node, st.size).and_then(|ranges| {
+                for (start, end) in ranges {
+                    let mut off = start;
+                    while off < end {
+                        let n = ((end - off) as usize).min(COPY_CHUNK_BYTES);
+                        ctx.fs.read(node, off, n)?;
+                        off += n as u64;
+                    }
+                }
+                Ok(())
+            });
+            ctx.note_losses(node.root, &|| format!("the data of {}", p.display()));
+            if let Err(e) = r {
+                ctx.lose_entry(p, e.into())?;
+            }
+        }
+        return Ok(());
+    }
+    match extract_kind(ctx, node, st, inode, p) {
+        Ok(true) => apply_meta(ctx, node, st, p),
+        Ok(false) => Ok(()),
+        Err(e) => ctx.lose_entry(p, e),
+    }
+}
+
+/// Creates the entry and its contents; false when its metadata is not to be applied
+/// (a hard link to one restored before, a device node that could not be made).
+fn extract_kind(
+    ctx: &mut Ctx<'_>,
+    node: Node,
+    st: &Stat,
+    inode: Option<&InodeItem>,
+    p: &Path,
+) -> Result<bool> {
     let kind = st.mode & S_IFMT;
     if kind != S_IFDIR && st.nlink > 1 {
         if let Some(first) = ctx.links.get(&(node.root, node.ino)) {
             let _ = fs::remove_file(p);
             fs::hard_link(first, p)
                 .with_context(|| format!("linking {} to {}", p.display(), first.display()))?;
-            return Ok(());
+            return Ok(false);
         }
         ctx.links.insert((node.root, node.ino), p.to_path_buf());
     }
@@ -157,14 +524,19 @@ fn extract_one(
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => {}
                 Err(e) => return Err(e).with_context(|| format!("creating {}", p.display())),
             }
+            ctx.dir_paths.insert((node.root, node.ino), p.to_path_buf());
             extract_dir(ctx, node, p)?;
         }
         S_IFREG => {
             ctx.bar.set_message(p.display().to_string());
-            write_file(ctx, node, st, inode, p)?;
+            let r = write_file(ctx, node, st, inode, p);
+            ctx.note_losses(node.root, &|| format!("the data of {}", p.display()));
+            r?;
         }
         S_IFLNK => {
-            let t = ctx.fs.readlink(node)?;
+            let t = ctx.fs.readlink(node);
+            ctx.note_losses(node.root, &|| format!("the target of {}", p.display()));
+            let t = t?;
             let _ = fs::remove_file(p);
             std::os::unix::fs::symlink(OsStr::from_bytes(&t), p)
                 .with_context(|| format!("creating symlink {}", p.display()))?;
@@ -174,15 +546,15 @@ fn extract_one(
             let flag = SFlag::from_bits_truncate(kind);
             if let Err(e) = mknod(p, flag, Mode::from_bits_truncate(st.mode & 0o777), st.rdev) {
                 ctx.soft_fail("mknod", p, e);
-                return Ok(());
+                return Ok(false);
             }
         }
         _ => {
             ctx.soft_fail("unknown file type", p, format!("mode {:o}", st.mode));
-            return Ok(());
+            return Ok(false);
         }
     }
-    apply_meta(ctx, node, st, p)
+    Ok(true)
 }
 
 fn write_file(
@@ -242,7 +614,9 @@ fn apply_meta(ctx: &mut Ctx<'_>, node: Node, st: &Stat, p: &Path) -> Result<()> 
             ctx.soft_fail("chmod", p, e);
         }
     }
-    for (name, value) in ctx.fs.xattrs(node)? {
+    let xattrs = ctx.fs.xattrs(node);
+    ctx.note_losses(node.root, &|| format!("the xattrs of {}", p.display()));
+    for (name, value) in xattrs.unwrap_or_default() {
         if let Err(e) = xattr::set(p, OsStr::from_bytes(&name), &value) {
             ctx.soft_fail(
                 "setxattr",

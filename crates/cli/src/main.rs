@@ -157,6 +157,20 @@ enum Cmd {
         /// Extract only this path (its contents go into DEST).
         #[arg(long, default_value = "/")]
         path: String,
+        /// Stop at the first damaged block or error (default: restore everything
+        /// reachable, report each loss, exit 3 when anything was lost).
+        #[arg(long)]
+        strict: bool,
+        /// List what would be restored (and find what is lost); write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Kept for btrfs restore's users: going on past errors is the default.
+        #[arg(long, short = 'i')]
+        ignore_errors: bool,
+        /// Read the root tree from this block (an older generation, as
+        /// `btrfs restore -t`; `btrfs-find-root` lists candidates).
+        #[arg(long, short = 't', value_name = "BYTENR")]
+        tree_root: Option<u64>,
     },
     /// Filesystem-wide commands.
     Filesystem {
@@ -249,10 +263,18 @@ enum InspectCmd {
 }
 
 fn open(img: &Image) -> Result<Filesystem> {
+    open_with(img, false, None)
+}
+
+/// Opens an image; with `salvage`, damaged tree blocks read as empty and are logged
+/// (see `extract`); `tree_root` reads an older root tree.
+fn open_with(img: &Image, salvage: bool, tree_root: Option<u64>) -> Result<Filesystem> {
     let mut paths: Vec<PathBuf> = img.image.split(',').map(PathBuf::from).collect();
     paths.extend(img.devices.iter().cloned());
     let opts = OpenOptions {
         verify_data_csum: !img.no_csum,
+        salvage,
+        tree_root,
         ..Default::default()
     };
     // A tree log (fsyncs before a crash) is replayed in memory: the image is not
@@ -260,6 +282,35 @@ fn open(img: &Image) -> Result<Filesystem> {
     let fs = Filesystem::open_replayed(&paths, opts)?;
     flush_warnings(&fs);
     Ok(fs)
+}
+
+/// Something was lost: the run went on and restored the rest (exit status 3).
+#[derive(Debug)]
+struct Incomplete;
+
+impl std::fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("parts of the filesystem are lost (see above)")
+    }
+}
+
+impl std::error::Error for Incomplete {}
+
+/// After a salvaging read: one line per lost tree block and damaged data range;
+/// whether there were any.
+fn print_losses(fs: &Filesystem) -> bool {
+    let (lost, blocks) = fs.info.lost_blocks();
+    let (bad, data) = fs.info.damaged_data();
+    for b in &lost {
+        let from = b
+            .first_key
+            .map_or(String::new(), |k| format!(", keys from {k}"));
+        eprintln!("ubtrfs: lost: tree block {}{from}: {}", b.bytenr, b.error);
+    }
+    for d in &bad {
+        eprintln!("ubtrfs: damaged: {d}");
+    }
+    blocks + data > 0
 }
 
 fn flush_warnings(fs: &Filesystem) {
@@ -347,6 +398,9 @@ fn main() -> ExitCode {
             }
             let msg = format!("{e:#}");
             eprintln!("ubtrfs: error: {}", msg.replace('\n', " "));
+            if e.downcast_ref::<Incomplete>().is_some() {
+                return ExitCode::from(3);
+            }
             ExitCode::FAILURE
         }
     }
@@ -412,12 +466,20 @@ fn run(cli: Cli) -> Result<()> {
             recursive,
             format,
         } => {
-            let fs = open(&img)?;
+            // Salvaging: a damaged block does not stop the listing (exit 3).
+            let fs = open_with(&img, true, None)?;
             let r = cmd_ls(&fs, &path, long, recursive, format, &mut out);
+            out.flush()?;
             flush_warnings(&fs);
+            let lost = print_losses(&fs);
             r?;
+            if lost {
+                return Err(anyhow::Error::new(Incomplete));
+            }
         }
         Cmd::Cat { img, path } => {
+            // Strict: a file's damaged bytes are an error, not output (extract
+            // salvages them).
             let fs = open(&img)?;
             let r = cmd_cat(&fs, &path, &mut out);
             flush_warnings(&fs);
@@ -427,17 +489,44 @@ fn run(cli: Cli) -> Result<()> {
             let fs = open(&img)?;
             cmd_stat(&fs, &path, format, &mut out)?;
         }
-        Cmd::Extract { img, dest, path } => {
-            let fs = open(&img)?;
-            let r = extract::extract(&fs, &path, &dest);
+        Cmd::Extract {
+            img,
+            dest,
+            path,
+            strict,
+            dry_run,
+            ignore_errors: _,
+            tree_root,
+        } => {
+            let fs = open_with(&img, !strict, tree_root)?;
+            let opts = extract::ExtractOptions { strict, dry_run };
+            let r = extract::extract(&fs, &path, &dest, &opts);
             flush_warnings(&fs);
-            let summary = r?;
-            if summary.failures > 0 {
-                bail!(
-                    "{} of {} entries could not be fully restored (see warnings above)",
-                    summary.failures,
-                    summary.entries
+            let s = r?;
+            if s.lost_anything() || s.recovered > 0 {
+                eprintln!(
+                    "ubtrfs: salvage: {} entries restored ({} through back references, {} in \
+                     lost+found), {} not restored; {} tree blocks lost, {} data ranges \
+                     damaged (written as found)",
+                    s.entries,
+                    s.recovered,
+                    s.in_lost_found,
+                    s.lost_entries,
+                    s.lost_blocks,
+                    s.damaged_data
                 );
+            }
+            if s.failures > 0 {
+                eprintln!(
+                    "ubtrfs: warning: {} of {} entries lack some metadata (see warnings above)",
+                    s.failures, s.entries
+                );
+            }
+            if s.lost_anything() {
+                return Err(anyhow::Error::new(Incomplete));
+            }
+            if s.failures > 0 {
+                bail!("{} entries could not be fully restored", s.failures);
             }
         }
         Cmd::Subvolume {

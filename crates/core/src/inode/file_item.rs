@@ -78,10 +78,15 @@ impl FsInfo {
         };
         let mirrors = self.num_mirrors(logical)?;
         let mut first_err: Option<Error> = None;
+        // A salvage open gives out the first copy read when none verifies.
+        let mut as_found: Option<Vec<u8>> = None;
         for m in 0..mirrors {
             if let Err(e) = self.read_logical(logical, &mut buf, m) {
                 first_err.get_or_insert(e);
                 continue;
+            }
+            if as_found.is_none() && self.opts.salvage {
+                as_found = Some(buf.clone());
             }
             let Some(csums) = &csums else { return Ok(buf) };
             match self.verify_sectors(logical, &buf, csums, what) {
@@ -99,7 +104,20 @@ impl FsInfo {
                 }
             }
         }
-        Err(first_err.unwrap_or_else(|| Error::corrupt("no copy readable")))
+        let e = first_err.unwrap_or_else(|| Error::corrupt("no copy readable"));
+        let msg = match &e {
+            Error::DataCsum(m) | Error::Corrupt(m) => m.clone(),
+            e => format!("{} (logical {logical}): {e}", what(logical)),
+        };
+        let found_what = if as_found.is_some() {
+            "written as found"
+        } else {
+            "no copy readable, zeros written"
+        };
+        if self.salvage_bad_data(format!("{msg}: {found_what}")) {
+            return Ok(as_found.unwrap_or_else(|| vec![0u8; len]));
+        }
+        Err(e)
     }
 
     fn verify_sectors(

@@ -3,12 +3,63 @@
 //! removed on unlink.
 
 use crate::error::{Error, Result};
+use crate::fs::{Filesystem, Node};
 use crate::transaction::Trans;
-use crate::tree::ctree::lookup_exact;
+use crate::tree::ctree::{lookup_exact, TreeIter};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::extref_hash;
-use ubtrfs_format::items::{parse_inode_extrefs, parse_inode_refs};
+use ubtrfs_format::items::{parse_inode_extrefs, parse_inode_refs, InodeItem, InodeRef};
 use ubtrfs_format::key::Key;
+
+impl Filesystem {
+    /// The names of an inode from its back references: every INODE_REF and
+    /// INODE_EXTREF entry (parent directory, index, name), in key order.
+    pub fn inode_refs(&self, node: Node) -> Result<Vec<InodeRef>> {
+        let root = self.root(node.root)?;
+        let iter = TreeIter::new(
+            &self.info,
+            &root,
+            Key::new(node.ino, INODE_REF_KEY, 0),
+            Key::new(node.ino, INODE_EXTREF_KEY, u64::MAX),
+        )?;
+        let mut out = Vec::new();
+        for it in iter {
+            let it = it?;
+            let k = it.key();
+            let refs = if k.ty == INODE_REF_KEY {
+                parse_inode_refs(k.offset, it.data())
+            } else {
+                parse_inode_extrefs(it.data())
+            }
+            .map_err(|e| Error::corrupt(format!("subvolume {} {k}: {e}", node.root)))?;
+            out.extend(refs);
+        }
+        Ok(out)
+    }
+
+    /// Calls `f` with every INODE_ITEM of subvolume `root`, in inode order (one sweep
+    /// of the tree), until it returns false.
+    pub fn for_each_inode(
+        &self,
+        root: u64,
+        mut f: impl FnMut(u64, &InodeItem) -> Result<bool>,
+    ) -> Result<()> {
+        let rp = self.root(root)?;
+        for it in TreeIter::new(&self.info, &rp, Key::new(0, 0, 0), Key::MAX)? {
+            let it = it?;
+            let k = it.key();
+            if k.ty != INODE_ITEM_KEY {
+                continue;
+            }
+            let i = InodeItem::parse(it.data())
+                .map_err(|e| Error::corrupt(format!("subvolume {root} {k}: {e}")))?;
+            if !f(k.objectid, &i)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
 
 impl Trans {
     pub(crate) fn add_inode_ref(

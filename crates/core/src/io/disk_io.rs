@@ -3,6 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::io::dev::{Device, FileDevice};
+use crate::io::salvage::{LostBlock, Salvage};
 use crate::io::volumes::ChunkMap;
 use crate::tree::tree_checker::{check_block, check_header, CheckCtx, Expect};
 use crate::tree::{BlockSource, TreeBlock};
@@ -24,6 +25,14 @@ pub struct OpenOptions {
     pub cache_bytes_max: usize,
     /// Open devices read-write (the write engine; see `transaction`).
     pub writable: bool,
+    /// Go on past tree blocks no copy gives intact: they read as empty and are
+    /// logged ([`FsInfo::lost_blocks`]). For rescuing readers only; never writable.
+    /// A root tree root no copy gives intact is replaced by the newest intact backup
+    /// root of the superblock.
+    pub salvage: bool,
+    /// Read the root tree from this block instead of the superblock's (an older
+    /// generation, as `btrfs restore -t` and `btrfs-find-root` use). Read-only.
+    pub tree_root: Option<u64>,
 }
 
 impl Default for OpenOptions {
@@ -32,6 +41,8 @@ impl Default for OpenOptions {
             verify_data_csum: true,
             cache_bytes_max: 256 << 20,
             writable: false,
+            salvage: false,
+            tree_root: None,
         }
     }
 }
@@ -71,6 +82,8 @@ pub struct FsInfo {
     /// Tree blocks written by the running transaction and not yet committed. Reads see
     /// them first, so every read path works on the uncommitted state too.
     pub(crate) dirty: Mutex<HashMap<u64, Arc<TreeBlock>>>,
+    /// With [`OpenOptions::salvage`]: the lost blocks and their stand-ins.
+    salvage: Option<Salvage>,
 }
 
 /// Reads and validates every superblock copy on a device; returns the newest valid one
@@ -225,6 +238,7 @@ impl FsInfo {
         let csum_type = sb
             .csum_type()
             .ok_or_else(|| Error::Unsupported(format!("csum type {}", sb.csum_type_raw)))?;
+        let salvage = opts.salvage.then(Salvage::default);
         let mut fs = FsInfo {
             nodesize: sb.nodesize,
             sectorsize: sb.sectorsize,
@@ -235,12 +249,95 @@ impl FsInfo {
             opts,
             cache: Mutex::new(BlockCache::default()),
             warnings: Mutex::new(warnings),
+            salvage,
             tree_roots: BTreeMap::new(),
             dirty: Mutex::new(HashMap::new()),
         };
         fs.read_chunk_tree()?;
+        fs.choose_root_tree()?;
         fs.load_tree_roots()?;
         Ok(fs)
+    }
+
+    /// The root tree to read: the superblock's, or the one asked for, or (salvaging)
+    /// the newest intact backup root when the superblock's is lost. Points `sb` at
+    /// it: everything read afterwards is that commit's state.
+    fn choose_root_tree(&mut self) -> Result<()> {
+        if let Some(b) = self.opts.tree_root {
+            if self.opts.writable {
+                return Err(Error::Unsupported(
+                    "writing from another tree root than the superblock's".into(),
+                ));
+            }
+            let blk = self.read_tree_block_verified(b, &Expect::default())?;
+            if blk.owner() != ROOT_TREE_OBJECTID {
+                return Err(Error::corrupt(format!(
+                    "tree block {b}: owned by tree {}, not the root tree",
+                    blk.owner() as i64
+                )));
+            }
+            self.warn(format!(
+                "reading the root tree at {b} (generation {}), not the superblock's {} \
+                 (generation {})",
+                blk.generation(),
+                self.sb.root,
+                self.sb.generation
+            ));
+            self.use_root_tree(b, blk.level(), blk.generation());
+            return Ok(());
+        }
+        if !self.opts.salvage {
+            return Ok(());
+        }
+        let current = Expect {
+            level: Some(self.sb.root_level),
+            generation: Some(self.sb.generation),
+            first_key: None,
+        };
+        let err = match self.read_tree_block_verified(self.sb.root, &current) {
+            Ok(_) => return Ok(()),
+            Err(e) => e,
+        };
+        let mut backups = self.sb.backup_roots.clone();
+        backups.sort_by_key(|b| std::cmp::Reverse(b.tree_root_gen));
+        for b in backups {
+            if b.tree_root == 0 || b.tree_root_gen == 0 || b.tree_root_gen > self.sb.generation {
+                continue;
+            }
+            let e = Expect {
+                level: Some(b.tree_root_level),
+                generation: Some(b.tree_root_gen),
+                first_key: None,
+            };
+            if self.read_tree_block_verified(b.tree_root, &e).is_ok() {
+                // The lost root counts as a loss: what came after the backup is gone.
+                if let Some(s) = &self.salvage {
+                    let fsid = self.sb.metadata_fsid();
+                    s.lose(
+                        self.sb.root,
+                        &current,
+                        format!("{err} (read from backup root {} instead)", b.tree_root),
+                        self.nodesize as usize,
+                        &fsid,
+                    );
+                }
+                self.warn(format!(
+                    "the root tree root {} (generation {}) is lost ({err}); reading the \
+                     backup root {} of generation {}: later changes are not seen",
+                    self.sb.root, self.sb.generation, b.tree_root, b.tree_root_gen
+                ));
+                self.use_root_tree(b.tree_root, b.tree_root_level, b.tree_root_gen);
+                return Ok(());
+            }
+        }
+        // No intact backup either: the walk finds the root tree empty, and says so.
+        Ok(())
+    }
+
+    fn use_root_tree(&mut self, bytenr: u64, level: u8, generation: u64) {
+        self.sb.root = bytenr;
+        self.sb.root_level = level;
+        self.sb.generation = generation;
     }
 
     /// A filesystem being created (mkfs): nothing is read from the devices.
@@ -261,6 +358,7 @@ impl FsInfo {
             opts,
             cache: Mutex::new(BlockCache::default()),
             warnings: Mutex::new(Vec::new()),
+            salvage: None,
             tree_roots: BTreeMap::new(),
             dirty: Mutex::new(HashMap::new()),
         }
@@ -332,8 +430,54 @@ impl FsInfo {
     }
 
     /// Reads, verifies and caches a tree block. Tries every copy; a bad copy that is
-    /// rescued by a good one is reported as a warning naming the copy.
+    /// rescued by a good one is reported as a warning naming the copy. In a salvage
+    /// open, a block no copy gives intact reads as a stand-in (see `io/salvage.rs`).
     pub fn read_tree_block(&self, bytenr: u64, expect: &Expect) -> Result<Arc<TreeBlock>> {
+        let Some(s) = &self.salvage else {
+            return self.read_tree_block_verified(bytenr, expect);
+        };
+        if let Some(b) = s.stand_in(bytenr) {
+            return Ok(b);
+        }
+        match self.read_tree_block_verified(bytenr, expect) {
+            Ok(b) => Ok(b),
+            Err(e) => {
+                let msg = match e {
+                    Error::Corrupt(m) => m,
+                    e => format!("tree block {bytenr}: {e}"),
+                };
+                let fsid = self.sb.metadata_fsid();
+                Ok(s.lose(bytenr, expect, msg, self.nodesize as usize, &fsid))
+            }
+        }
+    }
+
+    /// Blocks a salvage open could not read (the first 100,000) and how many in all.
+    pub fn lost_blocks(&self) -> (Vec<LostBlock>, u64) {
+        self.salvage.as_ref().map(|s| s.lost()).unwrap_or_default()
+    }
+
+    /// File data a salvage open gave out although no copy passed its checksums.
+    pub fn damaged_data(&self) -> (Vec<String>, u64) {
+        self.salvage
+            .as_ref()
+            .map(|s| s.bad_data_log())
+            .unwrap_or_default()
+    }
+
+    /// In a salvage open, logs data no copy gives intact and returns true: the
+    /// reader goes on with the bytes found.
+    pub(crate) fn salvage_bad_data(&self, msg: String) -> bool {
+        match &self.salvage {
+            Some(s) => {
+                s.bad_data(msg);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn read_tree_block_verified(&self, bytenr: u64, expect: &Expect) -> Result<Arc<TreeBlock>> {
         if let Some(b) = self.dirty_get(bytenr) {
             return Ok(b);
         }

@@ -8,4 +8,5 @@
 pub(crate) mod dev;
 pub(crate) mod disk_io;
 pub(crate) mod root_tree;
+pub(crate) mod salvage;
 pub(crate) mod volumes;

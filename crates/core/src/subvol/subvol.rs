@@ -5,7 +5,7 @@ use crate::fs::{Filesystem, Node};
 use crate::tree::ctree::{lookup_exact, TreeIter};
 use std::collections::HashMap;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{parse_inode_extrefs, parse_inode_refs, RootItem, RootRef};
+use ubtrfs_format::items::{RootItem, RootRef};
 use ubtrfs_format::key::Key;
 
 /// One subvolume or snapshot, as `btrfs subvolume list` shows it.
@@ -48,7 +48,6 @@ fn uuid_or_dash(u: &[u8; 16]) -> String {
 impl Filesystem {
     /// Path of directory `dir` inside subvolume `root`, relative to its root dir.
     pub fn dir_path_in(&self, root: u64, dir: u64) -> Result<Vec<u8>> {
-        let rp = self.root(root)?;
         let mut parts: Vec<Vec<u8>> = Vec::new();
         let mut cur = dir;
         let mut guard = 0usize;
@@ -59,27 +58,7 @@ impl Filesystem {
                     "subvolume {root}: directory {dir} has a parent loop"
                 )));
             }
-            let iter = TreeIter::new(
-                &self.info,
-                &rp,
-                Key::new(cur, INODE_REF_KEY, 0),
-                Key::new(cur, INODE_EXTREF_KEY, u64::MAX),
-            )?;
-            let mut found = None;
-            for it in iter {
-                let it = it?;
-                let k = it.key();
-                let refs = if k.ty == INODE_REF_KEY {
-                    parse_inode_refs(k.offset, it.data())
-                } else {
-                    parse_inode_extrefs(it.data())
-                }
-                .map_err(|e| Error::corrupt(format!("subvolume {root} {k}: {e}")))?;
-                if let Some(r) = refs.into_iter().next() {
-                    found = Some(r);
-                    break;
-                }
-            }
+            let found = self.inode_refs(Node::new(root, cur))?.into_iter().next();
             let r = found.ok_or_else(|| {
                 Error::corrupt(format!(
                     "subvolume {root}: directory {cur} has no INODE_REF"

@@ -110,6 +110,11 @@ impl Trans {
     /// left as it is: the caller replays it (tree_log/) before anything is allocated,
     /// because the log's blocks are not in the extent tree and look free.
     pub(crate) fn from_fs_no_replay(fs: FsInfo) -> Result<Trans> {
+        if fs.opts.salvage {
+            return Err(Error::Unsupported(
+                "writing a filesystem opened to salvage (its lost blocks read as empty)".into(),
+            ));
+        }
         let fs = crate::fs::Filesystem::from_info(fs);
         let sb = &fs.info.sb;
         if sb.flags & (SUPER_FLAG_SEEDING | SUPER_FLAG_METADUMP | SUPER_FLAG_METADUMP_V2) != 0 {

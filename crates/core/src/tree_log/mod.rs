@@ -82,11 +82,22 @@ impl Filesystem {
             .collect();
         let warnings = info.take_warnings();
         let replayed = (|| -> Result<Filesystem> {
-            let o = FsInfo::open(devs, opts.clone())?;
+            // The replay writes (to the overlay): never through a salvage open. A
+            // salvaging reader then opens the replayed state afresh.
+            let strict = OpenOptions {
+                salvage: false,
+                ..opts.clone()
+            };
+            let o = FsInfo::open(devs.clone(), strict)?;
             let mut t = Trans::from_fs_no_replay(o)?;
             let stats = t.replay_log()?;
             t.commit()?;
-            let fs = t.into_fs();
+            let fs = if opts.salvage {
+                drop(t);
+                Filesystem::from_info(FsInfo::open(devs, opts.clone())?)
+            } else {
+                t.into_fs()
+            };
             fs.info.warn(format!(
                 "the filesystem has a tree log (fsyncs after the last commit): showing it \
                  replayed ({} log items) in memory only; mounting read-write or any writing \
