@@ -14,8 +14,8 @@ use ubtrfs_core::format::consts::*;
 use ubtrfs_core::format::csum::CsumType;
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::tools::mkfs::{make_filesystem, MkfsOptions};
-use ubtrfs_core::Trans;
 use ubtrfs_core::{now, NewInode, MAX_EXTENT_SIZE};
+use ubtrfs_core::{Node, Trans};
 
 /// Commit when this much metadata is dirty, so memory stays bounded on big copies.
 const DIRTY_BYTES_COMMIT: usize = 256 << 20;
@@ -577,7 +577,7 @@ impl Copier {
     }
 }
 
-/// `IMAGE[:/path]` arguments name the top-level subvolume's paths.
+/// `IMAGE[:/path]` arguments name paths from the top-level subvolume.
 fn split_path(p: &str) -> (Vec<u8>, Vec<u8>) {
     let p = p.trim_end_matches('/');
     match p.rfind('/') {
@@ -596,23 +596,54 @@ pub fn open_rw(img: &Path) -> Result<Trans> {
     Ok(Trans::open_paths(&[img])?)
 }
 
+/// Resolves a path from the top level into whichever subvolume or snapshot it leads
+/// to, as a kernel mount of the top level would.
+fn resolve(t: &Trans, path: &[u8]) -> Result<Node> {
+    t.fs.resolve_bytes(path)
+        .with_context(|| String::from_utf8_lossy(path).into_owned())
+}
+
+/// Refuses changes where the kernel would: in a read-only subvolume or snapshot
+/// (EROFS), and in the placeholder directory a nested subvolume shows inside a
+/// snapshot (the kernel's dummy inode: EPERM).
+pub fn writable(t: &Trans, n: Node, path: &[u8]) -> Result<()> {
+    let shown = String::from_utf8_lossy(path);
+    if n.is_placeholder() {
+        bail!("{shown}: Operation not permitted (the empty stand-in of a subvolume inside a snapshot)");
+    }
+    if t.fs.subvol_root_item(n.root)?.flags & ROOT_SUBVOL_RDONLY != 0 {
+        bail!(
+            "{shown}: Read-only file system (read-only subvolume {})",
+            n.root
+        );
+    }
+    Ok(())
+}
+
+/// The directory a new name goes into, writable.
+fn parent_dir(t: &Trans, parent: &[u8]) -> Result<Node> {
+    let d = resolve(t, parent)?;
+    writable(t, d, parent)?;
+    Ok(d)
+}
+
+fn is_dir(t: &Trans, n: Node) -> bool {
+    t.fs.inode_item(n)
+        .map(|i| i.mode & 0o170000 == 0o040000)
+        .unwrap_or(false)
+}
+
 pub fn put(image: &Path, srcs: &[PathBuf], dest: &str) -> Result<()> {
     let mut t = open_rw(image)?;
-    let root = FS_TREE_OBJECTID;
     let mut c = Copier::new(std::io::stderr().is_terminal());
-    let dest_ino = t.resolve_path(root, dest.as_bytes()).ok();
-    let is_dir = |t: &Trans, ino: u64| {
-        t.read_inode(root, ino)
-            .map(|i| i.mode & 0o170000 == 0o040000)
-            .unwrap_or(false)
-    };
-    match dest_ino {
+    match t.fs.resolve(dest).ok() {
         Some(d) if is_dir(&t, d) => {
+            writable(&t, d, dest.as_bytes())?;
             for s in srcs {
                 let name = s
                     .file_name()
                     .with_context(|| format!("{}: no file name", s.display()))?;
-                c.copy_one(&mut t, root, d, s, name.as_encoded_bytes())?;
+                c.copy_one(&mut t, d.root, d.ino, s, name.as_encoded_bytes())?;
             }
         }
         Some(_) => bail!("{dest}: exists and is not a directory"),
@@ -621,8 +652,8 @@ pub fn put(image: &Path, srcs: &[PathBuf], dest: &str) -> Result<()> {
                 bail!("{dest}: no such directory");
             }
             let (parent, name) = split_path(dest);
-            let p = t.resolve_path(root, &parent)?;
-            c.copy_one(&mut t, root, p, &srcs[0], &name)?;
+            let p = parent_dir(&t, &parent)?;
+            c.copy_one(&mut t, p.root, p.ino, &srcs[0], &name)?;
         }
     }
     c.finish();
@@ -632,7 +663,6 @@ pub fn put(image: &Path, srcs: &[PathBuf], dest: &str) -> Result<()> {
 
 pub fn mkdir(image: &Path, paths: &[String], parents: bool, mode: u32) -> Result<()> {
     let mut t = open_rw(image)?;
-    let root = FS_TREE_OBJECTID;
     let attr = NewInode {
         mode: 0o40000 | (mode & 0o7777),
         uid: 0,
@@ -642,66 +672,69 @@ pub fn mkdir(image: &Path, paths: &[String], parents: bool, mode: u32) -> Result
     };
     for p in paths {
         if parents {
-            let mut cur = FIRST_FREE_OBJECTID;
-            for comp in p.split('/').filter(|c| !c.is_empty()) {
-                cur = match t.lookup(root, cur, comp.as_bytes())? {
-                    Some((_, _, loc)) if loc.ty == ROOT_ITEM_KEY => {
-                        bail!("{p}: {comp} is a subvolume (paths into subvolumes are not supported yet)")
+            let mut cur = t.fs.top();
+            for comp in p.split('/').filter(|c| !c.is_empty() && *c != ".") {
+                cur = match t.fs.lookup(cur, comp.as_bytes())? {
+                    Some(e) if is_dir(&t, e.node) => e.node,
+                    Some(_) => bail!("{p}: {comp} exists and is not a directory"),
+                    None => {
+                        writable(&t, cur, p.as_bytes())?;
+                        let ino = t.create(cur.root, cur.ino, comp.as_bytes(), attr)?;
+                        Node::new(cur.root, ino)
                     }
-                    Some((ino, _, _)) => ino,
-                    None => t.create(root, cur, comp.as_bytes(), attr)?,
                 };
             }
         } else {
             let (parent, name) = split_path(p);
-            let d = t.resolve_path(root, &parent)?;
-            t.create(root, d, &name, attr)?;
+            let d = parent_dir(&t, &parent)?;
+            t.create(d.root, d.ino, &name, attr)?;
         }
     }
     t.commit()?;
     Ok(())
 }
 
-fn remove_tree(t: &mut Trans, root: u64, dir: u64, name: &[u8]) -> Result<()> {
-    let (ino, ty, loc) = t.lookup(root, dir, name)?.with_context(|| {
+/// `rm -r` of one name: children first, then the name. A subvolume met on the way is
+/// deleted as the kernel's rmdir deletes an emptied subvolume (its contents are
+/// removed first, as `rm -r` on a kernel mount does).
+fn remove_tree(t: &mut Trans, dir: Node, name: &[u8]) -> Result<()> {
+    let e = t.fs.lookup(dir, name)?.with_context(|| {
         format!(
             "{}: No such file or directory",
             String::from_utf8_lossy(name)
         )
     })?;
-    if loc.ty == ROOT_ITEM_KEY {
-        bail!(
-            "{}: is a subvolume (deleting subvolumes is not supported yet)",
-            String::from_utf8_lossy(name)
-        );
-    }
-    if ty == FT_DIR {
-        let children = t.list_dir(root, ino)?;
+    if e.ty == FT_DIR {
+        writable(t, e.node, name)?;
+        let children = t.list_dir(e.node.root, e.node.ino)?;
         for (n, _) in children {
-            remove_tree(t, root, ino, &n)?;
+            remove_tree(t, e.node, &n)?;
         }
-        t.rmdir(root, dir, name, now())?;
+        if e.node.root != dir.root {
+            t.delete_subvolume(dir.root, dir.ino, name, now())?;
+        } else {
+            t.rmdir(dir.root, dir.ino, name, now())?;
+        }
     } else {
-        t.unlink(root, dir, name, now())?;
+        t.unlink(dir.root, dir.ino, name, now())?;
     }
     Ok(())
 }
 
 pub fn rm(image: &Path, paths: &[String], recursive: bool) -> Result<()> {
     let mut t = open_rw(image)?;
-    let root = FS_TREE_OBJECTID;
     for p in paths {
         let (parent, name) = split_path(p);
         if name.is_empty() || name == b"." || name == b".." {
             bail!("{p}: refusing to remove the top directory, '.' or '..'");
         }
-        let d = t.resolve_path(root, &parent)?;
+        let d = parent_dir(&t, &parent)?;
         if recursive {
-            remove_tree(&mut t, root, d, &name)?;
+            remove_tree(&mut t, d, &name)?;
         } else {
-            match t.lookup(root, d, &name)? {
+            match t.lookup(d.root, d.ino, &name)? {
                 Some((_, FT_DIR, _)) => bail!("{p}: is a directory (use -r)"),
-                Some(_) => t.unlink(root, d, &name, now())?,
+                Some(_) => t.unlink(d.root, d.ino, &name, now())?,
                 None => bail!("{p}: No such file or directory"),
             }
         }
@@ -712,26 +745,28 @@ pub fn rm(image: &Path, paths: &[String], recursive: bool) -> Result<()> {
 
 pub fn mv(image: &Path, from: &str, to: &str, noreplace: bool) -> Result<()> {
     let mut t = open_rw(image)?;
-    let root = FS_TREE_OBJECTID;
     let (op, on) = split_path(from);
-    let od = t.resolve_path(root, &op)?;
-    let (nd, nn) = match t.resolve_path(root, to.as_bytes()) {
-        Ok(ino) if t.read_inode(root, ino)?.mode & 0o170000 == 0o040000 => (ino, on.clone()),
+    let od = parent_dir(&t, &op)?;
+    let (nd, nn) = match t.fs.resolve(to) {
+        Ok(n) if is_dir(&t, n) => (n, on.clone()),
         _ => {
             let (np, nn) = split_path(to);
-            (t.resolve_path(root, &np)?, nn)
+            (resolve(&t, &np)?, nn)
         }
     };
-    t.rename(root, od, &on, nd, &nn, noreplace, now())?;
+    writable(&t, nd, to.as_bytes())?;
+    if od.root != nd.root {
+        bail!("{from} -> {to}: Invalid cross-device link (a rename between subvolumes, EXDEV as on the kernel)");
+    }
+    t.rename(od.root, od.ino, &on, nd.ino, &nn, noreplace, now())?;
     t.commit()?;
     Ok(())
 }
 
 pub fn ln(image: &Path, target: &str, link: &str, symbolic: bool) -> Result<()> {
     let mut t = open_rw(image)?;
-    let root = FS_TREE_OBJECTID;
     let (lp, ln) = split_path(link);
-    let d = t.resolve_path(root, &lp)?;
+    let d = parent_dir(&t, &lp)?;
     if symbolic {
         let attr = NewInode {
             mode: 0o120777,
@@ -740,10 +775,16 @@ pub fn ln(image: &Path, target: &str, link: &str, symbolic: bool) -> Result<()> 
             rdev: 0,
             time: now(),
         };
-        t.symlink(root, d, &ln, target.as_bytes(), attr)?;
+        t.symlink(d.root, d.ino, &ln, target.as_bytes(), attr)?;
     } else {
-        let ino = t.resolve_path(root, target.as_bytes())?;
-        t.link(root, ino, d, &ln, now())?;
+        let n = resolve(&t, target.as_bytes())?;
+        if n.root != d.root {
+            bail!("{target} -> {link}: Invalid cross-device link (a hard link between subvolumes, EXDEV as on the kernel)");
+        }
+        if n.ino == FIRST_FREE_OBJECTID || is_dir(&t, n) {
+            bail!("{target}: hard link not allowed for directory");
+        }
+        t.link(d.root, n.ino, d.ino, &ln, now())?;
     }
     t.commit()?;
     Ok(())
@@ -757,14 +798,14 @@ pub fn setfattr(
     remove: bool,
 ) -> Result<()> {
     let mut t = open_rw(image)?;
-    let root = FS_TREE_OBJECTID;
-    let ino = t.resolve_path(root, path.as_bytes())?;
+    let n = resolve(&t, path.as_bytes())?;
+    writable(&t, n, path.as_bytes())?;
     if remove {
-        t.remove_xattr(root, ino, name.as_bytes(), now())?;
+        t.remove_xattr(n.root, n.ino, name.as_bytes(), now())?;
     } else {
         t.set_xattr(
-            root,
-            ino,
+            n.root,
+            n.ino,
             name.as_bytes(),
             value.unwrap_or("").as_bytes(),
             now(),
@@ -776,9 +817,9 @@ pub fn setfattr(
 
 pub fn truncate(image: &Path, path: &str, size: u64) -> Result<()> {
     let mut t = open_rw(image)?;
-    let root = FS_TREE_OBJECTID;
-    let ino = t.resolve_path(root, path.as_bytes())?;
-    t.truncate(root, ino, size, now())?;
+    let n = resolve(&t, path.as_bytes())?;
+    writable(&t, n, path.as_bytes())?;
+    t.truncate(n.root, n.ino, size, now())?;
     t.commit()?;
     Ok(())
 }

@@ -8,6 +8,7 @@ mod json;
 mod mount;
 mod share;
 mod share_edit;
+mod subvol_edit;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -184,6 +185,11 @@ enum Cmd {
     },
     /// Mount read-only with FUSE (like the kernel's btrfs mount, for reading).
     Mount(mount::MountArgs),
+    /// Subvolume properties (`ro`), like `btrfs property`.
+    Property {
+        #[command(subcommand)]
+        cmd: subvol_edit::PropertyCmd,
+    },
     /// Recovery commands.
     Rescue {
         #[command(subcommand)]
@@ -204,6 +210,8 @@ enum FsCmd {
 
 #[derive(Subcommand)]
 enum SubvolCmd {
+    #[command(flatten)]
+    Edit(subvol_edit::SubvolEditCmd),
     /// Referenced and exclusive bytes per subvolume (the numbers of a qgroup rescan,
     /// no quota tree needed), and what deleting the given subvolumes together frees.
     Du(share::SubvolDuArgs),
@@ -550,6 +558,10 @@ fn run(cli: Cli) -> Result<()> {
             let fs = open(&img)?;
             cmd_subvol_list(&fs, all, parent_uuid, uuid, format, &mut out)?;
         }
+        Cmd::Subvolume {
+            cmd: SubvolCmd::Edit(c),
+        } => subvol_edit::run(c, &mut out)?,
+        Cmd::Property { cmd } => subvol_edit::property(cmd, &mut out)?,
         Cmd::Mount(args) => mount::run(args)?,
         Cmd::Rescue {
             cmd: RescueCmd::ZeroLog { image },

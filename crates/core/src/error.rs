@@ -55,6 +55,15 @@ pub enum Error {
     #[error("{0}: Directory not empty")]
     /// ENOTEMPTY: a directory that still has entries.
     NotEmpty(String),
+    #[error("{0}: Operation not permitted")]
+    /// EPERM: not allowed whatever the permissions (the default subvolume's deletion).
+    NotPermitted(String),
+    #[error("{0}: Read-only file system")]
+    /// EROFS: a change inside a read-only subvolume or snapshot.
+    ReadOnly(String),
+    #[error("{0}: Invalid cross-device link")]
+    /// EXDEV: a rename or link between subvolumes.
+    CrossDevice(String),
     #[error("{0}: Device or resource busy")]
     /// EBUSY: the device is mounted or locked by another writer.
     Busy(String),
@@ -86,6 +95,9 @@ impl Error {
             Error::Exists(_) => libc::EEXIST,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Busy(_) => libc::EBUSY,
+            Error::NotPermitted(_) => libc::EPERM,
+            Error::ReadOnly(_) => libc::EROFS,
+            Error::CrossDevice(_) => libc::EXDEV,
         }
     }
 }

@@ -11,7 +11,7 @@ use ubtrfs_format::items::{InodeItem, RootItem, RootRef, Timespec};
 use ubtrfs_format::key::Key;
 
 impl Trans {
-    fn free_root_id(&self) -> Result<u64> {
+    pub(crate) fn free_root_id(&self) -> Result<u64> {
         let root = self.fs.info.root_tree_ptr();
         let highest = match lookup_prev(
             &self.fs.info,
@@ -107,18 +107,11 @@ impl Trans {
             &Key::new(id, ROOT_BACKREF_KEY, parent),
             &rr,
         )?;
-        let k = Key::new(
-            u64::from_le_bytes(uuid[..8].try_into().unwrap_or([0; 8])),
-            UUID_KEY_SUBVOL,
-            u64::from_le_bytes(uuid[8..].try_into().unwrap_or([0; 8])),
-        );
-        if self.root_ptr(UUID_TREE_OBJECTID).is_ok() {
-            self.insert_item(UUID_TREE_OBJECTID, &k, &id.to_le_bytes())?;
-        }
+        self.uuid_tree_add(&uuid, UUID_KEY_SUBVOL, id)?;
         Ok(id)
     }
 
-    fn add_subvol_entry(
+    pub(crate) fn add_subvol_entry(
         &mut self,
         parent: u64,
         dir: u64,
@@ -140,6 +133,48 @@ impl Trans {
         d.sequence += 1;
         self.write_inode(parent, dir, &d)?;
         Ok(index)
+    }
+
+    /// The UUID tree's key for a uuid of kind `ty` (SUBVOL or RECEIVED_SUBVOL).
+    fn uuid_key(uuid: &[u8; 16], ty: u8) -> Key {
+        let half = |b: &[u8]| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            u64::from_le_bytes(a)
+        };
+        Key::new(half(&uuid[..8]), ty, half(&uuid[8..]))
+    }
+
+    /// Adds subvolume `id` under `uuid` in the UUID tree (an item holds every id with
+    /// that uuid). Without a UUID tree nothing is written: the kernel builds one at
+    /// mount when it is missing.
+    pub(crate) fn uuid_tree_add(&mut self, uuid: &[u8; 16], ty: u8, id: u64) -> Result<()> {
+        if self.root_ptr(UUID_TREE_OBJECTID).is_err() {
+            return Ok(());
+        }
+        let k = Self::uuid_key(uuid, ty);
+        let ptr = self.root_ptr(UUID_TREE_OBJECTID)?;
+        if let Some(it) = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &k)? {
+            if it.data().chunks(8).any(|c| c == id.to_le_bytes()) {
+                return Ok(());
+            }
+        }
+        self.append_to_item(UUID_TREE_OBJECTID, &k, &id.to_le_bytes())
+    }
+
+    /// Removes subvolume `id` from `uuid`'s UUID tree item (the item goes when empty).
+    pub(crate) fn uuid_tree_remove(&mut self, uuid: &[u8; 16], ty: u8, id: u64) -> Result<()> {
+        if self.root_ptr(UUID_TREE_OBJECTID).is_err() {
+            return Ok(());
+        }
+        let k = Self::uuid_key(uuid, ty);
+        let want = id.to_le_bytes();
+        self.remove_from_item(UUID_TREE_OBJECTID, &k, |d| {
+            (0..d.len() / 8)
+                .find(|i| d[i * 8..i * 8 + 8] == want)
+                .map(|i| (i * 8, i * 8 + 8))
+        })?;
+        Ok(())
     }
 
     /// Writes the root directory of a new tree: inode 256 and its ".." INODE_REF

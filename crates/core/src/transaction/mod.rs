@@ -433,7 +433,7 @@ impl Trans {
         Ok(())
     }
 
-    fn has_pending_work(&self) -> bool {
+    pub(crate) fn has_pending_work(&self) -> bool {
         !self.delayed.is_empty()
             || !self.alloc.pending_chunks.is_empty()
             || !self.dirty_roots.is_empty()

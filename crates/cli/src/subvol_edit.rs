@@ -1,0 +1,362 @@
+//! Subvolume commands that write: create, snapshot, delete (and the cleaner that
+//! drops deleted trees), set-default; and the reading ones that go with them
+//! (get-default, show) plus `property get|set ... ro`. Messages follow btrfs-progs.
+
+use crate::edit::{open_rw, writable};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use ubtrfs_core::format::consts::*;
+use ubtrfs_core::{now, Filesystem, Node, Trans};
+
+#[derive(Subcommand)]
+pub enum SubvolEditCmd {
+    /// Create empty subvolumes, like `btrfs subvolume create`.
+    Create {
+        image: PathBuf,
+        #[arg(required = true)]
+        paths: Vec<String>,
+    },
+    /// Snapshot a subvolume, like `btrfs subvolume snapshot` (constant time).
+    Snapshot {
+        image: PathBuf,
+        /// The subvolume to snapshot.
+        src: String,
+        /// The new snapshot's path, or an existing directory to put it in.
+        dest: String,
+        /// Make the snapshot read-only.
+        #[arg(short = 'r')]
+        readonly: bool,
+    },
+    /// Delete subvolumes and drop their trees, like `btrfs subvolume delete` followed
+    /// by the kernel's cleaner. Interrupted, the next `subvolume sync` (or a kernel
+    /// mount) finishes the drop.
+    Delete(DeleteArgs),
+    /// Finish dropping deleted subvolumes (the kernel's cleaner), like `btrfs
+    /// subvolume sync`.
+    Sync {
+        image: PathBuf,
+        /// No progress bar.
+        #[arg(short = 'q', long)]
+        quiet: bool,
+    },
+    /// Set the subvolume a mount without subvol= opens.
+    SetDefault {
+        image: PathBuf,
+        /// Subvolume id, or a path to a subvolume.
+        subvol: String,
+    },
+    /// Print the default subvolume like `btrfs subvolume get-default`.
+    GetDefault { image: PathBuf },
+    /// Details of one subvolume like `btrfs subvolume show`.
+    Show { image: PathBuf, path: String },
+}
+
+#[derive(Args)]
+pub struct DeleteArgs {
+    pub image: PathBuf,
+    #[arg(required_unless_present = "subvolid")]
+    pub paths: Vec<String>,
+    /// Delete the subvolume with this id instead of a path.
+    #[arg(short = 'i', long)]
+    pub subvolid: Option<u64>,
+    /// Accepted for btrfs-progs compatibility: every deletion is committed.
+    #[arg(short = 'c', long)]
+    pub commit_after: bool,
+    /// Accepted for btrfs-progs compatibility: every deletion is committed.
+    #[arg(short = 'C', long)]
+    pub commit_each: bool,
+    /// Only unlink and mark for the cleaner; leave the drop to `subvolume sync` or
+    /// the kernel (as the kernel's delete returns before its cleaner runs).
+    #[arg(long)]
+    pub no_drop: bool,
+    /// No progress bar.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+#[derive(Subcommand)]
+pub enum PropertyCmd {
+    /// Print a property (`ro` of a subvolume) like `btrfs property get`.
+    Get {
+        image: PathBuf,
+        path: String,
+        /// Only `ro` is a subvolume property here.
+        name: Option<String>,
+    },
+    /// Set `ro` of a subvolume like `btrfs property set PATH ro true|false`.
+    Set {
+        image: PathBuf,
+        path: String,
+        name: String,
+        value: String,
+        /// Make a received subvolume writable (clears its received_uuid).
+        #[arg(short = 'f', long)]
+        force: bool,
+    },
+}
+
+fn split(path: &str) -> Result<(String, Vec<u8>)> {
+    let p = path.trim_end_matches('/');
+    let (parent, name) = match p.rfind('/') {
+        Some(i) => (&p[..i], &p[i + 1..]),
+        None => ("", p),
+    };
+    if name.is_empty() || name == "." || name == ".." {
+        bail!("{path}: not a name for a subvolume");
+    }
+    Ok((format!("/{parent}"), name.as_bytes().to_vec()))
+}
+
+fn parent_dir(t: &Trans, parent: &str) -> Result<Node> {
+    let d =
+        t.fs.resolve(parent)
+            .with_context(|| format!("{parent}: cannot access"))?;
+    writable(t, d, parent.as_bytes())?;
+    Ok(d)
+}
+
+/// The subvolume whose root a path names ("Not a Btrfs subvolume" otherwise).
+fn subvol_at(fs: &Filesystem, path: &str) -> Result<u64> {
+    let n = fs
+        .resolve(path)
+        .with_context(|| format!("{path}: cannot access"))?;
+    if n.ino != FIRST_FREE_OBJECTID || n.is_placeholder() {
+        bail!("{path}: Not a Btrfs subvolume");
+    }
+    Ok(n.root)
+}
+
+fn bar(quiet: bool, what: &str) -> Option<ProgressBar> {
+    (!quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new_spinner();
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        b.set_message(what.to_string());
+        b
+    })
+}
+
+/// Runs the cleaner to the end on every deleted tree.
+fn drop_all(t: &mut Trans, quiet: bool) -> Result<Vec<u64>> {
+    let b = bar(quiet, "dropping deleted subvolumes");
+    let done = t.drop_dead_roots(&mut |n| {
+        if let Some(b) = &b {
+            b.set_message(format!("dropping deleted subvolumes: {n} tree blocks"));
+        }
+    })?;
+    if let Some(b) = b {
+        b.finish_and_clear();
+    }
+    Ok(done)
+}
+
+pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
+    match cmd {
+        SubvolEditCmd::Create { image, paths } => {
+            let mut t = open_rw(&image)?;
+            for p in &paths {
+                let (parent, name) = split(p)?;
+                let d = parent_dir(&t, &parent)?;
+                t.create_subvolume(d.root, d.ino, &name, 0o755, 0, 0, now())
+                    .with_context(|| format!("{p}: cannot create subvolume"))?;
+                writeln!(out, "Create subvolume '{p}'")?;
+            }
+            t.commit()?;
+        }
+        SubvolEditCmd::Snapshot {
+            image,
+            src,
+            dest,
+            readonly,
+        } => {
+            let mut t = open_rw(&image)?;
+            let id = subvol_at(&t.fs, &src)?;
+            let (dir, name, shown) = match t.fs.resolve(&dest) {
+                Ok(d) if t.fs.stat(d)?.mode & 0o170000 == 0o040000 => {
+                    let (_, n) = split(&src)?;
+                    let shown = format!(
+                        "{}/{}",
+                        dest.trim_end_matches('/'),
+                        String::from_utf8_lossy(&n)
+                    );
+                    (d, n, shown)
+                }
+                Ok(_) => bail!("{dest}: File exists"),
+                Err(_) => {
+                    let (parent, n) = split(&dest)?;
+                    (
+                        t.fs.resolve(&parent)
+                            .with_context(|| format!("{parent}: cannot access"))?,
+                        n,
+                        dest.clone(),
+                    )
+                }
+            };
+            writable(&t, dir, dest.as_bytes())?;
+            t.create_snapshot(id, dir.root, dir.ino, &name, readonly, now())
+                .with_context(|| format!("{shown}: cannot snapshot"))?;
+            t.commit()?;
+            let ro = if readonly { "readonly " } else { "" };
+            writeln!(out, "Create {ro}snapshot of '{src}' in '{shown}'")?;
+        }
+        SubvolEditCmd::Delete(a) => {
+            let mut t = open_rw(&a.image)?;
+            let mut targets: Vec<(String, Node, Vec<u8>)> = Vec::new();
+            if let Some(id) = a.subvolid {
+                let s =
+                    t.fs.subvolumes()?
+                        .into_iter()
+                        .find(|s| s.id == id)
+                        .with_context(|| format!("subvolume id {id}: not found"))?;
+                let path = format!("/{}", s.path);
+                let (parent, name) = split(&path)?;
+                targets.push((path, t.fs.resolve(&parent)?, name));
+            }
+            for p in &a.paths {
+                subvol_at(&t.fs, p)?;
+                let (parent, name) = split(p)?;
+                targets.push((p.clone(), parent_dir(&t, &parent)?, name));
+            }
+            for (p, dir, name) in &targets {
+                t.delete_subvolume(dir.root, dir.ino, name, now())
+                    .with_context(|| format!("{p}: cannot delete"))?;
+                writeln!(out, "Delete subvolume '{p}'")?;
+            }
+            t.commit()?;
+            if !a.no_drop {
+                drop_all(&mut t, a.quiet)?;
+            }
+        }
+        SubvolEditCmd::Sync { image, quiet } => {
+            let mut t = open_rw(&image)?;
+            let done = drop_all(&mut t, quiet)?;
+            for id in done {
+                writeln!(out, "Subvolume id {id} is gone")?;
+            }
+        }
+        SubvolEditCmd::SetDefault { image, subvol } => {
+            let mut t = open_rw(&image)?;
+            let id = match subvol.parse::<u64>() {
+                Ok(id) => id,
+                Err(_) => subvol_at(&t.fs, &subvol)?,
+            };
+            t.set_default_subvolume(id)?;
+            t.commit()?;
+        }
+        SubvolEditCmd::GetDefault { image } => {
+            let t = open_rw(&image)?;
+            let id = t.default_subvolume()?;
+            if id == FS_TREE_OBJECTID {
+                writeln!(out, "ID 5 (FS_TREE)")?;
+            } else {
+                let s = t
+                    .fs
+                    .subvolumes()?
+                    .into_iter()
+                    .find(|s| s.id == id)
+                    .with_context(|| format!("default subvolume {id} is not linked anywhere"))?;
+                writeln!(
+                    out,
+                    "ID {} gen {} top level {} path {}",
+                    s.id, s.gen, s.top_level, s.path
+                )?;
+            }
+        }
+        SubvolEditCmd::Show { image, path } => {
+            let t = open_rw(&image)?;
+            show(&t, &path, out)?;
+        }
+    }
+    Ok(())
+}
+
+fn show(t: &Trans, path: &str, out: &mut dyn Write) -> Result<()> {
+    let id = subvol_at(&t.fs, path)?;
+    let item = t.fs.subvol_root_item(id)?;
+    let subs = t.fs.subvolumes()?;
+    let me = subs.iter().find(|s| s.id == id);
+    let uuid = |u: &[u8; 16]| {
+        if u.iter().all(|&b| b == 0) {
+            "-".to_string()
+        } else {
+            ubtrfs_core::format::bytes::uuid_string(u)
+        }
+    };
+    let time = |sec: i64| {
+        if sec == 0 {
+            "-".to_string()
+        } else {
+            format!("{} +0000", crate::fmt::datetime(sec))
+        }
+    };
+    let name = match me {
+        Some(s) => s.path.rsplit('/').next().unwrap_or("").to_string(),
+        None => "<FS_TREE>".to_string(),
+    };
+    writeln!(out, "{}", me.map_or("/".to_string(), |s| s.path.clone()))?;
+    writeln!(out, "\tName: \t\t\t{name}")?;
+    writeln!(out, "\tUUID: \t\t\t{}", uuid(&item.uuid))?;
+    writeln!(out, "\tParent UUID: \t\t{}", uuid(&item.parent_uuid))?;
+    writeln!(out, "\tReceived UUID: \t\t{}", uuid(&item.received_uuid))?;
+    writeln!(out, "\tCreation time: \t\t{}", time(item.otime.sec))?;
+    writeln!(out, "\tSubvolume ID: \t\t{id}")?;
+    writeln!(out, "\tGeneration: \t\t{}", item.generation)?;
+    writeln!(out, "\tGen at creation: \t{}", item.otransid)?;
+    writeln!(out, "\tParent ID: \t\t{}", me.map_or(0, |s| s.top_level))?;
+    writeln!(out, "\tTop level ID: \t\t{}", me.map_or(0, |s| s.top_level))?;
+    let ro = item.flags & ROOT_SUBVOL_RDONLY != 0;
+    writeln!(out, "\tFlags: \t\t\t{}", if ro { "readonly" } else { "-" })?;
+    writeln!(out, "\tSend transid: \t\t{}", item.stransid)?;
+    writeln!(out, "\tSend time: \t\t{}", time(item.stime.sec))?;
+    writeln!(out, "\tReceive transid: \t{}", item.rtransid)?;
+    writeln!(out, "\tReceive time: \t\t{}", time(item.rtime.sec))?;
+    writeln!(out, "\tSnapshot(s):")?;
+    if item.uuid != [0; 16] {
+        for s in subs.iter().filter(|s| s.parent_uuid == uuid(&item.uuid)) {
+            writeln!(out, "\t\t\t\t{}", s.path)?;
+        }
+    }
+    Ok(())
+}
+
+pub fn property(cmd: PropertyCmd, out: &mut dyn Write) -> Result<()> {
+    match cmd {
+        PropertyCmd::Get { image, path, name } => {
+            if let Some(n) = name.as_deref() {
+                if n != "ro" {
+                    bail!("{n}: unknown property for a subvolume (only ro)");
+                }
+            }
+            let t = open_rw(&image)?;
+            let id = subvol_at(&t.fs, &path)?;
+            let ro = t.fs.subvol_root_item(id)?.flags & ROOT_SUBVOL_RDONLY != 0;
+            writeln!(out, "ro={ro}")?;
+        }
+        PropertyCmd::Set {
+            image,
+            path,
+            name,
+            value,
+            force,
+        } => {
+            if name != "ro" {
+                bail!("{name}: unknown property for a subvolume (only ro)");
+            }
+            let ro = match value.as_str() {
+                "true" => true,
+                "false" => false,
+                v => bail!("{v}: invalid value for ro (true or false)"),
+            };
+            let mut t = open_rw(&image)?;
+            let id = subvol_at(&t.fs, &path)?;
+            t.set_subvolume_readonly(id, ro, force, now())?;
+            t.commit()?;
+        }
+    }
+    Ok(())
+}
