@@ -41,6 +41,8 @@ pub enum SubvolEditCmd {
         /// No progress bar.
         #[arg(short = 'q', long)]
         quiet: bool,
+        #[command(flatten)]
+        drop: DropLimits,
     },
     /// Set the subvolume a mount without subvol= opens.
     SetDefault {
@@ -75,6 +77,17 @@ pub struct DeleteArgs {
     /// No progress bar.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    #[command(flatten)]
+    pub drop: DropLimits,
+}
+
+/// Test knobs: how much the cleaner does per commit, and when it stops.
+#[derive(Args, Clone, Copy)]
+pub struct DropLimits {
+    #[arg(long, hide = true)]
+    pub drop_blocks_per_commit: Option<u64>,
+    #[arg(long, hide = true)]
+    pub max_drop_commits: Option<u64>,
 }
 
 #[derive(Subcommand)]
@@ -142,9 +155,9 @@ fn bar(quiet: bool, what: &str) -> Option<ProgressBar> {
 }
 
 /// Runs the cleaner to the end on every deleted tree.
-fn drop_all(t: &mut Trans, quiet: bool) -> Result<Vec<u64>> {
+fn drop_all(t: &mut Trans, quiet: bool, limits: DropLimits) -> Result<Vec<u64>> {
     let b = bar(quiet, "dropping deleted subvolumes");
-    let done = t.drop_dead_roots(&mut |n| {
+    let done = t.drop_dead_roots(limits.drop_blocks_per_commit, limits.max_drop_commits, &mut |n| {
         if let Some(b) = &b {
             b.set_message(format!("dropping deleted subvolumes: {n} tree blocks"));
         }
@@ -229,12 +242,12 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             }
             t.commit()?;
             if !a.no_drop {
-                drop_all(&mut t, a.quiet)?;
+                drop_all(&mut t, a.quiet, a.drop)?;
             }
         }
-        SubvolEditCmd::Sync { image, quiet } => {
+        SubvolEditCmd::Sync { image, quiet, drop } => {
             let mut t = open_rw(&image)?;
-            let done = drop_all(&mut t, quiet)?;
+            let done = drop_all(&mut t, quiet, drop)?;
             for id in done {
                 writeln!(out, "Subvolume id {id} is gone")?;
             }

@@ -224,18 +224,31 @@ impl Trans {
         Ok(out)
     }
 
-    /// Drops every dead tree to the end, committing after each step (so an
-    /// interruption loses at most one step). `progress` gets the tree blocks visited
-    /// so far. Returns the trees dropped.
-    pub fn drop_dead_roots(&mut self, progress: &mut dyn FnMut(u64)) -> Result<Vec<u64>> {
+    /// Drops every dead tree to the end, committing after each step of
+    /// `blocks_per_commit` tree blocks (None: [`DROP_BLOCKS_PER_COMMIT`]), so an
+    /// interruption loses at most one step; stops early after `max_commits` steps
+    /// (tests leave a half-dropped tree that way). `progress` gets the tree blocks
+    /// visited so far. Returns the trees dropped completely.
+    pub fn drop_dead_roots(
+        &mut self,
+        blocks_per_commit: Option<u64>,
+        max_commits: Option<u64>,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Vec<u64>> {
+        let budget = blocks_per_commit.unwrap_or(DROP_BLOCKS_PER_COMMIT).max(1);
         let mut done = Vec::new();
         let mut visited = 0u64;
+        let mut commits = 0u64;
         for id in self.dead_roots()? {
             loop {
-                let (finished, n) = self.drop_dead_root_step(id, DROP_BLOCKS_PER_COMMIT)?;
+                if max_commits.is_some_and(|m| commits >= m) {
+                    return Ok(done);
+                }
+                let (finished, n) = self.drop_dead_root_step(id, budget)?;
                 visited += n;
                 progress(visited);
                 self.commit()?;
+                commits += 1;
                 if finished {
                     break;
                 }

@@ -1,0 +1,349 @@
+//! Subvolume create/snapshot/delete and edits inside subvolumes, offline, against the
+//! kernel (issue 13):
+//! - the same subvolume operations done by the kernel on one twin image and by
+//!   `ubtrfs` on the other give the same trees as a kernel mount shows them, the same
+//!   `subvolume list`, and `btrfs check` is clean; the kernel then writes into the
+//!   snapshots ubtrfs made (CoW of blocks whose references ubtrfs converted) and the
+//!   image stays clean;
+//! - deleting a snapshot whose own blocks are shared with a later snapshot (the
+//!   cleaner's UPDATE_BACKREF stage), interrupted after a few commits: `btrfs check`
+//!   is clean half-way, the kernel finishes the drop, ubtrfs finishes it too, and
+//!   both free what the kernel's own deletion frees;
+//! - a deletion the kernel left half-done (unmounted while its cleaner ran) is
+//!   finished by `ubtrfs subvolume sync`;
+//! - offline edits in a kernel-made subvolume equal the kernel's; read-only snapshots
+//!   refuse (EROFS), renames and links between subvolumes give EXDEV, `rm -r` removes
+//!   a nested subvolume as the kernel's rmdir does.
+//!
+//! Needs root (loop devices); skipped with a line outside CI.
+
+use std::path::{Path, PathBuf};
+use ubtrfs_sim::golden::{compare_walks, report, walk_mounted};
+use ubtrfs_sim::host::{btrfs_check, require_root, serial, sh, shell_quote, Ubtrfs};
+use ubtrfs_sim::mount::{kernel_writes, mkfs_btrfs, KernelMount};
+
+const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
+
+/// Contents (not times, inode numbers of new subvolumes' roots are equal anyway).
+const FIELDS: &[&str] = &[
+    "type", "ino", "mode", "uid", "gid", "nlink", "size", "sha256", "xattrs", "readlink",
+];
+
+/// A subvolume big enough for a three-level tree at 4 KiB nodes, reflinked and
+/// inline files, a nested subvolume, and a snapshot changed after it was taken.
+const SOURCE: &str = r#"
+set -eu
+btrfs -q subvolume create home
+python3 - <<'PY'
+import os, random
+random.seed(5)
+for d in range(6):
+    os.makedirs(f'home/d{d}')
+    for i in range(700):
+        with open(f'home/d{d}/f{i}', 'wb') as f:
+            f.write(random.randbytes(300 if i % 3 else 5000))
+open('home/big', 'wb').write(random.randbytes(3 << 20))
+os.symlink('big', 'home/link')
+os.setxattr('home/d0/f1', 'user.tag', b'v')
+PY
+cp --reflink=always home/big home/big2
+btrfs -q subvolume create home/nested
+echo n > home/nested/x
+btrfs -q subvolume snapshot home snap
+python3 - <<'PY'
+for d in range(0, 6, 2):
+    for i in range(0, 700, 4):
+        with open(f'snap/d{d}/f{i}', 'wb') as f:
+            f.write(b'changed %d' % i * 100)
+PY
+sync
+"#;
+
+fn twin_images(dir: &Path, script: &str) -> (PathBuf, PathBuf) {
+    let img = dir.join("ubtrfs.img");
+    let kimg = dir.join("kernel.img");
+    mkfs_btrfs(&img, 1 << 30, &["-n", "4096"]);
+    kernel_writes(&img, script, "source tree");
+    std::fs::copy(&img, &kimg).expect("twin image");
+    (img, kimg)
+}
+
+fn kernel_tree(img: &Path) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let k = KernelMount::new(img, "ro");
+    let t = walk_mounted(&k.path(""));
+    k.umount();
+    t
+}
+
+/// `btrfs subvolume list` of a kernel mount, without the generations (the kernel
+/// commits more often than one offline command does).
+fn kernel_subvol_list(img: &Path) -> Vec<String> {
+    let k = KernelMount::new(img, "ro");
+    let text = sh(&format!("btrfs subvolume list {}", shell_quote(&k.path(""))));
+    k.umount();
+    text.lines()
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            // ID n gen g top level t path p
+            format!("{} {} {} {}", w[1], w[5], w[6], w[8..].join(" "))
+        })
+        .collect()
+}
+
+fn root_tree_text(img: &Path) -> String {
+    sh(&format!(
+        "btrfs inspect-internal dump-tree -t root {}",
+        shell_quote(img)
+    ))
+}
+
+/// The drop_progress line of subvolume `id`'s ROOT_ITEM, if it still has one.
+fn drop_progress(img: &Path, id: u64) -> Option<String> {
+    let text = root_tree_text(img);
+    let mut lines = text.lines();
+    lines.find(|l| l.contains(&format!("key ({id} ROOT_ITEM")))?;
+    lines
+        .take(5)
+        .find(|l| l.contains("drop_progress"))
+        .map(|l| l.trim().to_string())
+}
+
+/// bytes_used of the superblock (what the extent tree accounts).
+fn bytes_used(img: &Path) -> u64 {
+    let text = sh(&format!(
+        "btrfs inspect-internal dump-super {}",
+        shell_quote(img)
+    ));
+    text.lines()
+        .find(|l| l.starts_with("bytes_used"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("dump-super: {text}"))
+}
+
+fn check(img: &Path, what: &str) {
+    btrfs_check(img, None).unwrap_or_else(|e| panic!("btrfs check {what}: {e}"));
+}
+
+#[test]
+fn snapshots_and_deletion_as_the_kernel() {
+    if !require_root("snapshots_and_deletion_as_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (img, kimg) = twin_images(dir.path(), SOURCE);
+    kernel_writes(
+        &kimg,
+        "btrfs -q subvolume snapshot home snap2; btrfs -q subvolume snapshot -r snap ro; \
+         btrfs -q subvolume create home/new; mkdir home/new/dir; \
+         btrfs -q subvolume delete snap; btrfs subvolume sync . >/dev/null; sync",
+        "kernel subvolume operations",
+    );
+    let s = img.to_str().expect("utf-8 path");
+    for args in [
+        &["subvolume", "snapshot", s, "/home", "/snap2"][..],
+        &["subvolume", "snapshot", "-r", s, "/snap", "/ro"],
+        &["subvolume", "create", s, "/home/new"],
+        &["mkdir", s, "/home/new/dir"],
+        &["subvolume", "delete", s, "/snap"],
+    ] {
+        UBTRFS.stdout(args);
+    }
+    check(&img, "after ubtrfs snapshot/create/delete");
+    report(compare_walks(
+        "subvolume operations",
+        &kernel_tree(&kimg),
+        &kernel_tree(&img),
+        FIELDS,
+    ));
+    assert_eq!(kernel_subvol_list(&img), kernel_subvol_list(&kimg));
+    let ro = UBTRFS.stdout(&["property", "get", s, "/ro", "ro"]);
+    assert_eq!(ro.trim(), "ro=true");
+    assert!(UBTRFS.stdout(&["subvolume", "show", s, "/ro"]).contains("Flags: \t\t\treadonly"));
+
+    // The kernel writes where ubtrfs shared and converted references.
+    let edit = "set -e; for d in 0 2 4; do echo k >> home/d$d/f1; echo k >> snap2/d$d/f2; done; \
+                rm -r snap2/d5; btrfs -q subvolume delete ro; btrfs subvolume sync . >/dev/null; sync";
+    kernel_writes(&img, edit, "kernel edits after ubtrfs snapshots");
+    kernel_writes(&kimg, edit, "kernel edits after kernel snapshots");
+    check(&img, "after the kernel wrote to ubtrfs's snapshots");
+    report(compare_walks(
+        "kernel edits",
+        &kernel_tree(&kimg),
+        &kernel_tree(&img),
+        FIELDS,
+    ));
+}
+
+#[test]
+fn interrupted_deletion_resumes_both_ways() {
+    if !require_root("interrupted_deletion_resumes_both_ways") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // snap's own blocks (its changes) are shared with snap-of-snap: deleting snap
+    // must convert their references before dropping it.
+    let script = format!("{SOURCE}\nbtrfs -q subvolume snapshot snap snap-of-snap; echo z > snap/d1/f1; sync");
+    let (img, kimg) = twin_images(dir.path(), &script);
+    kernel_writes(
+        &kimg,
+        "btrfs -q subvolume delete snap; btrfs subvolume sync . >/dev/null; sync",
+        "kernel deletion",
+    );
+    let s = img.to_str().expect("utf-8 path");
+    let show = UBTRFS.stdout(&["subvolume", "show", s, "/snap"]);
+    let id: u64 = show
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Subvolume ID:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("subvolume show: {show}"));
+    UBTRFS.stdout(&[
+        "subvolume",
+        "delete",
+        s,
+        "/snap",
+        "--drop-blocks-per-commit",
+        "40",
+        "--max-drop-commits",
+        "3",
+    ]);
+    let progress = drop_progress(&img, id);
+    assert!(
+        progress.as_deref().is_some_and(|p| !p.contains("key (0 UNKNOWN.0 0)")),
+        "ubtrfs stopped half-way, so the ROOT_ITEM keeps a drop position: {progress:?}"
+    );
+    check(&img, "half-way through ubtrfs's drop");
+    let half = dir.path().join("half.img");
+    std::fs::copy(&img, &half).expect("copy");
+
+    // ubtrfs finishes its own drop; the kernel finishes the copy.
+    let out = UBTRFS.stdout(&["subvolume", "sync", s]);
+    assert!(out.contains(&format!("Subvolume id {id} is gone")), "{out}");
+    assert_eq!(drop_progress(&img, id), None, "ROOT_ITEM gone");
+    let orphan = format!("ORPHAN ORPHAN_ITEM {id}");
+    assert!(!root_tree_text(&img).contains(&orphan));
+    check(&img, "after ubtrfs finished its drop");
+    kernel_writes(&half, "btrfs subvolume sync . >/dev/null; sync", "kernel finishes");
+    check(&half, "after the kernel finished ubtrfs's drop");
+    assert!(!root_tree_text(&half).contains(&orphan));
+
+    // Everything the kernel's own deletion freed is free: the only difference
+    // allowed is tree shape (a few tree blocks).
+    let ns = 4096i64;
+    for (what, i) in [("ubtrfs", &img), ("kernel-finished", &half)] {
+        let d = bytes_used(i) as i64 - bytes_used(&kimg) as i64;
+        assert!(d.abs() <= 16 * ns, "{what}: bytes_used off by {d} from the kernel's deletion");
+    }
+    let want = kernel_tree(&kimg);
+    for i in [&img, &half] {
+        report(compare_walks("after deletion", &want, &kernel_tree(i), FIELDS));
+    }
+    // Writing into the snapshot that shared the dropped tree's blocks.
+    kernel_writes(&img, "echo more >> snap-of-snap/d0/f0; rm -r snap-of-snap/d2; sync", "kernel edit");
+    check(&img, "kernel edits after ubtrfs's drop");
+}
+
+#[test]
+fn kernel_half_dropped_subvolume_finished_by_ubtrfs() {
+    if !require_root("kernel_half_dropped_subvolume_finished_by_ubtrfs") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("k.img");
+    // The kernel's cleaner stops at unmount and saves its position: a tree big
+    // enough that unmounting right after the deletion catches it half-way.
+    let mut caught = None;
+    for attempt in 0..5 {
+        mkfs_btrfs(&img, 2 << 30, &["-n", "4096"]);
+        kernel_writes(
+            &img,
+            "btrfs -q subvolume create big; python3 -c \"\nimport os\nfor d in range(40):\n    os.makedirs(f'big/d{d}')\n    for i in range(2000):\n        open(f'big/d{d}/f{i}', 'wb').write(b'x' * 5000)\n\"; echo keep > kept; sync",
+            "big subvolume",
+        );
+        kernel_writes(&img, "btrfs -q subvolume delete -c big", "kernel deletion, unmounted at once");
+        if let Some(p) = drop_progress(&img, 256) {
+            if !p.contains("key (0 UNKNOWN.0 0)") {
+                caught = Some(p);
+                break;
+            }
+        }
+        eprintln!("attempt {attempt}: the kernel's cleaner was not caught half-way");
+    }
+    let p = caught.expect("the kernel left a half-dropped subvolume in 5 attempts");
+    eprintln!("kernel stopped at {p}");
+    check(&img, "the kernel's half-done drop");
+    let s = img.to_str().expect("utf-8 path");
+    let out = UBTRFS.stdout(&["subvolume", "sync", s]);
+    assert!(out.contains("Subvolume id 256 is gone"), "{out}");
+    check(&img, "after ubtrfs finished the kernel's drop");
+    let text = sh(&format!("btrfs check --readonly {} 2>&1", shell_quote(&img)));
+    assert!(
+        text.contains("file data blocks allocated: 4096") || text.contains("file data blocks allocated: 0"),
+        "every data extent of the dropped tree is freed: {text}"
+    );
+    let t = kernel_tree(&img);
+    assert_eq!(t.keys().filter(|k| k.as_str() != "/").count(), 1, "only `kept` is left: {:?}", t.keys());
+}
+
+#[test]
+fn edits_inside_subvolumes_as_the_kernel() {
+    if !require_root("edits_inside_subvolumes_as_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = "set -e; btrfs -q subvolume create home; mkdir -p home/u/docs; \
+                  echo a > home/u/docs/a; echo b > home/u/b; btrfs -q subvolume create home/u/inner; \
+                  echo i > home/u/inner/i; btrfs -q subvolume snapshot -r home homesnap; sync";
+    let (img, kimg) = twin_images(dir.path(), script);
+    let host = dir.path().join("hostfile");
+    std::fs::write(&host, b"from the host\n").expect("host file");
+    kernel_writes(
+        &kimg,
+        &format!(
+            "set -e; cp {} home/u/docs/new; chmod 644 home/u/docs/new; mkdir -p home/u/x/y; \
+             mv home/u/b home/u/x/b; ln home/u/docs/a home/u/x/a-link; ln -s ../docs home/u/x/sl; \
+             setfattr -n user.k -v val home/u/docs/a; truncate -s 10000 home/u/docs/a; \
+             rm home/u/docs/new; rm -r home/u/inner; sync",
+            shell_quote(&host)
+        ),
+        "kernel edits in a subvolume",
+    );
+    let s = img.to_str().expect("utf-8 path");
+    let h = host.to_str().expect("utf-8 path");
+    for args in [
+        &["put", s, h, "/home/u/docs/new"][..],
+        &["mkdir", "-p", s, "/home/u/x/y"],
+        &["mv", s, "/home/u/b", "/home/u/x/b"],
+        &["ln", s, "/home/u/docs/a", "/home/u/x/a-link"],
+        &["ln", "-s", s, "../docs", "/home/u/x/sl"],
+        &["setfattr", s, "/home/u/docs/a", "-n", "user.k", "-v", "val"],
+        &["truncate", "-s", "10000", s, "/home/u/docs/a"],
+        &["rm", s, "/home/u/docs/new"],
+        &["rm", "-r", s, "/home/u/inner"],
+    ] {
+        UBTRFS.stdout(args);
+    }
+    // What the kernel refuses.
+    for (args, want) in [
+        (&["put", s, h, "/homesnap/u/new"][..], "Read-only file system"),
+        (&["rm", s, "/homesnap/u/b"], "Read-only file system"),
+        (&["mv", s, "/home/u/docs/a", "/a"], "Invalid cross-device link"),
+        (&["ln", s, "/home/u/docs/a", "/hard"], "Invalid cross-device link"),
+        (&["subvolume", "delete", s, "/home/u"], "Not a Btrfs subvolume"),
+    ] {
+        let (ok, _, err) = UBTRFS.run(args);
+        assert!(!ok && err.contains(want), "{args:?}: want {want}: {err}");
+    }
+    check(&img, "after edits inside a subvolume");
+    report(compare_walks(
+        "edits in a subvolume",
+        &kernel_tree(&kimg),
+        &kernel_tree(&img),
+        FIELDS,
+    ));
+    assert_eq!(kernel_subvol_list(&img), kernel_subvol_list(&kimg));
+}
