@@ -137,7 +137,7 @@ fn snapshots_and_deletion_as_the_kernel() {
         &kimg,
         "btrfs -q subvolume snapshot home snap2; btrfs -q subvolume snapshot -r snap ro; \
          btrfs -q subvolume create home/new; mkdir home/new/dir; \
-         btrfs -q subvolume delete snap; btrfs subvolume sync . >/dev/null; sync",
+         btrfs -q subvolume delete snap; btrfs filesystem sync .; btrfs subvolume sync . >/dev/null; sync",
         "kernel subvolume operations",
     );
     let s = img.to_str().expect("utf-8 path");
@@ -164,7 +164,7 @@ fn snapshots_and_deletion_as_the_kernel() {
 
     // The kernel writes where ubtrfs shared and converted references.
     let edit = "set -e; for d in 0 2 4; do echo k >> home/d$d/f1; echo k >> snap2/d$d/f2; done; \
-                rm -r snap2/d5; btrfs -q subvolume delete ro; btrfs subvolume sync . >/dev/null; sync";
+                rm -r snap2/d5; btrfs -q subvolume delete ro; btrfs filesystem sync .; btrfs subvolume sync . >/dev/null; sync";
     kernel_writes(&img, edit, "kernel edits after ubtrfs snapshots");
     kernel_writes(&kimg, edit, "kernel edits after kernel snapshots");
     check(&img, "after the kernel wrote to ubtrfs's snapshots");
@@ -189,7 +189,7 @@ fn interrupted_deletion_resumes_both_ways() {
     let (img, kimg) = twin_images(dir.path(), &script);
     kernel_writes(
         &kimg,
-        "btrfs -q subvolume delete snap; btrfs subvolume sync . >/dev/null; sync",
+        "btrfs -q subvolume delete snap; btrfs filesystem sync .; btrfs subvolume sync . >/dev/null; sync",
         "kernel deletion",
     );
     let s = img.to_str().expect("utf-8 path");
@@ -225,7 +225,7 @@ fn interrupted_deletion_resumes_both_ways() {
     let orphan = format!("ORPHAN ORPHAN_ITEM {id}");
     assert!(!root_tree_text(&img).contains(&orphan));
     check(&img, "after ubtrfs finished its drop");
-    kernel_writes(&half, "btrfs subvolume sync . >/dev/null; sync", "kernel finishes");
+    kernel_writes(&half, "btrfs filesystem sync .; btrfs subvolume sync . >/dev/null; sync", "kernel finishes");
     check(&half, "after the kernel finished ubtrfs's drop");
     assert!(!root_tree_text(&half).contains(&orphan));
 
