@@ -710,11 +710,8 @@ fn remove_tree(t: &mut Trans, dir: Node, name: &[u8]) -> Result<()> {
         for (n, _) in children {
             remove_tree(t, e.node, &n)?;
         }
-        if e.node.root != dir.root {
-            t.delete_subvolume(dir.root, dir.ino, name, now())?;
-        } else {
-            t.rmdir(dir.root, dir.ino, name, now())?;
-        }
+        // A subvolume's rmdir deletes it (the kernel's rmdir of an empty subvolume).
+        t.rmdir(dir.root, dir.ino, name, now())?;
     } else {
         t.unlink(dir.root, dir.ino, name, now())?;
     }

@@ -157,11 +157,15 @@ fn bar(quiet: bool, what: &str) -> Option<ProgressBar> {
 /// Runs the cleaner to the end on every deleted tree.
 fn drop_all(t: &mut Trans, quiet: bool, limits: DropLimits) -> Result<Vec<u64>> {
     let b = bar(quiet, "dropping deleted subvolumes");
-    let done = t.drop_dead_roots(limits.drop_blocks_per_commit, limits.max_drop_commits, &mut |n| {
-        if let Some(b) = &b {
-            b.set_message(format!("dropping deleted subvolumes: {n} tree blocks"));
-        }
-    })?;
+    let done = t.drop_dead_roots(
+        limits.drop_blocks_per_commit,
+        limits.max_drop_commits,
+        &mut |n| {
+            if let Some(b) = &b {
+                b.set_message(format!("dropping deleted subvolumes: {n} tree blocks"));
+            }
+        },
+    )?;
     if let Some(b) = b {
         b.finish_and_clear();
     }

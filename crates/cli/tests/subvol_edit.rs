@@ -15,12 +15,17 @@
 //!   refuse (EROFS), renames and links between subvolumes give EXDEV, `rm -r` removes
 //!   a nested subvolume as the kernel's rmdir does.
 //!
-//! Needs root (loop devices); skipped with a line outside CI.
+//! - on a read-write `ubtrfs mount`, `mv` of a subvolume, `rm -r` of a snapshot (the
+//!   kernel's rmdir of an emptied subvolume) and rmdir of a non-empty subvolume
+//!   (ENOTEMPTY) behave as on the kernel's mount, and the mount's cleaner drops the
+//!   deleted tree in the background.
+//!
+//! Needs root (loop devices, /dev/fuse); skipped with a line outside CI.
 
 use std::path::{Path, PathBuf};
 use ubtrfs_sim::golden::{compare_walks, report, walk_mounted};
 use ubtrfs_sim::host::{btrfs_check, require_root, serial, sh, shell_quote, Ubtrfs};
-use ubtrfs_sim::mount::{kernel_writes, mkfs_btrfs, KernelMount};
+use ubtrfs_sim::mount::{kernel_writes, mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -79,7 +84,10 @@ fn kernel_tree(img: &Path) -> std::collections::BTreeMap<String, serde_json::Val
 /// commits more often than one offline command does).
 fn kernel_subvol_list(img: &Path) -> Vec<String> {
     let k = KernelMount::new(img, "ro");
-    let text = sh(&format!("btrfs subvolume list {}", shell_quote(&k.path(""))));
+    let text = sh(&format!(
+        "btrfs subvolume list {}",
+        shell_quote(&k.path(""))
+    ));
     k.umount();
     text.lines()
         .map(|l| {
@@ -160,7 +168,9 @@ fn snapshots_and_deletion_as_the_kernel() {
     assert_eq!(kernel_subvol_list(&img), kernel_subvol_list(&kimg));
     let ro = UBTRFS.stdout(&["property", "get", s, "/ro", "ro"]);
     assert_eq!(ro.trim(), "ro=true");
-    assert!(UBTRFS.stdout(&["subvolume", "show", s, "/ro"]).contains("Flags: \t\t\treadonly"));
+    assert!(UBTRFS
+        .stdout(&["subvolume", "show", s, "/ro"])
+        .contains("Flags: \t\t\treadonly"));
 
     // The kernel writes where ubtrfs shared and converted references.
     let edit = "set -e; for d in 0 2 4; do echo k >> home/d$d/f1; echo k >> snap2/d$d/f2; done; \
@@ -185,7 +195,9 @@ fn interrupted_deletion_resumes_both_ways() {
     let dir = tempfile::tempdir().expect("tempdir");
     // snap's own blocks (its changes) are shared with snap-of-snap: deleting snap
     // must convert their references before dropping it.
-    let script = format!("{SOURCE}\nbtrfs -q subvolume snapshot snap snap-of-snap; echo z > snap/d1/f1; sync");
+    let script = format!(
+        "{SOURCE}\nbtrfs -q subvolume snapshot snap snap-of-snap; echo z > snap/d1/f1; sync"
+    );
     let (img, kimg) = twin_images(dir.path(), &script);
     kernel_writes(
         &kimg,
@@ -211,7 +223,9 @@ fn interrupted_deletion_resumes_both_ways() {
     ]);
     let progress = drop_progress(&img, id);
     assert!(
-        progress.as_deref().is_some_and(|p| !p.contains("key (0 UNKNOWN.0 0)")),
+        progress
+            .as_deref()
+            .is_some_and(|p| !p.contains("key (0 UNKNOWN.0 0)")),
         "ubtrfs stopped half-way, so the ROOT_ITEM keeps a drop position: {progress:?}"
     );
     check(&img, "half-way through ubtrfs's drop");
@@ -225,7 +239,11 @@ fn interrupted_deletion_resumes_both_ways() {
     let orphan = format!("ORPHAN ORPHAN_ITEM {id}");
     assert!(!root_tree_text(&img).contains(&orphan));
     check(&img, "after ubtrfs finished its drop");
-    kernel_writes(&half, "btrfs filesystem sync .; btrfs subvolume sync . >/dev/null; sync", "kernel finishes");
+    kernel_writes(
+        &half,
+        "btrfs filesystem sync .; btrfs subvolume sync . >/dev/null; sync",
+        "kernel finishes",
+    );
     check(&half, "after the kernel finished ubtrfs's drop");
     assert!(!root_tree_text(&half).contains(&orphan));
 
@@ -234,14 +252,26 @@ fn interrupted_deletion_resumes_both_ways() {
     let ns = 4096i64;
     for (what, i) in [("ubtrfs", &img), ("kernel-finished", &half)] {
         let d = bytes_used(i) as i64 - bytes_used(&kimg) as i64;
-        assert!(d.abs() <= 16 * ns, "{what}: bytes_used off by {d} from the kernel's deletion");
+        assert!(
+            d.abs() <= 16 * ns,
+            "{what}: bytes_used off by {d} from the kernel's deletion"
+        );
     }
     let want = kernel_tree(&kimg);
     for i in [&img, &half] {
-        report(compare_walks("after deletion", &want, &kernel_tree(i), FIELDS));
+        report(compare_walks(
+            "after deletion",
+            &want,
+            &kernel_tree(i),
+            FIELDS,
+        ));
     }
     // Writing into the snapshot that shared the dropped tree's blocks.
-    kernel_writes(&img, "echo more >> snap-of-snap/d0/f0; rm -r snap-of-snap/d2; sync", "kernel edit");
+    kernel_writes(
+        &img,
+        "echo more >> snap-of-snap/d0/f0; rm -r snap-of-snap/d2; sync",
+        "kernel edit",
+    );
     check(&img, "kernel edits after ubtrfs's drop");
 }
 
@@ -263,7 +293,11 @@ fn kernel_half_dropped_subvolume_finished_by_ubtrfs() {
             "btrfs -q subvolume create big; python3 -c \"\nimport os\nfor d in range(40):\n    os.makedirs(f'big/d{d}')\n    for i in range(2000):\n        open(f'big/d{d}/f{i}', 'wb').write(b'x' * 5000)\n\"; echo keep > kept; sync",
             "big subvolume",
         );
-        kernel_writes(&img, "btrfs -q subvolume delete -c big", "kernel deletion, unmounted at once");
+        kernel_writes(
+            &img,
+            "btrfs -q subvolume delete -c big",
+            "kernel deletion, unmounted at once",
+        );
         if let Some(p) = drop_progress(&img, 256) {
             if !p.contains("key (0 UNKNOWN.0 0)") {
                 caught = Some(p);
@@ -279,13 +313,22 @@ fn kernel_half_dropped_subvolume_finished_by_ubtrfs() {
     let out = UBTRFS.stdout(&["subvolume", "sync", s]);
     assert!(out.contains("Subvolume id 256 is gone"), "{out}");
     check(&img, "after ubtrfs finished the kernel's drop");
-    let text = sh(&format!("btrfs check --readonly {} 2>&1", shell_quote(&img)));
+    let text = sh(&format!(
+        "btrfs check --readonly {} 2>&1",
+        shell_quote(&img)
+    ));
     assert!(
-        text.contains("file data blocks allocated: 4096") || text.contains("file data blocks allocated: 0"),
+        text.contains("file data blocks allocated: 4096")
+            || text.contains("file data blocks allocated: 0"),
         "every data extent of the dropped tree is freed: {text}"
     );
     let t = kernel_tree(&img);
-    assert_eq!(t.keys().filter(|k| k.as_str() != "/").count(), 1, "only `kept` is left: {:?}", t.keys());
+    assert_eq!(
+        t.keys().filter(|k| k.as_str() != "/").count(),
+        1,
+        "only `kept` is left: {:?}",
+        t.keys()
+    );
 }
 
 #[test]
@@ -329,11 +372,23 @@ fn edits_inside_subvolumes_as_the_kernel() {
     }
     // What the kernel refuses.
     for (args, want) in [
-        (&["put", s, h, "/homesnap/u/new"][..], "Read-only file system"),
+        (
+            &["put", s, h, "/homesnap/u/new"][..],
+            "Read-only file system",
+        ),
         (&["rm", s, "/homesnap/u/b"], "Read-only file system"),
-        (&["mv", s, "/home/u/docs/a", "/a"], "Invalid cross-device link"),
-        (&["ln", s, "/home/u/docs/a", "/hard"], "Invalid cross-device link"),
-        (&["subvolume", "delete", s, "/home/u"], "Not a Btrfs subvolume"),
+        (
+            &["mv", s, "/home/u/docs/a", "/a"],
+            "Invalid cross-device link",
+        ),
+        (
+            &["ln", s, "/home/u/docs/a", "/hard"],
+            "Invalid cross-device link",
+        ),
+        (
+            &["subvolume", "delete", s, "/home/u"],
+            "Not a Btrfs subvolume",
+        ),
     ] {
         let (ok, _, err) = UBTRFS.run(args);
         assert!(!ok && err.contains(want), "{args:?}: want {want}: {err}");
@@ -341,6 +396,41 @@ fn edits_inside_subvolumes_as_the_kernel() {
     check(&img, "after edits inside a subvolume");
     report(compare_walks(
         "edits in a subvolume",
+        &kernel_tree(&kimg),
+        &kernel_tree(&img),
+        FIELDS,
+    ));
+    assert_eq!(kernel_subvol_list(&img), kernel_subvol_list(&kimg));
+}
+
+#[test]
+fn subvolumes_on_the_mount_as_the_kernel() {
+    if !require_root("subvolumes_on_the_mount_as_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (img, kimg) = twin_images(dir.path(), SOURCE);
+    let script = "set -e; mv home/nested home/d0/moved; \
+                  if rmdir home/d0/moved 2>err; then exit 1; fi; grep -q 'Directory not empty' err; rm err; \
+                  rm -r snap; mkdir home/d1/sub; mv home/d0/moved home/d1/sub/again; \
+                  ls home/d1/sub/again; echo x > home/d1/sub/again/y";
+    let k = KernelMount::new(&kimg, "rw");
+    ubtrfs_sim::host::bash_ok(&k.path(""), script).unwrap_or_else(|e| panic!("kernel: {e}"));
+    k.umount();
+    let mut m = FuseMount::start(&UBTRFS, &[&img], &["rw,commit=1"]);
+    m.run(script, "subvolume moves and deletion");
+    // The cleaner runs after the next timer commits.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let st = m.unmount();
+    assert!(st.success(), "ubtrfs mount: {st}: {}", m.log());
+    check(&img, "after the mount's subvolume changes");
+    assert!(
+        !root_tree_text(&img).contains("ORPHAN ORPHAN_ITEM"),
+        "the mount's cleaner dropped the deleted snapshot"
+    );
+    report(compare_walks(
+        "subvolumes on the mount",
         &kernel_tree(&kimg),
         &kernel_tree(&img),
         FIELDS,

@@ -32,6 +32,7 @@ pub(crate) mod errno {
     pub(crate) const ENXIO: i32 = 6;
     pub(crate) const EBADF: i32 = 9;
     pub(crate) const EACCES: i32 = 13;
+    pub(crate) const EBUSY: i32 = 16;
     pub(crate) const EXDEV: i32 = 18;
     pub(crate) const ENOTDIR: i32 = 20;
     pub(crate) const EINVAL: i32 = 22;
@@ -67,7 +68,7 @@ pub struct Ops {
     files: RwLock<HashMap<u64, Arc<OpenFile>>>,
     pub(crate) next_fh: AtomicU64,
     statfs: StatFs,
-    cfg: OpsConfig,
+    pub(crate) cfg: OpsConfig,
     /// (subvolume, inode) whose read errors were already logged.
     logged: Mutex<HashSet<(u64, u64)>>,
     /// The kernel can do without OPEN / OPENDIR (we answer ENOSYS once, and it then

@@ -426,6 +426,18 @@ impl Ops {
         if let Some(f) = self.child_iflags(w, parent, name)? {
             refuse(f, NO_CHANGE)?;
         }
+        if dir {
+            // The subvolume this mount shows cannot go (the kernel's EBUSY for a
+            // mounted subvolume).
+            let target = w
+                .read(|fs| fs.lookup(parent, name))
+                .map_err(|e| e.errno())?;
+            if target
+                .is_some_and(|e| e.node.root != parent.root && e.node.root == self.cfg.root.root)
+            {
+                return Err(errno::EBUSY);
+            }
+        }
         let t0 = now();
         if dir {
             w.change_reserved("rmdir", Reservation::freeing(DEFAULT_ITEMS), |t| {

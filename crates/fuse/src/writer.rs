@@ -81,6 +81,10 @@ pub struct Writer {
     delalloc_bytes: AtomicU64,
 }
 
+/// Tree blocks the mount's cleaner visits while holding the transaction (between two
+/// commits): bounds how long a file operation can wait behind it.
+const CLEANER_BLOCKS_PER_STEP: u64 = 1024;
+
 /// Most bytes of written data held before extents are allocated for them: the memory
 /// a writing mount holds beyond the engine's caches.
 pub(crate) const DELALLOC_BYTES_MAX: u64 = 8 << 20;
@@ -425,10 +429,39 @@ impl Writer {
                 if timeout.timed_out() && !*stopped {
                     drop(stopped);
                     let _ = w.commit();
+                    w.clean();
                     stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
                 }
             }
         })
+    }
+
+    /// The cleaner (the kernel's cleaner thread): drops the trees of deleted
+    /// subvolumes a step at a time, committing after each step with the transaction
+    /// released in between, so file operations go on meanwhile. Returns at unmount
+    /// or when nothing is left; every step's position is saved, so a drop cut short
+    /// resumes at the next mount (or in the kernel).
+    pub fn clean(&self) {
+        loop {
+            let stopping = *self.stop.0.lock().unwrap_or_else(|p| p.into_inner());
+            if stopping || self.is_aborted() {
+                return;
+            }
+            let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+            let Ok(dead) = t.dead_roots() else { return };
+            let Some(&id) = dead.first() else { return };
+            if self.flush(&mut t).is_err() {
+                return;
+            }
+            self.changes.store(0, Ordering::Release);
+            if let Err(e) = t
+                .drop_dead_root_step(id, CLEANER_BLOCKS_PER_STEP)
+                .and_then(|_| t.commit())
+            {
+                self.abort(&format!("dropping deleted subvolume {id}: {e}"));
+                return;
+            }
+        }
     }
 
     /// Stops the commit thread (the caller commits one last time).

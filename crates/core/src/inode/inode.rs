@@ -516,7 +516,17 @@ impl Trans {
         let (ino, ty, loc) = self
             .lookup(root, dir, name)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
-        not_a_subvolume(&loc, name)?;
+        if loc.ty == ROOT_ITEM_KEY {
+            // The kernel's rmdir of a subvolume: deleted when its root directory is
+            // empty (the stand-in entry of a subvolume inside a snapshot just goes).
+            if self.fs.has_root_ref(root, ino)?
+                && self.read_inode(ino, FIRST_FREE_OBJECTID)?.size != 0
+            {
+                return Err(Error::NotEmpty(String::from_utf8_lossy(name).into_owned()));
+            }
+            self.delete_subvolume(root, dir, name, t)?;
+            return Ok(());
+        }
         if ty != FT_DIR {
             return Err(Error::NotDir(String::from_utf8_lossy(name).into_owned()));
         }
@@ -592,9 +602,11 @@ impl Trans {
         let (ino, ty, loc) = self
             .lookup(root, odir, oname)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(oname).into_owned()))?;
-        not_a_subvolume(&loc, oname)?;
         if odir == ndir && oname == nname {
             return Ok(());
+        }
+        if loc.ty == ROOT_ITEM_KEY {
+            return self.rename_subvolume(root, odir, oname, ndir, nname, noreplace, t);
         }
         if ty == FT_DIR {
             // Refuse moving a directory into itself or its descendants.

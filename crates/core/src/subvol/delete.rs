@@ -146,6 +146,70 @@ impl Trans {
         Ok(id)
     }
 
+    /// Moves the entry of subvolume `oname` (in `odir` of tree `parent`) to `nname` in
+    /// `ndir` of the same tree, as the kernel's rename does for a subvolume: the
+    /// entries move and ROOT_REF/ROOT_BACKREF are rewritten with the new directory,
+    /// index and name. An existing target must be an empty directory (it is removed)
+    /// unless `noreplace`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rename_subvolume(
+        &mut self,
+        parent: u64,
+        odir: u64,
+        oname: &[u8],
+        ndir: u64,
+        nname: &[u8],
+        noreplace: bool,
+        t: Timespec,
+    ) -> Result<()> {
+        crate::inode::inode::check_name(nname)?;
+        let (id, _, _) = self
+            .lookup(parent, odir, oname)?
+            .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(oname).into_owned()))?;
+        let rt = self.fs.info.root_tree_ptr();
+        let Some(rr) = lookup_exact(&self.fs.info, &rt, &Key::new(parent, ROOT_REF_KEY, id))?
+            .map(|it| RootRef::parse(it.data()))
+            .transpose()
+            .map_err(|e| Error::corrupt(format!("root ref {parent} -> {id}: {e}")))?
+        else {
+            return Err(Error::Invalid(format!(
+                "{}: the stand-in of a subvolume inside a snapshot cannot move",
+                String::from_utf8_lossy(oname)
+            )));
+        };
+        if let Some((tino, tty, tloc)) = self.lookup(parent, ndir, nname)? {
+            let shown = String::from_utf8_lossy(nname).into_owned();
+            if noreplace {
+                return Err(Error::Exists(shown));
+            }
+            if tloc.ty == ROOT_ITEM_KEY {
+                return Err(Error::Busy(shown));
+            }
+            if tty != FT_DIR {
+                return Err(Error::NotDir(shown));
+            }
+            if tino == id {
+                return Ok(());
+            }
+            self.rmdir(parent, ndir, nname, t)?;
+        }
+        self.remove_subvol_entry(parent, odir, oname, Some(rr.sequence), t)?;
+        let index = self.add_subvol_entry(parent, ndir, nname, id, t)?;
+        let rr = RootRef {
+            dirid: ndir,
+            sequence: index,
+            name: nname.to_vec(),
+        }
+        .to_bytes();
+        self.replace_item(ROOT_TREE_OBJECTID, &Key::new(parent, ROOT_REF_KEY, id), &rr)?;
+        self.replace_item(
+            ROOT_TREE_OBJECTID,
+            &Key::new(id, ROOT_BACKREF_KEY, parent),
+            &rr,
+        )?;
+        self.touch_root(parent, t)
+    }
+
     /// Removes a subvolume's DIR_ITEM and DIR_INDEX from its parent directory.
     fn remove_subvol_entry(
         &mut self,
