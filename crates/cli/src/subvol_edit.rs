@@ -6,8 +6,9 @@ use crate::edit::{open_rw, writable};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::fs::File;
 use std::io::{IsTerminal, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use ubtrfs_core::format::consts::*;
 use ubtrfs_core::{now, Filesystem, Node, Trans};
 
@@ -15,12 +16,16 @@ use ubtrfs_core::{now, Filesystem, Node, Trans};
 pub enum SubvolEditCmd {
     /// Create empty subvolumes, like `btrfs subvolume create`.
     Create {
+        /// Image file, or a mounted directory (ubtrfs or kernel mount; paths are
+        /// then relative to it and the mount makes the change).
         image: PathBuf,
         #[arg(required = true)]
         paths: Vec<String>,
     },
     /// Snapshot a subvolume, like `btrfs subvolume snapshot` (constant time).
     Snapshot {
+        /// Image file, or a mounted directory (ubtrfs or kernel mount; paths are
+        /// then relative to it and the mount makes the change).
         image: PathBuf,
         /// The subvolume to snapshot.
         src: String,
@@ -58,6 +63,8 @@ pub enum SubvolEditCmd {
 
 #[derive(Args)]
 pub struct DeleteArgs {
+    /// Image file, or a mounted directory (ubtrfs or kernel mount; paths are then
+    /// relative to it, and the mount's cleaner drops the tree).
     pub image: PathBuf,
     #[arg(required_unless_present = "subvolid")]
     pub paths: Vec<String>,
@@ -172,7 +179,87 @@ fn drop_all(t: &mut Trans, quiet: bool, limits: DropLimits) -> Result<Vec<u64>> 
     Ok(done)
 }
 
+/// A path inside a mounted directory: (its parent directory, open; its name).
+fn mounted_parent(mnt: &Path, path: &str) -> Result<(File, Vec<u8>)> {
+    let (parent, name) = split(path)?;
+    let dir = mnt.join(parent.trim_start_matches('/'));
+    let f = File::open(&dir).with_context(|| format!("{}: cannot open", dir.display()))?;
+    Ok((f, name))
+}
+
+/// create/snapshot/delete on a mounted filesystem (a ubtrfs mount, or the kernel's):
+/// the btrfs ioctls on the parent directory, so the mount's own daemon does the
+/// change. Paths are relative to the mounted directory.
+fn run_mounted(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
+    use ubtrfs_fuse::subvol_ops::client;
+    match cmd {
+        SubvolEditCmd::Create { image, paths } => {
+            for p in &paths {
+                let (dir, name) = mounted_parent(&image, p)?;
+                client::create_subvolume(&dir, &name)
+                    .with_context(|| format!("{p}: cannot create subvolume"))?;
+                writeln!(out, "Create subvolume '{p}'")?;
+            }
+        }
+        SubvolEditCmd::Snapshot {
+            image,
+            src,
+            dest,
+            readonly,
+        } => {
+            let srcf = File::open(image.join(src.trim_start_matches('/')))
+                .with_context(|| format!("{src}: cannot open"))?;
+            let d = image.join(dest.trim_start_matches('/'));
+            let (dir, name, shown) = if d.is_dir() {
+                let (_, n) = split(&src)?;
+                let shown = format!(
+                    "{}/{}",
+                    dest.trim_end_matches('/'),
+                    String::from_utf8_lossy(&n)
+                );
+                (
+                    File::open(&d).with_context(|| format!("{dest}: cannot open"))?,
+                    n,
+                    shown,
+                )
+            } else {
+                let (f, n) = mounted_parent(&image, &dest)?;
+                (f, n, dest.clone())
+            };
+            client::create_snapshot(&dir, &srcf, &name, readonly)
+                .with_context(|| format!("{shown}: cannot snapshot '{src}'"))?;
+            let ro = if readonly { "readonly " } else { "" };
+            writeln!(out, "Create {ro}snapshot of '{src}' in '{shown}'")?;
+        }
+        SubvolEditCmd::Delete(a) => {
+            if a.subvolid.is_some() {
+                bail!("--subvolid: give the path on a mounted filesystem");
+            }
+            for p in &a.paths {
+                let (dir, name) = mounted_parent(&a.image, p)?;
+                client::delete_subvolume(&dir, &name)
+                    .with_context(|| format!("{p}: cannot delete"))?;
+                writeln!(out, "Delete subvolume '{p}'")?;
+            }
+        }
+        _ => bail!("this subvolume command takes an image, not a mounted directory"),
+    }
+    Ok(())
+}
+
+fn target_is_mounted(cmd: &SubvolEditCmd) -> bool {
+    let p = match cmd {
+        SubvolEditCmd::Create { image, .. } | SubvolEditCmd::Snapshot { image, .. } => image,
+        SubvolEditCmd::Delete(a) => &a.image,
+        _ => return false,
+    };
+    p.is_dir()
+}
+
 pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
+    if target_is_mounted(&cmd) {
+        return run_mounted(cmd, out);
+    }
     match cmd {
         SubvolEditCmd::Create { image, paths } => {
             let mut t = open_rw(&image)?;

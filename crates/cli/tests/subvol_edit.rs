@@ -18,7 +18,10 @@
 //! - on a read-write `ubtrfs mount`, `mv` of a subvolume, `rm -r` of a snapshot (the
 //!   kernel's rmdir of an emptied subvolume) and rmdir of a non-empty subvolume
 //!   (ENOTEMPTY) behave as on the kernel's mount, and the mount's cleaner drops the
-//!   deleted tree in the background.
+//!   deleted tree in the background;
+//! - `ubtrfs subvolume create|snapshot|delete` given a mounted directory send the
+//!   btrfs ioctls: on the kernel's mount and on a ubtrfs mount they give the same
+//!   result, and a read-only snapshot made through the ubtrfs mount refuses writes.
 //!
 //! Needs root (loop devices, /dev/fuse); skipped with a line outside CI.
 
@@ -431,6 +434,42 @@ fn subvolumes_on_the_mount_as_the_kernel() {
     );
     report(compare_walks(
         "subvolumes on the mount",
+        &kernel_tree(&kimg),
+        &kernel_tree(&img),
+        FIELDS,
+    ));
+    assert_eq!(kernel_subvol_list(&img), kernel_subvol_list(&kimg));
+}
+
+#[test]
+fn subvolume_ioctls_on_mounts_as_the_kernel() {
+    if !require_root("subvolume_ioctls_on_mounts_as_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (img, kimg) = twin_images(dir.path(), SOURCE);
+    let u = env!("CARGO_BIN_EXE_ubtrfs");
+    let script = format!(
+        "set -e; M=$PWD; {u} subvolume create $M /made; echo hi > made/f; \
+         {u} subvolume snapshot $M /home /made/s1; {u} subvolume snapshot -r $M /home /ro; \
+         {u} subvolume delete $M /snap; ls made/s1/d0 | wc -l; \
+         if (echo x > ro/new) 2>err; then exit 1; fi; grep -q 'Read-only' err; rm err"
+    );
+    let k = KernelMount::new(&kimg, "rw");
+    let kout =
+        ubtrfs_sim::host::bash_ok(&k.path(""), &script).unwrap_or_else(|e| panic!("kernel: {e}"));
+    k.umount();
+    let m = FuseMount::start(&UBTRFS, &[&img], &["rw,commit=1"]);
+    let uout = m.run(&script, "subvolume ioctls");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let mut m = m;
+    let st = m.unmount();
+    assert!(st.success(), "ubtrfs mount: {st}: {}", m.log());
+    assert_eq!(uout, kout);
+    check(&img, "after subvolume ioctls on the ubtrfs mount");
+    report(compare_walks(
+        "subvolume ioctls",
         &kernel_tree(&kimg),
         &kernel_tree(&img),
         FIELDS,

@@ -17,6 +17,7 @@
 //! * `writer`: the [`Engine`] behind a mount; read-write, a running transaction
 //!   committed on a timer, on sync and at unmount.
 //! * `statfs`: the kernel's df numbers from block groups and device items.
+//! * `subvol_ops`: the btrfs subvolume create/snapshot/delete ioctls.
 
 #![deny(missing_docs)]
 #![deny(unreachable_pub)]
@@ -30,6 +31,7 @@ mod ops;
 mod reply;
 mod session;
 mod statfs;
+pub mod subvol_ops;
 mod write_ops;
 mod writer;
 

@@ -80,8 +80,8 @@ pub struct Ops {
     ino: InoMap,
     /// Read-write mount: the read-only subvolumes (`btrfs subvolume snapshot -r`,
     /// `btrfs property set ... ro true`), where every change is EROFS, as on the
-    /// kernel. Fixed for the mount: nothing here changes a subvolume's flags.
-    ro_subvols: HashSet<u64>,
+    /// kernel. Grows when a read-only snapshot is made through the mount.
+    ro_subvols: RwLock<HashSet<u64>>,
     /// Read-write: open directories (fh) and the DIR_INDEX their listing stops at,
     /// taken at OPENDIR and again when a listing restarts at offset 0 (rewinddir).
     dir_ends: Mutex<std::collections::HashMap<u64, u64>>,
@@ -146,7 +146,7 @@ impl Ops {
         Ops {
             nodes: Nodes::new(cfg.root),
             ino,
-            ro_subvols,
+            ro_subvols: RwLock::new(ro_subvols),
             engine,
             files: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -165,7 +165,12 @@ impl Ops {
         // Without OPEN requests, opening a file for writing cannot be refused; a
         // read-only subvolume needs that (EROFS at open, as the kernel answers).
         self.no_open.store(
-            flags & abi::init::NO_OPEN_SUPPORT != 0 && self.ro_subvols.is_empty(),
+            flags & abi::init::NO_OPEN_SUPPORT != 0
+                && self
+                    .ro_subvols
+                    .read()
+                    .map(|s| s.is_empty())
+                    .unwrap_or(false),
             Ordering::Relaxed,
         );
         self.no_opendir.store(
@@ -259,7 +264,17 @@ impl Ops {
 
     /// True when `subvol` is a read-only subvolume on a read-write mount.
     pub(crate) fn read_only_subvol(&self, subvol: u64) -> bool {
-        self.ro_subvols.contains(&subvol)
+        self.ro_subvols
+            .read()
+            .map(|s| s.contains(&subvol))
+            .unwrap_or(true)
+    }
+
+    /// A read-only snapshot made through the mount.
+    pub(crate) fn add_read_only_subvol(&self, subvol: u64) {
+        if let Ok(mut s) = self.ro_subvols.write() {
+            s.insert(subvol);
+        }
     }
 
     /// The (subvolume, inode) a node id names.
@@ -829,6 +844,14 @@ impl Ops {
             return reply.ok(&o.buf);
         }
         let input = a.rest().get(..in_size as usize).unwrap_or_default();
+        if crate::subvol_ops::is_subvol_ioctl(cmd) {
+            let ch = reply.channel();
+            match self.subvol_ioctl(h, cmd, input, ch) {
+                Ok(()) => reply.none(),
+                Err(e) => reply.error(e),
+            }
+            return;
+        }
         let node = match self.node(h.nodeid) {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),

@@ -42,6 +42,11 @@ impl<'a> Reply<'a> {
         }
     }
 
+    /// The channel the reply goes to (for notifications after it).
+    pub fn channel(&self) -> &'a Channel {
+        self.ch
+    }
+
     /// Success with a body (possibly empty).
     pub fn ok(mut self, body: &[u8]) {
         self.send(0, &[body]);

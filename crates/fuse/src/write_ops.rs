@@ -234,7 +234,7 @@ impl Ops {
     /// which must be in a writable subvolume (EROFS otherwise, as the kernel's
     /// btrfs_permission and btrfs_setattr answer) and be a real inode (not the
     /// empty placeholder of a subvolume seen inside a snapshot).
-    fn changeable(&self, nodeid: u64) -> Result<Node, i32> {
+    pub(crate) fn changeable(&self, nodeid: u64) -> Result<Node, i32> {
         let n = self.node_key(nodeid)?.node;
         if self.read_only_subvol(n.root) {
             return Err(errno::EROFS);

@@ -1,0 +1,267 @@
+//! The btrfs subvolume ioctls on a read-write mount: SUBVOL_CREATE(_V2),
+//! SNAP_CREATE(_V2) and SNAP_DESTROY(_V2), with the kernel's argument structs
+//! (`btrfs_ioctl_vol_args`, `_v2`), issued on the parent directory. FUSE carries them
+//! because their size is in the command number (a "restricted" ioctl); the snapshot
+//! source is a file descriptor of the caller, found through /proc/PID/fd.
+//!
+//! btrfs-progs' own commands do not reach here: they check statfs's f_type for the
+//! btrfs magic first, and a FUSE mount's f_type is FUSE's, set by the kernel. `ubtrfs
+//! subvolume create|snapshot|delete` on a mounted directory issue these ioctls (on a
+//! kernel btrfs mount too).
+//!
+//! The changed directory's cached names and attributes are invalidated with FUSE
+//! notifications after the reply (the kernel did not see the change happen).
+
+use crate::abi::InHeader;
+use crate::abi::OUT_HEADER_SIZE;
+use crate::channel::Channel;
+use crate::ops::{errno, Ops};
+use crate::writer::Engine;
+use std::io::IoSlice;
+use std::path::{Path, PathBuf};
+use ubtrfs_core::{now, Node};
+use ubtrfs_format::consts::FIRST_FREE_OBJECTID;
+
+/// `_IOW(0x94, nr, 4096)`: the commands taking `btrfs_ioctl_vol_args(_v2)`.
+const fn vol_ioctl(nr: u32) -> u32 {
+    (1 << 30) | (4096 << 16) | (0x94 << 8) | nr
+}
+pub(crate) const BTRFS_IOC_SNAP_CREATE: u32 = vol_ioctl(1);
+pub(crate) const BTRFS_IOC_SUBVOL_CREATE: u32 = vol_ioctl(14);
+pub(crate) const BTRFS_IOC_SNAP_DESTROY: u32 = vol_ioctl(15);
+pub(crate) const BTRFS_IOC_SNAP_CREATE_V2: u32 = vol_ioctl(23);
+pub(crate) const BTRFS_IOC_SUBVOL_CREATE_V2: u32 = vol_ioctl(24);
+pub(crate) const BTRFS_IOC_SNAP_DESTROY_V2: u32 = vol_ioctl(63);
+
+/// True for the commands this module answers.
+pub(crate) fn is_subvol_ioctl(cmd: u32) -> bool {
+    matches!(
+        cmd,
+        BTRFS_IOC_SNAP_CREATE
+            | BTRFS_IOC_SUBVOL_CREATE
+            | BTRFS_IOC_SNAP_DESTROY
+            | BTRFS_IOC_SNAP_CREATE_V2
+            | BTRFS_IOC_SUBVOL_CREATE_V2
+            | BTRFS_IOC_SNAP_DESTROY_V2
+    )
+}
+
+/// vol_args_v2 flags.
+const SUBVOL_RDONLY: u64 = 1 << 1;
+const SUBVOL_SPEC_BY_ID: u64 = 1 << 4;
+
+/// FUSE notification codes.
+const NOTIFY_INVAL_INODE: i32 = 2;
+const NOTIFY_INVAL_ENTRY: i32 = 3;
+
+/// The parsed arguments: the caller's fd, the v2 flags, the name.
+struct VolArgs {
+    fd: i64,
+    flags: u64,
+    name: Vec<u8>,
+}
+
+fn parse(cmd: u32, input: &[u8]) -> Result<VolArgs, i32> {
+    let v2 = matches!(
+        cmd,
+        BTRFS_IOC_SNAP_CREATE_V2 | BTRFS_IOC_SUBVOL_CREATE_V2 | BTRFS_IOC_SNAP_DESTROY_V2
+    );
+    let word = |o: usize| -> Result<u64, i32> {
+        let b = input.get(o..o + 8).ok_or(errno::EINVAL)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_ne_bytes(a))
+    };
+    let fd = word(0)? as i64;
+    let (flags, name_at) = if v2 { (word(16)?, 56) } else { (0, 8) };
+    if flags & SUBVOL_SPEC_BY_ID != 0 {
+        // Deleting by id: the name field holds the id; ubtrfs asks by name.
+        return Err(errno::EOPNOTSUPP);
+    }
+    let raw = input.get(name_at..).ok_or(errno::EINVAL)?;
+    let len = raw
+        .iter()
+        .position(|&b| b == 0)
+        .ok_or(errno::ENAMETOOLONG)?;
+    let name = raw[..len].to_vec();
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+        return Err(errno::EINVAL);
+    }
+    if name.len() > crate::ops::NAME_MAX {
+        return Err(errno::ENAMETOOLONG);
+    }
+    Ok(VolArgs { fd, flags, name })
+}
+
+impl Ops {
+    /// One of the subvolume ioctls on directory `h.nodeid`; the reply is sent here,
+    /// then the directory's caches are invalidated.
+    pub(crate) fn subvol_ioctl(
+        &self,
+        h: &InHeader,
+        cmd: u32,
+        input: &[u8],
+        ch: &Channel,
+    ) -> Result<(), i32> {
+        let Engine::ReadWrite(w) = &self.engine else {
+            return Err(errno::EROFS);
+        };
+        // Only root and the user who mounted may change subvolumes (the kernel asks
+        // for CAP_SYS_ADMIN to delete, and this server runs with its owner's rights).
+        if h.uid != 0 && h.uid != nix::unistd::getuid().as_raw() {
+            return Err(errno::EPERM);
+        }
+        let a = parse(cmd, input)?;
+        let dir = self.changeable(h.nodeid)?;
+        let t0 = now();
+        match cmd {
+            BTRFS_IOC_SUBVOL_CREATE | BTRFS_IOC_SUBVOL_CREATE_V2 => {
+                w.change("subvolume create", |t| {
+                    t.create_subvolume(dir.root, dir.ino, &a.name, 0o755, h.uid, h.gid, t0)
+                })?;
+            }
+            BTRFS_IOC_SNAP_CREATE | BTRFS_IOC_SNAP_CREATE_V2 => {
+                let src = self.caller_subvolume(h.pid, a.fd, ch.mountpoint())?;
+                let ro = a.flags & SUBVOL_RDONLY != 0;
+                let id = w.change("snapshot", |t| {
+                    t.create_snapshot(src, dir.root, dir.ino, &a.name, ro, t0)
+                })?;
+                if ro {
+                    self.add_read_only_subvol(id);
+                }
+            }
+            _ => {
+                let target = w
+                    .read(|fs| fs.lookup(dir, &a.name))
+                    .map_err(|e| e.errno())?
+                    .ok_or(errno::ENOENT)?;
+                if target.node.root == dir.root {
+                    return Err(errno::EINVAL); // not a subvolume
+                }
+                if target.node.root == self.cfg.root.root {
+                    return Err(errno::EBUSY);
+                }
+                w.change("subvolume delete", |t| {
+                    t.delete_subvolume(dir.root, dir.ino, &a.name, t0)
+                })?;
+            }
+        }
+        let mut o = crate::abi::Out::with_capacity(16);
+        o.i32(0).u32(0).u32(0).u32(0);
+        send(ch, 0, h.unique, &[&o.buf]);
+        invalidate(ch, h.nodeid, &a.name);
+        Ok(())
+    }
+
+    /// The subvolume whose root the caller's descriptor `fd` opens, on this mount.
+    fn caller_subvolume(&self, pid: u32, fd: i64, mountpoint: &Path) -> Result<u64, i32> {
+        let link = PathBuf::from(format!("/proc/{pid}/fd/{fd}"));
+        let target = std::fs::read_link(&link).map_err(|_| errno::EBADF)?;
+        let rel = target.strip_prefix(mountpoint).map_err(|_| errno::EXDEV)?;
+        let node = self
+            .engine
+            .read(|fs| {
+                let mut cur = self.cfg.root;
+                for c in rel.components() {
+                    use std::os::unix::ffi::OsStrExt;
+                    let name = c.as_os_str().as_bytes();
+                    cur = fs
+                        .lookup(cur, name)?
+                        .ok_or_else(|| ubtrfs_core::Error::NotFound(rel.display().to_string()))?
+                        .node;
+                }
+                Ok::<Node, ubtrfs_core::Error>(cur)
+            })
+            .map_err(|e| e.errno())?;
+        if node.ino != FIRST_FREE_OBJECTID || node.is_placeholder() {
+            return Err(errno::EINVAL);
+        }
+        Ok(node.root)
+    }
+}
+
+fn send(ch: &Channel, error: i32, unique: u64, parts: &[&[u8]]) {
+    let len = OUT_HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut hdr = [0u8; OUT_HEADER_SIZE];
+    hdr[..4].copy_from_slice(&(len as u32).to_ne_bytes());
+    hdr[4..8].copy_from_slice(&error.to_ne_bytes());
+    hdr[8..].copy_from_slice(&unique.to_ne_bytes());
+    let mut iov = vec![IoSlice::new(&hdr)];
+    iov.extend(
+        parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| IoSlice::new(p)),
+    );
+    if let Err(e) = ch.send(&iov) {
+        eprintln!("ubtrfs: writing to /dev/fuse failed: {e}");
+    }
+}
+
+/// Tells the kernel to forget `name` in directory `parent` and the directory's
+/// attributes and listing (sent after the reply, so no request waits on it).
+fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
+    let mut e = Vec::with_capacity(16 + name.len() + 1);
+    e.extend_from_slice(&parent.to_ne_bytes());
+    e.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+    e.extend_from_slice(&0u32.to_ne_bytes());
+    e.extend_from_slice(name);
+    e.push(0);
+    send(ch, NOTIFY_INVAL_ENTRY, 0, &[&e]);
+    let mut i = Vec::with_capacity(24);
+    i.extend_from_slice(&parent.to_ne_bytes());
+    i.extend_from_slice(&0i64.to_ne_bytes());
+    i.extend_from_slice(&0i64.to_ne_bytes());
+    send(ch, NOTIFY_INVAL_INODE, 0, &[&i]);
+}
+
+/// The client side: what `ubtrfs subvolume create|snapshot|delete` send when given a
+/// mounted directory (a ubtrfs mount, or the kernel's btrfs mount).
+pub mod client {
+    use std::fs::File;
+    use std::io;
+    use std::os::fd::AsRawFd;
+
+    fn vol_args_v2(fd: i64, flags: u64, name: &[u8]) -> io::Result<Vec<u8>> {
+        if name.len() >= 4040 {
+            return Err(io::Error::from_raw_os_error(36));
+        }
+        let mut b = vec![0u8; 4096];
+        b[..8].copy_from_slice(&fd.to_ne_bytes());
+        b[16..24].copy_from_slice(&flags.to_ne_bytes());
+        b[56..56 + name.len()].copy_from_slice(name);
+        Ok(b)
+    }
+
+    fn ioctl(dir: &File, cmd: u32, arg: &mut [u8]) -> io::Result<()> {
+        // SAFETY: `arg` is a live, writable 4096-byte buffer, the size the command
+        // number declares, and the descriptor is open for the call's duration.
+        let r = unsafe {
+            nix::libc::ioctl(dir.as_raw_fd(), cmd as nix::libc::c_ulong, arg.as_mut_ptr())
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// BTRFS_IOC_SUBVOL_CREATE_V2: a new subvolume `name` in directory `dir`.
+    pub fn create_subvolume(dir: &File, name: &[u8]) -> io::Result<()> {
+        let mut a = vol_args_v2(0, 0, name)?;
+        ioctl(dir, super::BTRFS_IOC_SUBVOL_CREATE_V2, &mut a)
+    }
+
+    /// BTRFS_IOC_SNAP_CREATE_V2: a snapshot of the subvolume `src` (its root
+    /// directory, open) as `name` in `dir`.
+    pub fn create_snapshot(dir: &File, src: &File, name: &[u8], readonly: bool) -> io::Result<()> {
+        let flags = if readonly { super::SUBVOL_RDONLY } else { 0 };
+        let mut a = vol_args_v2(src.as_raw_fd() as i64, flags, name)?;
+        ioctl(dir, super::BTRFS_IOC_SNAP_CREATE_V2, &mut a)
+    }
+
+    /// BTRFS_IOC_SNAP_DESTROY_V2: deletes subvolume `name` in `dir`.
+    pub fn delete_subvolume(dir: &File, name: &[u8]) -> io::Result<()> {
+        let mut a = vol_args_v2(0, 0, name)?;
+        ioctl(dir, super::BTRFS_IOC_SNAP_DESTROY_V2, &mut a)
+    }
+}
