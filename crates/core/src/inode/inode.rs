@@ -63,7 +63,7 @@ pub fn kernel_rdev_to_user(rdev: u64) -> u64 {
 fn not_a_subvolume(loc: &Key, name: &[u8]) -> Result<()> {
     if loc.ty == ROOT_ITEM_KEY {
         return Err(Error::Unsupported(format!(
-            "{}: renaming or deleting a subvolume",
+            "{}: replacing or exchanging a subvolume's entry",
             String::from_utf8_lossy(name)
         )));
     }
@@ -493,7 +493,10 @@ impl Trans {
         let (ino, ty, loc) = self
             .lookup(root, dir, name)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
-        not_a_subvolume(&loc, name)?;
+        if loc.ty == ROOT_ITEM_KEY {
+            // A subvolume's entry is a directory (the kernel's unlink: EISDIR).
+            return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
+        }
         if ty == FT_DIR {
             return Err(Error::IsDir(String::from_utf8_lossy(name).into_owned()));
         }
@@ -762,29 +765,5 @@ impl Trans {
             }
         }
         Ok(out)
-    }
-
-    /// Resolves a path inside a subvolume to an inode (no symlinks followed).
-    pub fn resolve_path(&self, root: u64, path: &[u8]) -> Result<u64> {
-        let mut ino = FIRST_FREE_OBJECTID;
-        for comp in path
-            .split(|&c| c == b'/')
-            .filter(|c| !c.is_empty() && *c != b".")
-        {
-            if comp == b".." {
-                ino = self.parent_of(root, ino)?;
-                continue;
-            }
-            let (i, _, loc) = self
-                .lookup(root, ino, comp)?
-                .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(path).into_owned()))?;
-            if loc.ty == ROOT_ITEM_KEY {
-                return Err(Error::Unsupported(
-                    "paths crossing into another subvolume".into(),
-                ));
-            }
-            ino = i;
-        }
-        Ok(ino)
     }
 }
