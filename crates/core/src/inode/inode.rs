@@ -624,8 +624,9 @@ impl Trans {
             }
         }
         if let Some((tino, tty, tloc)) = self.lookup(root, ndir, nname)? {
-            if !noreplace {
-                not_a_subvolume(&tloc, nname)?;
+            if !noreplace && tloc.ty == ROOT_ITEM_KEY {
+                // Over a subvolume's entry: the kernel says ENOTEMPTY, empty or not.
+                return Err(Error::NotEmpty(String::from_utf8_lossy(nname).into_owned()));
             }
             if noreplace {
                 return Err(Error::Exists(String::from_utf8_lossy(nname).into_owned()));

@@ -183,7 +183,8 @@ impl Trans {
                 return Err(Error::Exists(shown));
             }
             if tloc.ty == ROOT_ITEM_KEY {
-                return Err(Error::Busy(shown));
+                // As the kernel: ENOTEMPTY over a subvolume, empty or not.
+                return Err(Error::NotEmpty(shown));
             }
             if tty != FT_DIR {
                 return Err(Error::NotDir(shown));
