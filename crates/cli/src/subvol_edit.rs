@@ -130,6 +130,14 @@ fn split(path: &str) -> Result<(String, Vec<u8>)> {
     Ok((format!("/{parent}"), name.as_bytes().to_vec()))
 }
 
+/// A reading open (a tree log is replayed in memory only).
+fn open_ro(image: &Path) -> Result<Filesystem> {
+    Ok(Filesystem::open_replayed(
+        &[image],
+        ubtrfs_core::OpenOptions::default(),
+    )?)
+}
+
 fn parent_dir(t: &Trans, parent: &str) -> Result<Node> {
     let d =
         t.fs.resolve(parent)
@@ -353,13 +361,12 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             t.commit()?;
         }
         SubvolEditCmd::GetDefault { image } => {
-            let t = open_rw(&image)?;
-            let id = t.default_subvolume()?;
+            let fs = open_ro(&image)?;
+            let id = fs.default_subvolume()?;
             if id == FS_TREE_OBJECTID {
                 writeln!(out, "ID 5 (FS_TREE)")?;
             } else {
-                let s = t
-                    .fs
+                let s = fs
                     .subvolumes()?
                     .into_iter()
                     .find(|s| s.id == id)
@@ -372,17 +379,16 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             }
         }
         SubvolEditCmd::Show { image, path } => {
-            let t = open_rw(&image)?;
-            show(&t, &path, out)?;
+            show(&open_ro(&image)?, &path, out)?;
         }
     }
     Ok(())
 }
 
-fn show(t: &Trans, path: &str, out: &mut dyn Write) -> Result<()> {
-    let id = subvol_at(&t.fs, path)?;
-    let item = t.fs.subvol_root_item(id)?;
-    let subs = t.fs.subvolumes()?;
+fn show(fs: &Filesystem, path: &str, out: &mut dyn Write) -> Result<()> {
+    let id = subvol_at(fs, path)?;
+    let item = fs.subvol_root_item(id)?;
+    let subs = fs.subvolumes()?;
     let me = subs.iter().find(|s| s.id == id);
     let uuid = |u: &[u8; 16]| {
         if u.iter().all(|&b| b == 0) {
@@ -416,7 +422,9 @@ fn show(t: &Trans, path: &str, out: &mut dyn Write) -> Result<()> {
     let ro = item.flags & ROOT_SUBVOL_RDONLY != 0;
     writeln!(out, "\tFlags: \t\t\t{}", if ro { "readonly" } else { "-" })?;
     writeln!(out, "\tSend transid: \t\t{}", item.stransid)?;
-    writeln!(out, "\tSend time: \t\t{}", time(item.stime.sec))?;
+    // btrfs-progs 6.14 prints the creation time (otime) on this line, not stime:
+    // the same here, so the outputs compare.
+    writeln!(out, "\tSend time: \t\t{}", time(item.otime.sec))?;
     writeln!(out, "\tReceive transid: \t{}", item.rtransid)?;
     writeln!(out, "\tReceive time: \t\t{}", time(item.rtime.sec))?;
     writeln!(out, "\tSnapshot(s):")?;
@@ -424,6 +432,11 @@ fn show(t: &Trans, path: &str, out: &mut dyn Write) -> Result<()> {
         for s in subs.iter().filter(|s| s.parent_uuid == uuid(&item.uuid)) {
             writeln!(out, "\t\t\t\t{}", s.path)?;
         }
+    }
+    if fs.try_root(QUOTA_TREE_OBJECTID)?.is_some() {
+        writeln!(out, "\tQuota group:\t\t0/{id}")?;
+    } else {
+        writeln!(out, "\tQuota group:\t\tn/a")?;
     }
     Ok(())
 }
@@ -436,9 +449,9 @@ pub fn property(cmd: PropertyCmd, out: &mut dyn Write) -> Result<()> {
                     bail!("{n}: unknown property for a subvolume (only ro)");
                 }
             }
-            let t = open_rw(&image)?;
-            let id = subvol_at(&t.fs, &path)?;
-            let ro = t.fs.subvol_root_item(id)?.flags & ROOT_SUBVOL_RDONLY != 0;
+            let fs = open_ro(&image)?;
+            let id = subvol_at(&fs, &path)?;
+            let ro = fs.subvol_root_item(id)?.flags & ROOT_SUBVOL_RDONLY != 0;
             writeln!(out, "ro={ro}")?;
         }
         PropertyCmd::Set {

@@ -169,6 +169,14 @@ fn snapshots_and_deletion_as_the_kernel() {
         FIELDS,
     ));
     assert_eq!(kernel_subvol_list(&img), kernel_subvol_list(&kimg));
+    // `subvolume show` prints what btrfs-progs prints on the kernel's mount.
+    let k = KernelMount::new(&img, "ro");
+    for p in ["home", "snap2", "ro"] {
+        let want = sh(&format!("btrfs subvolume show {}", shell_quote(&k.path(p))));
+        let got = UBTRFS.stdout(&["subvolume", "show", s, &format!("/{p}")]);
+        assert_eq!(got, want, "subvolume show /{p}");
+    }
+    k.umount();
     let ro = UBTRFS.stdout(&["property", "get", s, "/ro", "ro"]);
     assert_eq!(ro.trim(), "ro=true");
     assert!(UBTRFS

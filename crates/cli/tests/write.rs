@@ -1022,13 +1022,16 @@ fn edit_kernel_image_with_snapshots_and_reflinks() {
     };
 
     // Edges, last because a wrong answer here may leave the image unusable.
-    // Paths into another subvolume are refused (resolve_path says "paths crossing
-    // into another subvolume" are unsupported): they must not land in the top level.
+    // Links and renames between subvolumes: EXDEV, as on the kernel (edits inside
+    // a snapshot work: crates/cli/tests/subvol_edit.rs).
     e.refused(
-        &["mkdir", "-p", "/snap/x"],
-        "the path crosses into the snapshot subvolume",
+        &["ln", "/d02/f003", "/snap/hard"],
+        "a hard link into another subvolume (EXDEV)",
     );
-    e.refused(&["put", &hq("newtree/a/one"), "/snap"], "/snap exists");
+    e.refused(
+        &["mv", "/d02/f003", "/snap/moved"],
+        "a rename into another subvolume (EXDEV)",
+    );
     e.refused(
         &["setfattr", "/d02/f003", "-n", "bogus", "-v", "1"],
         "no xattr namespace prefix: the kernel refuses it with EOPNOTSUPP",

@@ -259,19 +259,9 @@ impl Trans {
         )))
     }
 
-    /// The default subvolume (the root tree's "default" entry; 5 without one).
+    /// The default subvolume (see [`crate::Filesystem::default_subvolume`]).
     pub fn default_subvolume(&self) -> Result<u64> {
-        let rt = self.fs.info.root_tree_ptr();
-        let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, name_hash(b"default"));
-        let Some(it) = lookup_exact(&self.fs.info, &rt, &key)? else {
-            return Ok(FS_TREE_OBJECTID);
-        };
-        let items = parse_dir_items(it.data())
-            .map_err(|e| Error::corrupt(format!("root tree dir item {key}: {e}")))?;
-        Ok(items
-            .iter()
-            .find(|d| d.name == b"default")
-            .map_or(FS_TREE_OBJECTID, |d| d.location.objectid))
+        self.fs.default_subvolume()
     }
 
     /// Trees deleted and not yet dropped: the ORPHAN_ITEMs of the root tree.
@@ -290,7 +280,7 @@ impl Trans {
     }
 
     /// Drops every dead tree to the end, committing after each step of
-    /// `blocks_per_commit` tree blocks (None: [`DROP_BLOCKS_PER_COMMIT`]), so an
+    /// `blocks_per_commit` tree blocks (None: `DROP_BLOCKS_PER_COMMIT` = 4096), so an
     /// interruption loses at most one step; stops early after `max_commits` steps
     /// (tests leave a half-dropped tree that way). `progress` gets the tree blocks
     /// visited so far. Returns the trees dropped completely.

@@ -5,7 +5,8 @@ use crate::fs::{Filesystem, Node};
 use crate::tree::ctree::{lookup_exact, TreeIter};
 use std::collections::HashMap;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{RootItem, RootRef};
+use ubtrfs_format::csum::name_hash;
+use ubtrfs_format::items::{parse_dir_items, RootItem, RootRef};
 use ubtrfs_format::key::Key;
 
 /// One subvolume or snapshot, as `btrfs subvolume list` shows it.
@@ -196,5 +197,20 @@ impl Filesystem {
             &Key::new(parent, ROOT_REF_KEY, child),
         )?
         .is_some())
+    }
+
+    /// The default subvolume (the root tree's "default" entry; 5 without one).
+    pub fn default_subvolume(&self) -> Result<u64> {
+        let rt = self.info.root_tree_ptr();
+        let key = Key::new(ROOT_TREE_DIR_OBJECTID, DIR_ITEM_KEY, name_hash(b"default"));
+        let Some(it) = lookup_exact(&self.info, &rt, &key)? else {
+            return Ok(FS_TREE_OBJECTID);
+        };
+        let items = parse_dir_items(it.data())
+            .map_err(|e| Error::corrupt(format!("root tree dir item {key}: {e}")))?;
+        Ok(items
+            .iter()
+            .find(|d| d.name == b"default")
+            .map_or(FS_TREE_OBJECTID, |d| d.location.objectid))
     }
 }
