@@ -15,7 +15,8 @@ use ubtrfs_fuse::{Engine, InoMode, Writer};
 pub const OPTIONS_HELP: &str = "\
 Mount options (-o, comma separated, repeatable):
   rw                    read-write (the default): changes accumulate in a transaction that
-                        is committed every commit= seconds, on sync/fsync and at unmount
+                        is committed every commit= seconds, on sync and at unmount; fsync
+                        writes the tree log (only that file's changes; the kernel replays it)
   remount               with ro or rw, from mount(8): switch a mounted filesystem (the
                         kernel then refuses writes itself); other options stay as they were
   ro                    read-only; without an explicit rw, an image the write engine cannot
@@ -25,6 +26,7 @@ Mount options (-o, comma separated, repeatable):
                         read-write, in memory only read-only (the kernel writes it even
                         on an ro mount unless nologreplay)
   commit=SECS           interval of periodic commits (default 30, as the kernel)
+  notreelog             fsync commits the transaction instead of writing the tree log
   compress=ALG[:LEVEL]  compress new data: zlib, lzo, zstd (the kernel's give-up rule)
   subvol=PATH           show this subvolume (path from the top level) at the mountpoint
   subvolid=N            show subvolume N (5 = top level); default: the default subvolume
@@ -90,6 +92,8 @@ struct Opts {
     commit_secs: u64,
     compress: Option<String>,
     compress_force: bool,
+    /// `-o notreelog`: fsync commits instead of writing the tree log.
+    notreelog: bool,
     /// `-o remount,...` (from mount(8)): change the mounted filesystem's flags.
     remount: bool,
 }
@@ -121,6 +125,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         commit_secs: 30,
         compress: None,
         compress_force: false,
+        notreelog: false,
         remount: false,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
@@ -136,6 +141,8 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             // back on remount: ubtrfs sets them itself.
             ("user_id" | "group_id" | "rootmode" | "fd" | "blksize", Some(_)) => {}
             ("rw", None) => o.rw = Some(true),
+            ("notreelog", None) => o.notreelog = true,
+            ("treelog", None) => o.notreelog = false,
             ("commit", Some(n)) => o.commit_secs = num::<u64>(k, n)?.clamp(1, 300),
             ("compress" | "compress-force", Some(c)) => {
                 crate::edit::parse_compress(c)?;
@@ -220,7 +227,11 @@ pub fn run(args: MountArgs) -> Result<()> {
                 t.compress = Some(crate::edit::parse_compress(c)?);
                 t.compress_force = o.compress_force;
             }
-            Engine::ReadWrite(Writer::new(t))
+            let w = Writer::new(t);
+            if o.notreelog {
+                w.disable_tree_log();
+            }
+            Engine::ReadWrite(w)
         }
         None => {
             _locks = lock_shared(&paths)?;

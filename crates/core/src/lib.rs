@@ -55,7 +55,7 @@ pub use transaction::space_info::Reservation;
 pub use transaction::Trans;
 pub use tree::ctree::{lookup_exact, search_slot, walk_items, ItemRef, Path as TreePath, TreeIter};
 pub use tree::{RootPtr, TreeBlock};
-pub use tree_log::{zero_log, ReplayStats, ZeroLog};
+pub use tree_log::{zero_log, LogStats, ReplayStats, Synced, TreeLog, ZeroLog, LOG_ITEMS_MAX};
 pub use ubtrfs_format as format;
 
 /// File type bits of `st_mode`, as Linux defines them (btrfs stores them in the inode

@@ -224,7 +224,11 @@ impl Ops {
             op::ACCESS => self.access(h, a, reply),
             // Nothing to flush: ENOSYS tells the kernel not to send FLUSH again.
             op::FLUSH => reply.error(errno::ENOSYS),
-            op::FSYNC | op::FSYNCDIR | op::SYNCFS => match &self.engine {
+            op::FSYNC | op::FSYNCDIR => match &self.engine {
+                Engine::ReadWrite(w) => self.fsync(w, h.nodeid, a, reply),
+                Engine::ReadOnly(_) => reply.ok(&[]),
+            },
+            op::SYNCFS => match &self.engine {
                 Engine::ReadWrite(w) => self.sync(w, reply),
                 Engine::ReadOnly(_) => reply.ok(&[]),
             },

@@ -775,10 +775,23 @@ impl Ops {
         Ok(o.buf)
     }
 
-    /// fsync, fsyncdir, syncfs: durable when answered (a commit; the tree log comes
-    /// later).
+    /// syncfs and unmount: durable when answered (a commit).
     pub(crate) fn sync(&self, w: &Writer, reply: Reply<'_>) {
         match w.commit() {
+            Ok(()) => reply.ok(&[]),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    /// fsync, fsyncdir (fsync_in: fh, fsync_flags; bit 0 is datasync): durable when
+    /// answered, through the tree log ([`Writer::fsync`]).
+    pub(crate) fn fsync(&self, w: &Writer, nodeid: u64, mut a: Args<'_>, reply: Reply<'_>) {
+        let _fh = a.u64();
+        let datasync = a.u32().is_some_and(|f| f & 1 != 0);
+        let r = self
+            .node_key(nodeid)
+            .and_then(|k| w.fsync(k.node.root, k.node.ino, datasync));
+        match r {
             Ok(()) => reply.ok(&[]),
             Err(e) => reply.error(e),
         }

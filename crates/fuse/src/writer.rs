@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 use ubtrfs_core::format::items::Timespec;
-use ubtrfs_core::{now, Error, Filesystem, Node, Reservation, Trans};
+use ubtrfs_core::{now, Error, Filesystem, LogStats, Node, Reservation, Synced, Trans, TreeLog};
 
 use crate::ops::errno;
 
@@ -79,6 +79,9 @@ pub struct Writer {
     delalloc: Mutex<Delalloc>,
     /// Bytes in `delalloc`, readable without its lock (readers flush when non-zero).
     delalloc_bytes: AtomicU64,
+    /// The tree log fsyncs write (None: `-o notreelog`, every fsync commits).
+    /// Locked only with `trans` held for writing.
+    log: Mutex<Option<TreeLog>>,
 }
 
 /// Tree blocks the mount's cleaner visits while holding the transaction (between two
@@ -136,7 +139,59 @@ impl Writer {
             aborted: AtomicBool::new(false),
             changes: AtomicU64::new(0),
             stop: (Mutex::new(false), Condvar::new()),
+            log: Mutex::new(Some(TreeLog::new())),
         })
+    }
+
+    /// `-o notreelog`: fsync commits the transaction (the kernel's option of the
+    /// same name).
+    pub fn disable_tree_log(&self) {
+        *self.log.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The tree log's counters (None with `-o notreelog`).
+    pub fn log_stats(&self) -> Option<LogStats> {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|l| l.stats().clone())
+    }
+
+    /// fsync/fdatasync of one inode: durable when it returns Ok. Written through the
+    /// tree log (only that inode's changes, no commit), or a commit where the log
+    /// cannot say it (tree_log/log.rs) or with `-o notreelog`.
+    pub fn fsync(&self, root: u64, ino: u64, datasync: bool) -> Result<(), i32> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(errno::EIO);
+        }
+        let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+        if self.changes.load(Ordering::Acquire) == 0
+            && self.delalloc_bytes.load(Ordering::Acquire) == 0
+        {
+            // Nothing since the last commit: durable already.
+            return Ok(());
+        }
+        self.flush(&mut t)?;
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(log) = log.as_mut() else {
+            self.changes.store(0, Ordering::Release);
+            return t.commit().map_err(|e| {
+                self.abort(&format!("commit: {e}"));
+                errno::EIO
+            });
+        };
+        match log.fsync(&mut t, root, ino, datasync) {
+            Ok(Synced::Logged) => Ok(()),
+            Ok(Synced::Committed(_)) => {
+                self.changes.store(0, Ordering::Release);
+                Ok(())
+            }
+            Err(e) => {
+                self.abort(&format!("fsync of inode {ino} (tree log): {e}"));
+                Err(errno::EIO)
+            }
+        }
     }
 
     /// Runs `f` on the filesystem with the transaction's changes visible (written

@@ -47,6 +47,10 @@ pub(crate) struct Allocator {
     pub(crate) pending_chunks: Vec<PendingChunk>,
     /// Space freed in this transaction: reusable only once the commit is durable.
     pub(crate) pinned: Vec<(u64, u64)>,
+    /// Tree-log blocks (one node each) written since the last commit: in no extent
+    /// tree, so free to the free-space tree, yet in use until the next commit is
+    /// durable (tree_log/log.rs frees the ones a later fsync replaced earlier).
+    pub(crate) log_blocks: std::collections::BTreeSet<u64>,
     /// End of the last allocation per type: the next search starts there (locality).
     pub(crate) last_alloc: HashMap<u64, u64>,
     pub(crate) search_mode: SearchMode,
@@ -65,6 +69,7 @@ impl Allocator {
             dev_uuids: HashMap::new(),
             pending_chunks: Vec::new(),
             pinned: Vec::new(),
+            log_blocks: std::collections::BTreeSet::new(),
             last_alloc: HashMap::new(),
             search_mode: SearchMode::SizeIndex,
             stats: AllocStats::default(),
@@ -74,8 +79,10 @@ impl Allocator {
 
     /// Returns the pinned space to the free indexes: the commit that stopped
     /// referencing it is on disk.
-    pub(crate) fn unpin_all(&mut self) -> Result<()> {
-        for (b, l) in std::mem::take(&mut self.pinned) {
+    pub(crate) fn unpin_all(&mut self, nodesize: u64) -> Result<()> {
+        let log = std::mem::take(&mut self.log_blocks);
+        let pinned = std::mem::take(&mut self.pinned);
+        for (b, l) in pinned.into_iter().chain(log.into_iter().map(|b| (b, nodesize))) {
             let s = self.bg_of(b)?;
             self.bgs
                 .get_mut(&s)

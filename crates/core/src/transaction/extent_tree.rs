@@ -429,9 +429,13 @@ impl Trans {
                 )));
             }
             if total == 0 {
-                // Allocated and freed within this transaction.
+                // Allocated and freed within this transaction. Data stays pinned
+                // until the commit is durable: a tree log an fsync wrote may point at
+                // it, and must stay readable until then.
                 if head.is_data {
                     self.del_csums(bytenr, head.num_bytes)?;
+                    self.alloc.pinned.push((bytenr, head.num_bytes));
+                    return Ok(());
                 }
                 return self.alloc.release_unused(bytenr, head.num_bytes);
             }

@@ -443,7 +443,11 @@ impl Trans {
 
     /// Writes the transaction durably (see the module comment) and starts the next.
     pub fn commit(&mut self) -> Result<()> {
-        if !self.has_pending_work() && self.dirty_bytes() == 0 && self.alloc.pinned.is_empty() {
+        if !self.has_pending_work()
+            && self.dirty_bytes() == 0
+            && self.alloc.pinned.is_empty()
+            && self.alloc.log_blocks.is_empty()
+        {
             // Nothing changed: like the kernel, an empty transaction writes nothing.
             return Ok(());
         }
@@ -473,7 +477,7 @@ impl Trans {
         self.write_supers()?;
         self.flush_devices()?;
         // Durable: the pinned space is no longer referenced by any committed tree.
-        self.alloc.unpin_all()?;
+        self.alloc.unpin_all(self.fs.info.nodesize as u64)?;
         self.fs.info.sb.generation = self.transid;
         self.fs.clear_data_caches();
         self.transid += 1;

@@ -18,6 +18,7 @@
 //! `inode` (links, extents, checksums), `alloc` (log blocks are pinned), `fs`, `io`,
 //! `tree`.
 
+mod log;
 pub(crate) mod overlay;
 mod replay;
 
@@ -30,6 +31,7 @@ use std::path::Path;
 use std::sync::Arc;
 use ubtrfs_format::consts::*;
 
+pub use log::{LogStats, Synced, TreeLog, LOG_ITEMS_MAX};
 pub use replay::ReplayStats;
 
 impl Trans {

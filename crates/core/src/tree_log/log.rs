@@ -1,0 +1,1075 @@
+//! Writing the tree log (the kernel's btrfs_log_inode and btrfs_sync_log): an fsync
+//! makes one inode durable without committing the transaction.
+//!
+//! [`TreeLog`] keeps, for the running transaction, one log tree per subvolume (the
+//! items the fsyncs logged, in memory, with the leaf layout last written) and the log
+//! root tree over them. An fsync:
+//! 1. copies the inode's items from the subvolume tree into its log tree: the inode
+//!    item, its names (INODE_REF/EXTREF), xattrs, file extents (holes made explicit,
+//!    as the kernel's btrfs_log_holes does with NO_HOLES) and the checksums of the
+//!    extents written in this transaction (EXTENT_CSUM items); for a directory also
+//!    every DIR_INDEX item, copied a leaf at a time (seed 004), a DIR_LOG_INDEX range
+//!    saying the log has every name, and the inodes of names made in this
+//!    transaction; directories made in this transaction on the way up to the
+//!    subvolume root are logged too (inode and name), so a replay can link the inode;
+//! 2. logs again every inode logged earlier in this transaction that has changed
+//!    since (so the log stays one consistent picture of what was fsynced);
+//! 3. writes the log leaves that changed, the nodes above them and the log root tree,
+//!    into metadata space no committed tree uses; flushes; writes the primary
+//!    superblock (the last commit's, plus `log_root`) and flushes again.
+//!
+//! The log's blocks are in no extent tree. They stay out of the free space until the
+//! next commit is durable (`Allocator::log_blocks`); a block a later fsync replaces
+//! is freed as soon as the superblock naming the new log is durable.
+//!
+//! Where a log could not say what the fsync must make durable, the fsync commits the
+//! transaction instead, as the kernel falls back to a full commit, and counts why
+//! ([`LogStats::full_commits`]): a directory one of whose names moved elsewhere (or
+//! a link of which went while others stay), an ancestor directory renamed, a
+//! subvolume entry in a directory to log, a chunk allocated in this transaction
+//! (the log could not be read before the commit), metadata space short, items this
+//! log does not copy (verity), or a log past its size limit.
+//!
+//! Owns: the in-memory log trees and writing them. May use: `transaction` (the
+//! handle, its commit), `alloc` (log blocks), `io`, `tree`.
+
+use crate::error::{Error, Result};
+use crate::io::disk_io::read_best_super;
+use crate::transaction::Trans;
+use crate::tree::block_edit as eb;
+use crate::tree::ctree::{lookup_exact, lookup_prev, next_leaf, search_slot};
+use crate::tree::tree_checker::{check_block, check_header, Expect};
+use crate::tree::RootPtr;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use ubtrfs_format::consts::*;
+use ubtrfs_format::items::{
+    parse_dir_items, FileExtentBody, FileExtentItem, InodeItem, RootItem,
+};
+use ubtrfs_format::key::Key;
+use ubtrfs_format::superblock::SuperBlock;
+
+/// Most items the log trees of one transaction hold before fsyncs commit instead
+/// (a bound on the memory the log keeps: about 200 MiB at the largest items).
+pub const LOG_ITEMS_MAX: usize = 4_000_000;
+
+/// Most inodes one fsync logs (the inode, new ancestors, new entries of a directory
+/// and their trees) before it commits instead.
+const INODES_PER_FSYNC_MAX: usize = 2_000_000;
+
+const S_IFMT: u32 = 0o170000;
+const S_IFDIR: u32 = 0o040000;
+const S_IFREG: u32 = 0o100000;
+
+/// Counters of the tree log over its life (all transactions).
+#[derive(Debug, Default, Clone)]
+pub struct LogStats {
+    /// fsync/fdatasync calls.
+    pub fsyncs: u64,
+    /// fsyncs answered by writing the log.
+    pub logged: u64,
+    /// fsyncs answered by a full commit, and why.
+    pub full_commits: u64,
+    /// Full commits by reason.
+    pub commit_reasons: BTreeMap<&'static str, u64>,
+    /// Inodes copied into a log (each time one is logged).
+    pub inodes_logged: u64,
+    /// Items written into the log trees (unchanged items are not counted).
+    pub items_logged: u64,
+    /// Searches of a subvolume tree made to copy items (one per inode range).
+    pub searches: u64,
+    /// Subvolume leaves whose items were copied in one batch (seed 004's "one data
+    /// move per leaf").
+    pub leaf_copies: u64,
+    /// Log tree blocks written.
+    pub blocks_written: u64,
+    /// Bytes written to the devices by log syncs (blocks and superblocks).
+    pub bytes_written: u64,
+}
+
+/// What an fsync did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synced {
+    /// The inode's changes went to the tree log.
+    Logged,
+    /// The transaction was committed instead (the reason).
+    Committed(&'static str),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Everything about the inode.
+    Full,
+    /// The inode item and its names only (a directory made in this transaction on
+    /// the way to a logged inode).
+    Exists,
+}
+
+#[derive(Debug, Clone)]
+struct Logged {
+    mode: Mode,
+    /// The INODE_ITEM as logged: a different one later means log it again.
+    inode: Vec<u8>,
+}
+
+/// One log tree in memory: its items and the leaves last written.
+#[derive(Debug, Default)]
+struct LogBuf {
+    items: BTreeMap<Key, Vec<u8>>,
+    /// The leaf layout: each leaf holds the keys from its partition key up to the
+    /// next one's; the value is the block last written for it (0: none yet).
+    leaves: BTreeMap<Key, u64>,
+    /// Partition keys of leaves whose items changed since last written.
+    dirty: BTreeSet<Key>,
+    /// Nodes last written, by their pointers: reused while unchanged.
+    nodes: HashMap<Vec<(Key, u64)>, u64>,
+    /// The root block last written: (bytenr, level).
+    root: Option<(u64, u8)>,
+}
+
+impl LogBuf {
+    fn leaf_of(&mut self, k: &Key) -> Key {
+        if self.leaves.is_empty() {
+            self.leaves.insert(Key::MIN, 0);
+        }
+        self.leaves
+            .range(..=*k)
+            .next_back()
+            .map_or(Key::MIN, |(p, _)| *p)
+    }
+
+    fn set(&mut self, k: Key, v: Vec<u8>) -> bool {
+        if self.items.get(&k) == Some(&v) {
+            return false;
+        }
+        let l = self.leaf_of(&k);
+        self.dirty.insert(l);
+        self.items.insert(k, v);
+        true
+    }
+
+    fn del(&mut self, k: &Key) {
+        if self.items.remove(k).is_some() {
+            let l = self.leaf_of(k);
+            self.dirty.insert(l);
+        }
+    }
+
+    /// Makes the items in [lo, hi] exactly `new` (sorted); returns items written.
+    fn replace_range(&mut self, lo: Key, hi: Key, new: Vec<(Key, Vec<u8>)>) -> u64 {
+        let keep: BTreeSet<Key> = new.iter().map(|(k, _)| *k).collect();
+        let gone: Vec<Key> = self
+            .items
+            .range(lo..=hi)
+            .map(|(k, _)| *k)
+            .filter(|k| !keep.contains(k))
+            .collect();
+        for k in gone {
+            self.del(&k);
+        }
+        let mut n = 0;
+        for (k, v) in new {
+            n += u64::from(self.set(k, v));
+        }
+        n
+    }
+}
+
+/// The tree log of a writing handle (see the module comment). Keep one next to the
+/// [`Trans`] and call [`TreeLog::fsync`]; a commit of the transaction makes the log
+/// obsolete, which the next call notices.
+#[derive(Debug, Default)]
+pub struct TreeLog {
+    /// Transaction the log belongs to (0: none yet).
+    transid: u64,
+    subvols: BTreeMap<u64, LogBuf>,
+    root_tree: LogBuf,
+    logged: BTreeMap<(u64, u64), Logged>,
+    /// Per device, the superblock of the last commit (read when the log starts).
+    supers: Vec<(u64, SuperBlock)>,
+    /// Root pointers of subvolumes as of the last commit (None: made since).
+    committed_roots: HashMap<u64, Option<RootPtr>>,
+    /// Log blocks the next durable sync frees (replaced by this one).
+    garbage: Vec<u64>,
+    stats: LogStats,
+}
+
+/// A reason to commit instead of logging.
+type Fallback = Option<&'static str>;
+
+fn is_dir(mode: u32) -> bool {
+    mode & S_IFMT == S_IFDIR
+}
+
+fn is_reg(mode: u32) -> bool {
+    mode & S_IFMT == S_IFREG
+}
+
+fn inode_range(ino: u64) -> (Key, Key) {
+    (Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))
+}
+
+impl TreeLog {
+    /// An empty log.
+    pub fn new() -> TreeLog {
+        TreeLog::default()
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> &LogStats {
+        &self.stats
+    }
+
+    /// Items held in the log trees of the running transaction.
+    pub fn items(&self) -> usize {
+        self.subvols.values().map(|b| b.items.len()).sum()
+    }
+
+    /// Makes inode `ino` of subvolume `root` durable: logs it and syncs the log, or
+    /// commits the transaction where a log cannot say it (see the module comment).
+    /// `datasync` (fdatasync) is logged as fsync is.
+    pub fn fsync(&mut self, t: &mut Trans, root: u64, ino: u64, datasync: bool) -> Result<Synced> {
+        let _ = datasync;
+        self.stats.fsyncs += 1;
+        if self.transid != t.transid {
+            self.reset(t.transid);
+        }
+        let why = self.try_log(t, root, ino)?;
+        if let Some(why) = why {
+            return self.commit_instead(t, why);
+        }
+        match self.sync(t)? {
+            None => {
+                self.stats.logged += 1;
+                Ok(Synced::Logged)
+            }
+            Some(why) => self.commit_instead(t, why),
+        }
+    }
+
+    fn commit_instead(&mut self, t: &mut Trans, why: &'static str) -> Result<Synced> {
+        t.commit()?;
+        self.reset(t.transid);
+        self.stats.full_commits += 1;
+        *self.stats.commit_reasons.entry(why).or_insert(0) += 1;
+        Ok(Synced::Committed(why))
+    }
+
+    /// Forgets the log of an earlier transaction (its blocks went back to the free
+    /// space when that transaction committed).
+    fn reset(&mut self, transid: u64) {
+        let stats = std::mem::take(&mut self.stats);
+        *self = TreeLog {
+            transid,
+            stats,
+            ..TreeLog::default()
+        };
+    }
+
+    fn try_log(&mut self, t: &mut Trans, root: u64, ino: u64) -> Result<Fallback> {
+        if !t.alloc.pending_chunks.is_empty() {
+            return Ok(Some("chunk allocated in this transaction"));
+        }
+        if self.committed_root(t, root)?.is_none() {
+            return Ok(Some("subvolume made in this transaction"));
+        }
+        let mut budget = INODES_PER_FSYNC_MAX;
+        let mut seen = BTreeSet::new();
+        if let Some(why) = self.log_inode(t, root, ino, Mode::Full, &mut seen, &mut budget)? {
+            return Ok(Some(why));
+        }
+        // Inodes logged before that changed since: log them again.
+        let stale: Vec<((u64, u64), Mode)> = self
+            .logged
+            .iter()
+            .filter(|(k, _)| !seen.contains(*k))
+            .map(|(k, l)| (*k, l.mode, l.inode.clone()))
+            .filter_map(|(k, m, old)| match current_inode_bytes(t, k.0, k.1) {
+                Ok(Some(b)) if b == old => None,
+                _ => Some((k, m)),
+            })
+            .collect();
+        for ((r, i), m) in stale {
+            if seen.contains(&(r, i)) {
+                continue;
+            }
+            if let Some(why) = self.log_inode(t, r, i, m, &mut seen, &mut budget)? {
+                return Ok(Some(why));
+            }
+        }
+        if self.items() > LOG_ITEMS_MAX {
+            return Ok(Some("log size limit"));
+        }
+        Ok(None)
+    }
+
+    /// The subvolume's root as of the last commit (None: made since).
+    fn committed_root(&mut self, t: &Trans, root: u64) -> Result<Option<RootPtr>> {
+        if let Some(r) = self.committed_roots.get(&root) {
+            return Ok(*r);
+        }
+        self.read_supers(t)?;
+        let sb = &self.supers[0].1;
+        let rt = RootPtr {
+            id: ROOT_TREE_OBJECTID,
+            bytenr: sb.root,
+            level: sb.root_level,
+            generation: sb.generation,
+        };
+        let found = match lookup_prev(&t.fs.info, &rt, Key::new(root, ROOT_ITEM_KEY, u64::MAX))? {
+            Some((k, d)) if k.objectid == root && k.ty == ROOT_ITEM_KEY => {
+                let r = RootItem::parse(&d)
+                    .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
+                Some(RootPtr {
+                    id: root,
+                    bytenr: r.bytenr,
+                    level: r.level,
+                    generation: r.generation,
+                })
+            }
+            _ => None,
+        };
+        self.committed_roots.insert(root, found);
+        Ok(found)
+    }
+
+    fn read_supers(&mut self, t: &Trans) -> Result<()> {
+        if !self.supers.is_empty() {
+            return Ok(());
+        }
+        for (devid, dev) in &t.fs.info.devices {
+            let (sb, _) = read_best_super(dev.as_ref())?;
+            if sb.generation + 1 != t.transid {
+                return Err(Error::corrupt(format!(
+                    "{}: superblock generation {} is not the last commit ({})",
+                    dev.name(),
+                    sb.generation,
+                    t.transid - 1
+                )));
+            }
+            self.supers.push((*devid, sb));
+        }
+        if self.supers.is_empty() {
+            return Err(Error::Invalid("no devices".into()));
+        }
+        Ok(())
+    }
+
+    /// Items of one inode in the committed tree, in [lo, hi].
+    fn committed_items(
+        &mut self,
+        t: &Trans,
+        root: u64,
+        lo: Key,
+        hi: Key,
+    ) -> Result<Vec<(Key, Vec<u8>)>> {
+        let Some(ptr) = self.committed_root(t, root)? else {
+            return Ok(Vec::new());
+        };
+        copy_items(t, &ptr, lo, hi, &mut self.stats)
+    }
+
+    /// Logs one inode (and what its durability needs); returns a reason to commit
+    /// instead, if there is one.
+    fn log_inode(
+        &mut self,
+        t: &Trans,
+        root: u64,
+        ino: u64,
+        mode: Mode,
+        seen: &mut BTreeSet<(u64, u64)>,
+        budget: &mut usize,
+    ) -> Result<Fallback> {
+        if !seen.insert((root, ino)) {
+            return Ok(None);
+        }
+        if *budget == 0 {
+            return Ok(Some("too many inodes for one fsync"));
+        }
+        *budget -= 1;
+        let mode = match self.logged.get(&(root, ino)) {
+            Some(l) if l.mode == Mode::Full => Mode::Full,
+            _ => mode,
+        };
+        let ptr = t.root_ptr(root)?;
+        let (lo, hi) = inode_range(ino);
+        let Some(inode_bytes) = current_inode_bytes(t, root, ino)? else {
+            // Gone since it was logged: the log forgets it.
+            self.forget(root, ino);
+            return Ok(None);
+        };
+        let inode = InodeItem::parse(&inode_bytes)
+            .map_err(|e| Error::corrupt(format!("inode {ino} of tree {root}: {e}")))?;
+        if inode.nlink == 0 {
+            self.forget(root, ino);
+            return Ok(None);
+        }
+        self.stats.inodes_logged += 1;
+        let hi_copy = match mode {
+            Mode::Full => hi,
+            Mode::Exists => Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
+        };
+        let src = copy_items(t, &ptr, lo, hi_copy, &mut self.stats)?;
+        let mut items = Vec::with_capacity(src.len() + 1);
+        let mut parents = Vec::new();
+        let mut new_children = Vec::new();
+        let mut extents = Vec::new();
+        for (k, d) in src {
+            match k.ty {
+                INODE_ITEM_KEY | XATTR_ITEM_KEY => items.push((k, d)),
+                INODE_REF_KEY => {
+                    // A subvolume root's ".." names itself: nothing to link.
+                    if k.offset != ino {
+                        parents.push(k.offset);
+                        items.push((k, d));
+                    }
+                }
+                INODE_EXTREF_KEY => {
+                    for r in ubtrfs_format::items::parse_inode_extrefs(&d)
+                        .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
+                    {
+                        parents.push(r.parent);
+                    }
+                    items.push((k, d));
+                }
+                EXTENT_DATA_KEY => {
+                    let fe = FileExtentItem::parse(&d)
+                        .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?;
+                    extents.push((k.offset, fe));
+                    items.push((k, d));
+                }
+                DIR_INDEX_KEY => {
+                    for e in parse_dir_items(&d)
+                        .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
+                    {
+                        if e.location.ty != INODE_ITEM_KEY {
+                            return Ok(Some("subvolume entry in a logged directory"));
+                        }
+                        if e.transid >= t.transid {
+                            new_children.push(e.location.objectid);
+                        }
+                    }
+                    items.push((k, d));
+                }
+                DIR_ITEM_KEY => {}
+                _ => return Ok(Some("item the log does not copy")),
+            }
+        }
+        if mode == Mode::Full && is_dir(inode.mode) {
+            if let Some(why) = self.check_dir_removals(t, root, ino, &inode)? {
+                return Ok(Some(why));
+            }
+            items.push((
+                Key::new(ino, DIR_LOG_INDEX_KEY, 0),
+                u64::MAX.to_le_bytes().to_vec(),
+            ));
+            items.sort_by(|a, b| a.0.cmp(&b.0));
+        }
+        if mode == Mode::Full && is_reg(inode.mode) {
+            let holes = holes_of(t, ino, &inode, &extents);
+            if !holes.is_empty() {
+                items.extend(holes);
+                items.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+        }
+        let buf = self.subvols.entry(root).or_default();
+        self.stats.items_logged += buf.replace_range(lo, hi_copy, items);
+        if mode == Mode::Full {
+            for (_, fe) in &extents {
+                self.log_csums(t, root, fe)?;
+            }
+        }
+        self.logged.insert(
+            (root, ino),
+            Logged {
+                mode,
+                inode: inode_bytes,
+            },
+        );
+        // The names must be replayable: every parent exists after the replay.
+        for p in parents {
+            if let Some(why) = self.log_parent(t, root, p, seen, budget)? {
+                return Ok(Some(why));
+            }
+        }
+        for c in new_children {
+            if let Some(why) = self.log_inode(t, root, c, Mode::Full, seen, budget)? {
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A parent directory of a logged inode: made in this transaction, it is logged
+    /// (inode and name, and so on up); committed, it must not have moved (nor any
+    /// directory above it), or the log would leave the inode at a stale path.
+    fn log_parent(
+        &mut self,
+        t: &Trans,
+        root: u64,
+        dir: u64,
+        seen: &mut BTreeSet<(u64, u64)>,
+        budget: &mut usize,
+    ) -> Result<Fallback> {
+        let mut cur = dir;
+        for _ in 0..4096 {
+            if seen.contains(&(root, cur)) && cur != dir {
+                return Ok(None);
+            }
+            let committed = self
+                .committed_items(t, root, Key::new(cur, INODE_ITEM_KEY, 0), Key::new(cur, INODE_ITEM_KEY, 0))?;
+            if committed.is_empty() {
+                // New: log it (its own parents follow from there).
+                return self.log_inode(t, root, cur, Mode::Exists, seen, budget);
+            }
+            let refs_lo = Key::new(cur, INODE_REF_KEY, 0);
+            let refs_hi = Key::new(cur, INODE_EXTREF_KEY, u64::MAX);
+            let ptr = t.root_ptr(root)?;
+            let now = copy_items(t, &ptr, refs_lo, refs_hi, &mut self.stats)?;
+            let cur_inode = current_inode_bytes(t, root, cur)?;
+            let changed = match &cur_inode {
+                Some(b) => InodeItem::parse(b).map_or(true, |i| i.transid >= t.transid),
+                None => true,
+            };
+            if changed {
+                let then = self.committed_items(t, root, refs_lo, refs_hi)?;
+                if then != now {
+                    return Ok(Some("ancestor directory renamed"));
+                }
+            }
+            if cur == FIRST_FREE_OBJECTID {
+                return Ok(None);
+            }
+            let Some((k, _)) = now.iter().find(|(k, _)| k.ty == INODE_REF_KEY) else {
+                return Ok(None);
+            };
+            if k.offset == cur {
+                return Ok(None);
+            }
+            cur = k.offset;
+        }
+        Ok(Some("directory chain too deep"))
+    }
+
+    /// A directory logged whole says its names are all there is: a name it lost
+    /// since the commit is deleted by the replay. Fine for an inode that is gone;
+    /// but one still linked elsewhere (moved, or one of its links removed) would
+    /// lose that link: commit instead.
+    fn check_dir_removals(
+        &mut self,
+        t: &Trans,
+        root: u64,
+        dir: u64,
+        inode: &InodeItem,
+    ) -> Result<Fallback> {
+        if inode.transid < t.transid {
+            return Ok(None);
+        }
+        let lo = Key::new(dir, DIR_INDEX_KEY, 0);
+        let hi = Key::new(dir, DIR_INDEX_KEY, u64::MAX);
+        let then = self.committed_items(t, root, lo, hi)?;
+        if then.is_empty() {
+            return Ok(None);
+        }
+        let ptr = t.root_ptr(root)?;
+        for (k, d) in then {
+            if lookup_exact(&t.fs.info, &ptr, &k)?.is_some_and(|i| i.data() == d.as_slice()) {
+                continue;
+            }
+            for e in parse_dir_items(&d)
+                .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
+            {
+                if e.location.ty != INODE_ITEM_KEY {
+                    return Ok(Some("subvolume entry in a logged directory"));
+                }
+                if let Some(b) = current_inode_bytes(t, root, e.location.objectid)? {
+                    if InodeItem::parse(&b).map_or(true, |i| i.nlink > 0) {
+                        return Ok(Some("name moved out of a logged directory"));
+                    }
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    fn forget(&mut self, root: u64, ino: u64) {
+        self.logged.remove(&(root, ino));
+        if let Some(buf) = self.subvols.get_mut(&root) {
+            let (lo, hi) = inode_range(ino);
+            buf.replace_range(lo, hi, Vec::new());
+        }
+    }
+
+    /// Checksums of an extent written in this transaction go into the log (the
+    /// replay copies them into the csum tree; older extents' are there already).
+    fn log_csums(&mut self, t: &Trans, root: u64, fe: &FileExtentItem) -> Result<()> {
+        let FileExtentBody::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            offset,
+            num_bytes,
+        } = fe.body
+        else {
+            return Ok(());
+        };
+        if disk_bytenr == 0 || fe.ty != FILE_EXTENT_REG || fe.generation < t.transid {
+            return Ok(());
+        }
+        let ss = t.fs.info.sectorsize as u64;
+        let (start, len) = if fe.compression != 0 {
+            (disk_bytenr, disk_num_bytes)
+        } else {
+            let s = disk_bytenr + offset / ss * ss;
+            (s, (disk_bytenr + offset + num_bytes).next_multiple_of(ss) - s)
+        };
+        let n = (len / ss) as usize;
+        let sums = t.fs.info.lookup_csums(start, n)?;
+        let per_item = t.csums_per_item().max(1);
+        let buf = self.subvols.entry(root).or_default();
+        // Runs of present checksums, cut at the item size limit; an item the log has
+        // at the same address is replaced, and any overlapping one is cut away.
+        let mut i = 0;
+        while i < n {
+            if sums[i].is_none() {
+                i += 1;
+                continue;
+            }
+            let mut j = i;
+            let mut data = Vec::new();
+            while j < n && j - i < per_item {
+                match &sums[j] {
+                    Some(c) => data.extend_from_slice(c),
+                    None => break,
+                }
+                j += 1;
+            }
+            let a = start + i as u64 * ss;
+            let b = start + j as u64 * ss;
+            trim_csums(buf, a, b, t.fs.info.csum_type.size(), ss);
+            buf.set(Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, a), data);
+            self.stats.items_logged += 1;
+            i = j;
+        }
+        Ok(())
+    }
+
+    /// Writes the changed log trees and points the primary superblock at them;
+    /// returns a reason to commit instead when the log cannot be written.
+    fn sync(&mut self, t: &mut Trans) -> Result<Fallback> {
+        self.read_supers(t)?;
+        let mut new_blocks = Vec::new();
+        let mut garbage = Vec::new();
+        let subvols: Vec<u64> = self.subvols.keys().copied().collect();
+        for id in subvols {
+            let buf = self.subvols.get_mut(&id).expect("listed above");
+            let before = buf.root;
+            let Some((bytenr, level)) =
+                write_tree(t, buf, &mut new_blocks, &mut garbage, &mut self.stats)?
+            else {
+                return Ok(Some("metadata space short for the log"));
+            };
+            if before == Some((bytenr, level))
+                && self.root_tree.items.contains_key(&log_root_key(id))
+            {
+                continue;
+            }
+            let ns = t.fs.info.nodesize as u64;
+            let mut r = RootItem::default();
+            r.inode.generation = 1;
+            r.inode.size = 3;
+            r.inode.nlink = 1;
+            r.inode.nbytes = ns;
+            r.inode.mode = S_IFDIR | 0o755;
+            r.bytenr = bytenr;
+            r.level = level;
+            r.generation = t.transid;
+            r.generation_v2 = t.transid;
+            self.root_tree.set(log_root_key(id), r.to_bytes());
+        }
+        let Some((top, top_level)) = write_tree(
+            t,
+            &mut self.root_tree,
+            &mut new_blocks,
+            &mut garbage,
+            &mut self.stats,
+        )?
+        else {
+            return Ok(Some("metadata space short for the log"));
+        };
+        flush_all(t)?;
+        for (devid, sb) in &mut self.supers {
+            sb.log_root = top;
+            sb.log_root_level = top_level;
+            sb.bytenr = SUPER_INFO_OFFSET;
+            let bytes = sb.to_bytes();
+            let dev = t
+                .fs
+                .info
+                .devices
+                .get(devid)
+                .ok_or_else(|| Error::Invalid(format!("devid {devid} missing")))?;
+            dev.write_at(SUPER_INFO_OFFSET, &bytes).map_err(|e| {
+                Error::io(format!("writing the log superblock on {}", dev.name()), e)
+            })?;
+            self.stats.bytes_written += bytes.len() as u64;
+        }
+        flush_all(t)?;
+        // Durable: what the previous log used and this one does not is free now.
+        for b in std::mem::take(&mut self.garbage) {
+            if t.alloc.log_blocks.remove(&b) {
+                t.alloc.release_unused(b, t.fs.info.nodesize as u64)?;
+            }
+        }
+        self.garbage = garbage;
+        Ok(None)
+    }
+}
+
+fn log_root_key(subvol: u64) -> Key {
+    Key::new(TREE_LOG_OBJECTID, ROOT_ITEM_KEY, subvol)
+}
+
+fn flush_all(t: &Trans) -> Result<()> {
+    for d in t.fs.info.devices.values() {
+        d.flush()
+            .map_err(|e| Error::io(format!("flushing {}", d.name()), e))?;
+    }
+    Ok(())
+}
+
+fn current_inode_bytes(t: &Trans, root: u64, ino: u64) -> Result<Option<Vec<u8>>> {
+    let ptr = t.root_ptr(root)?;
+    Ok(lookup_exact(&t.fs.info, &ptr, &Key::new(ino, INODE_ITEM_KEY, 0))?.map(|i| i.data().to_vec()))
+}
+
+/// Items in [lo, hi] of a tree, read a leaf at a time after one search (seed 004:
+/// the items of one leaf are copied in one batch).
+fn copy_items(
+    t: &Trans,
+    ptr: &RootPtr,
+    lo: Key,
+    hi: Key,
+    stats: &mut LogStats,
+) -> Result<Vec<(Key, Vec<u8>)>> {
+    stats.searches += 1;
+    let mut out = Vec::new();
+    let mut path = search_slot(&t.fs.info, ptr, &lo)?;
+    loop {
+        let leaf = path.leaf().clone();
+        let n = leaf.nritems();
+        let v = leaf.view();
+        let mut copied = false;
+        let mut slot = path.slot();
+        while slot < n {
+            let k = v
+                .item_key(slot)
+                .map_err(|e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr)))?;
+            if k > hi {
+                if copied {
+                    stats.leaf_copies += 1;
+                }
+                return Ok(out);
+            }
+            let d = v
+                .item_data(slot)
+                .map_err(|e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr)))?;
+            out.push((k, d.to_vec()));
+            copied = true;
+            slot += 1;
+        }
+        if copied {
+            stats.leaf_copies += 1;
+        }
+        path.nodes[0].1 = n;
+        if !next_leaf(&t.fs.info, &mut path)? {
+            return Ok(out);
+        }
+    }
+}
+
+/// The holes of a regular file as explicit extent items (with NO_HOLES the tree has
+/// none; the replay must still drop what a committed version had there).
+fn holes_of(
+    t: &Trans,
+    ino: u64,
+    inode: &InodeItem,
+    extents: &[(u64, FileExtentItem)],
+) -> Vec<(Key, Vec<u8>)> {
+    if t.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES == 0 {
+        return Vec::new();
+    }
+    let ss = t.fs.info.sectorsize as u64;
+    let ino_end = inode.size.next_multiple_of(ss);
+    let mut out = Vec::new();
+    let mut prev_end = 0u64;
+    let hole = |len: u64| FileExtentItem {
+        generation: t.transid,
+        ram_bytes: len,
+        compression: 0,
+        encryption: 0,
+        other_encoding: 0,
+        ty: FILE_EXTENT_REG,
+        body: FileExtentBody::Regular {
+            disk_bytenr: 0,
+            disk_num_bytes: 0,
+            offset: 0,
+            num_bytes: len,
+        },
+    };
+    for (off, fe) in extents {
+        if *off > prev_end {
+            out.push((Key::new(ino, EXTENT_DATA_KEY, prev_end), hole(off - prev_end)));
+        }
+        let len = match &fe.body {
+            FileExtentBody::Inline { .. } => fe.ram_bytes.next_multiple_of(ss),
+            FileExtentBody::Regular { num_bytes, .. } => *num_bytes,
+        };
+        prev_end = prev_end.max(off + len);
+    }
+    if prev_end < ino_end {
+        out.push((Key::new(ino, EXTENT_DATA_KEY, prev_end), hole(ino_end - prev_end)));
+    }
+    out.into_iter().map(|(k, fe)| (k, fe.to_bytes())).collect()
+}
+
+/// Cuts the log's checksum items overlapping [a, b) so a new item can cover it.
+fn trim_csums(buf: &mut LogBuf, a: u64, b: u64, csize: usize, ss: u64) {
+    let lo = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, 0);
+    let from = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, a);
+    // The item before `a` may reach into the range.
+    let mut hit: Vec<(Key, Vec<u8>)> = buf
+        .items
+        .range(lo..from)
+        .next_back()
+        .filter(|(k, d)| k.offset + (d.len() / csize) as u64 * ss > a)
+        .map(|(k, d)| (*k, d.clone()))
+        .into_iter()
+        .collect();
+    hit.extend(
+        buf.items
+            .range(from..Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, b))
+            .map(|(k, d)| (*k, d.clone())),
+    );
+    for (k, d) in hit {
+        buf.del(&k);
+        let start = k.offset;
+        let end = start + (d.len() / csize) as u64 * ss;
+        if start < a {
+            let n = ((a - start) / ss) as usize * csize;
+            buf.set(k, d[..n].to_vec());
+        }
+        if end > b {
+            let skip = ((b - start) / ss) as usize * csize;
+            buf.set(
+                Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, b),
+                d[skip..].to_vec(),
+            );
+        }
+    }
+}
+
+/// Writes the leaves of `buf` that changed and the nodes above them; returns the
+/// root (None: no metadata space without a new chunk).
+fn write_tree(
+    t: &mut Trans,
+    buf: &mut LogBuf,
+    new_blocks: &mut Vec<u64>,
+    garbage: &mut Vec<u64>,
+    stats: &mut LogStats,
+) -> Result<Option<(u64, u8)>> {
+    let ns = t.fs.info.nodesize as usize;
+    let room = ns - HEADER_SIZE;
+    if buf.leaves.is_empty() {
+        buf.leaves.insert(Key::MIN, 0);
+        buf.dirty.insert(Key::MIN);
+    }
+    let dirty: Vec<Key> = std::mem::take(&mut buf.dirty).into_iter().collect();
+    let mut changed = !dirty.is_empty() || buf.root.is_none();
+    for part in dirty {
+        let Some(old) = buf.leaves.remove(&part) else {
+            continue;
+        };
+        if old != 0 {
+            garbage.push(old);
+        }
+        let next = buf
+            .leaves
+            .range(part..)
+            .next()
+            .map(|(k, _)| *k);
+        let items: Vec<(Key, &Vec<u8>)> = match next {
+            Some(n) => buf.items.range(part..n).map(|(k, v)| (*k, v)).collect(),
+            None => buf.items.range(part..).map(|(k, v)| (*k, v)).collect(),
+        };
+        // Greedy packing: as many items per leaf as fit.
+        let mut chunks: Vec<(usize, usize)> = Vec::new();
+        let (mut s, mut used) = (0usize, 0usize);
+        for (i, (_, v)) in items.iter().enumerate() {
+            let need = ITEM_SIZE + v.len();
+            if used + need > room && i > s {
+                chunks.push((s, i));
+                s = i;
+                used = 0;
+            }
+            used += need;
+        }
+        if s < items.len() {
+            chunks.push((s, items.len()));
+        }
+        if chunks.is_empty() {
+            // An empty partition: its range joins the previous leaf's (the first
+            // partition stays, possibly empty).
+            if part == Key::MIN {
+                buf.leaves.insert(part, 0);
+            }
+            continue;
+        }
+        for (ci, (a, b)) in chunks.into_iter().enumerate() {
+            let key = if ci == 0 { part } else { items[a].0 };
+            let Some(bytenr) = alloc_log_block(t)? else {
+                return Ok(None);
+            };
+            let mut data = vec![0u8; ns];
+            init_header(t, &mut data, bytenr, 0);
+            let keys: Vec<Key> = items[a..b].iter().map(|(k, _)| *k).collect();
+            let sizes: Vec<usize> = items[a..b].iter().map(|(_, v)| v.len()).collect();
+            eb::leaf_insert_empty(&mut data, 0, &keys, &sizes);
+            for (slot, (_, v)) in items[a..b].iter().enumerate() {
+                eb::item_data_mut(&mut data, slot).copy_from_slice(v);
+            }
+            write_block(t, bytenr, data, stats)?;
+            new_blocks.push(bytenr);
+            buf.leaves.insert(key, bytenr);
+        }
+        changed = true;
+    }
+    if !changed {
+        if let Some(r) = buf.root {
+            return Ok(Some(r));
+        }
+    }
+    // The leaves in key order, with their first keys.
+    let mut level_ptrs: Vec<(Key, u64)> = Vec::new();
+    let mut empty_root = None;
+    for (part, &b) in &buf.leaves {
+        if b == 0 {
+            continue;
+        }
+        let first = buf.items.range(*part..).next().map(|(k, _)| *k);
+        match first {
+            Some(k) => level_ptrs.push((k, b)),
+            None => empty_root = Some(b),
+        }
+    }
+    if level_ptrs.is_empty() {
+        // No items at all: an empty leaf is the root.
+        let bytenr = match empty_root {
+            Some(b) => b,
+            None => {
+                let Some(bytenr) = alloc_log_block(t)? else {
+                    return Ok(None);
+                };
+                let mut data = vec![0u8; ns];
+                init_header(t, &mut data, bytenr, 0);
+                write_block(t, bytenr, data, stats)?;
+                new_blocks.push(bytenr);
+                buf.leaves.insert(Key::MIN, bytenr);
+                bytenr
+            }
+        };
+        retire_nodes(buf, &BTreeSet::new(), garbage);
+        buf.root = Some((bytenr, 0));
+        return Ok(buf.root);
+    }
+    let per_node = (room / KEY_PTR_SIZE).max(2);
+    let mut level = 0u8;
+    let mut kept = BTreeSet::new();
+    let mut nodes = HashMap::new();
+    while level_ptrs.len() > 1 {
+        level += 1;
+        let mut up = Vec::new();
+        for group in level_ptrs.chunks(per_node) {
+            let ptrs = group.to_vec();
+            let bytenr = match buf.nodes.get(&ptrs) {
+                Some(&b) => b,
+                None => {
+                    let Some(bytenr) = alloc_log_block(t)? else {
+                        return Ok(None);
+                    };
+                    let mut data = vec![0u8; ns];
+                    init_header(t, &mut data, bytenr, level);
+                    for (slot, (k, b)) in ptrs.iter().enumerate() {
+                        eb::node_insert_ptr(&mut data, slot, k, *b, t.transid);
+                    }
+                    write_block(t, bytenr, data, stats)?;
+                    new_blocks.push(bytenr);
+                    bytenr
+                }
+            };
+            kept.insert(bytenr);
+            up.push((group[0].0, bytenr));
+            nodes.insert(ptrs, bytenr);
+        }
+        level_ptrs = up;
+    }
+    retire_nodes(buf, &kept, garbage);
+    buf.nodes = nodes;
+    buf.root = Some((level_ptrs[0].1, level));
+    Ok(buf.root)
+}
+
+/// Nodes of the previous write that this one does not use become garbage.
+fn retire_nodes(buf: &mut LogBuf, kept: &BTreeSet<u64>, garbage: &mut Vec<u64>) {
+    for (_, b) in buf.nodes.drain() {
+        if !kept.contains(&b) {
+            garbage.push(b);
+        }
+    }
+}
+
+fn init_header(t: &Trans, data: &mut [u8], bytenr: u64, level: u8) {
+    eb::set_header(
+        data,
+        bytenr,
+        t.transid,
+        TREE_LOG_OBJECTID,
+        level,
+        &t.fs.info.sb.metadata_fsid(),
+        &t.chunk_tree_uuid,
+    );
+}
+
+/// A metadata block no committed tree and no log uses, held until the next commit
+/// (None: none without a new chunk, which a log could not reference).
+fn alloc_log_block(t: &mut Trans) -> Result<Option<u64>> {
+    let ns = t.fs.info.nodesize as u64;
+    let hint = t
+        .alloc
+        .last_alloc
+        .get(&BLOCK_GROUP_METADATA)
+        .copied()
+        .unwrap_or(0);
+    let Some(b) = t
+        .alloc
+        .find_free(&t.fs.info, BLOCK_GROUP_METADATA, ns, hint)?
+    else {
+        return Ok(None);
+    };
+    t.alloc.log_blocks.insert(b);
+    t.fs.info.cache_forget(b);
+    Ok(Some(b))
+}
+
+fn write_block(t: &Trans, bytenr: u64, mut data: Vec<u8>, stats: &mut LogStats) -> Result<()> {
+    let flags = eb::flags(&data) | HEADER_FLAG_WRITTEN;
+    eb::set_flags(&mut data, flags);
+    ubtrfs_format::tree::finish_block(&mut data, t.fs.info.csum_type);
+    let mut ctx = t.fs.info.check_ctx();
+    ctx.super_generation = t.transid;
+    check_header(&ctx, bytenr, &data, &Expect::default())
+        .and_then(|_| check_block(&ctx, bytenr, &data, &Expect::default()))
+        .map_err(|e| Error::corrupt(format!("refusing to write an invalid log block (a bug): {e}")))?;
+    t.write_logical(bytenr, &data)?;
+    stats.blocks_written += 1;
+    stats.bytes_written += data.len() as u64;
+    Ok(())
+}
