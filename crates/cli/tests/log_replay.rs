@@ -425,3 +425,144 @@ fn unsupported_log_items_are_refused_by_name() {
     );
     assert!(same_bytes(&crash, &before), "ls wrote");
 }
+
+/// The same scenarios on a read-write `ubtrfs mount` (`commit=300`: the fsyncs write
+/// the tree log, nothing commits), then SIGKILL: the image must hold a log
+/// (log_root), and a copy of it replayed by the kernel's mount must show what the
+/// kernel's replay of its own log shows (times aside: the two runs happen at
+/// different times), `btrfs check` clean after; ubtrfs's replay (`-o ro`) shows the
+/// same. Scenarios where the kernel's log would replay a state ubtrfs logs
+/// differently would show up here as differences.
+#[test]
+fn ubtrfs_logs_replay_in_the_kernel() {
+    if !require_fuse("ubtrfs_logs_replay_in_the_kernel") {
+        return;
+    }
+    let _g = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut diffs = Vec::new();
+    let only = std::env::var("UBTRFS_LOG_SCENARIO").ok();
+    let untimed: Vec<&str> = STAT_FIELDS
+        .iter()
+        .copied()
+        .filter(|f| !matches!(*f, "atime" | "mtime" | "ctime" | "crtime"))
+        .collect();
+    let noise = dir.path().join("noise");
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let bytes: Vec<u8> = (0..(1u32 << 20))
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&noise, bytes).expect("noise file");
+    // Where the kernel's own log says less than the fsynced state: in rename-over,
+    // `rm d/k2; fsync k` does not remove d/k2 on the kernel (d was logged by the
+    // first fsync, and the unlink is not logged), while ubtrfs's log of k removes it,
+    // as the fsynced state has it. Both replays are checked against the fsynced state.
+    let kernel_less: &[(&str, &[&str])] = &[("rename-over", &["/d/k2", "/d", "/k"])];
+    let cmp = |what: &str,
+               want: &BTreeMap<String, serde_json::Value>,
+               got: &BTreeMap<String, serde_json::Value>| {
+        let skip: &[&str] = kernel_less
+            .iter()
+            .find(|(n, _)| what.starts_with(&format!("{n}:")))
+            .map_or(&[], |(_, p)| p);
+        let want: BTreeMap<_, _> = want
+            .iter()
+            .filter(|(p, _)| !skip.contains(&p.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let got: BTreeMap<_, _> = got
+            .iter()
+            .filter(|(p, _)| !skip.contains(&p.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        compare_walks_except(what, &want, &got, &untimed, |_, _, _| false)
+    };
+    for (name, setup, changes) in SCENARIOS {
+        if only.as_deref().is_some_and(|o| o != *name) {
+            continue;
+        }
+        // The same "random" bytes in both runs.
+        let setup = setup.replace("/dev/urandom", &noise.display().to_string());
+        let (crash, _) = crash_image(dir.path(), name, &setup, changes);
+        let want = kernel_walk(&crash);
+        let _ = std::fs::remove_file(&crash);
+
+        let img = dir.path().join(format!("{name}.ubtrfs.img"));
+        mkfs_btrfs(&img, 1 << 30, &[]);
+        let mut m = FuseMount::start(&UBTRFS, &[&img], &["rw,commit=300,ino=kernel"]);
+        // sync(2) never reaches a FUSE server: BTRFS_IOC_SYNC commits the setup.
+        // btrfs-progs refuses a FUSE mount (statfs magic): the same through ubtrfs.
+        let ubtrfs_setup = setup
+            .replace(
+                "btrfs property set c compression zstd",
+                "setfattr -n btrfs.compression -v zstd c",
+            )
+            .replace(
+                "btrfs -q subvolume create sv",
+                &format!(
+                    "{} subvolume create . /sv >/dev/null",
+                    env!("CARGO_BIN_EXE_ubtrfs")
+                ),
+            );
+        m.run(
+            &format!("set -eu\n{ubtrfs_setup}\nbtrfs -q filesystem sync .\n{changes}\n"),
+            name,
+        );
+        let pre = walk_mounted(&m.mnt);
+        let crash_time = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_secs();
+        let _ = m.child.kill();
+        let _ = m.child.wait();
+        drop(m);
+        assert_ne!(
+            super_field(&img, "log_root"),
+            0,
+            "{name}: no tree log after SIGKILL (the fsyncs committed)"
+        );
+        let ro = dir.path().join(format!("{name}.ubtrfs.ro.img"));
+        copy(&img, &ro);
+        let mut r = FuseMount::start(&UBTRFS, &[&ro], &["ro,ino=kernel"]);
+        let own = walk_mounted(&r.mnt);
+        let st = r.unmount();
+        assert!(st.success(), "{name}: ro mount exited {st}: {}", r.log());
+        diffs.extend(cmp(
+            &format!("{name}: ubtrfs's replay of its log"),
+            &want,
+            &own,
+        ));
+        diffs.extend(compare(
+            &format!("{name}: ubtrfs's replay against the fsynced state"),
+            &pre,
+            &own,
+            crash_time,
+        ));
+        let _ = std::fs::remove_file(&ro);
+
+        let got = kernel_walk(&img);
+        diffs.extend(cmp(
+            &format!("{name}: the kernel's replay of ubtrfs's log"),
+            &want,
+            &got,
+        ));
+        diffs.extend(compare(
+            &format!("{name}: the kernel's replay against the fsynced state"),
+            &pre,
+            &got,
+            crash_time,
+        ));
+        if let Err(e) = btrfs_check(&img, None) {
+            diffs.push(format!(
+                "{name}: btrfs check after the kernel's replay: {e}"
+            ));
+        }
+        let _ = std::fs::remove_file(&img);
+    }
+    report(diffs);
+}

@@ -82,7 +82,10 @@ impl Allocator {
     pub(crate) fn unpin_all(&mut self, nodesize: u64) -> Result<()> {
         let log = std::mem::take(&mut self.log_blocks);
         let pinned = std::mem::take(&mut self.pinned);
-        for (b, l) in pinned.into_iter().chain(log.into_iter().map(|b| (b, nodesize))) {
+        for (b, l) in pinned
+            .into_iter()
+            .chain(log.into_iter().map(|b| (b, nodesize)))
+        {
             let s = self.bg_of(b)?;
             self.bgs
                 .get_mut(&s)

@@ -24,8 +24,8 @@
 //!
 //! Where a log could not say what the fsync must make durable, the fsync commits the
 //! transaction instead, as the kernel falls back to a full commit, and counts why
-//! ([`LogStats::full_commits`]): a directory one of whose names moved elsewhere (or
-//! a link of which went while others stay), an ancestor directory renamed, a
+//! ([`LogStats::full_commits`]): an ancestor directory renamed, an old parent
+//! directory removed, a
 //! subvolume entry in a directory to log, a chunk allocated in this transaction
 //! (the log could not be read before the commit), metadata space short, items this
 //! log does not copy (verity), or a log past its size limit.
@@ -42,9 +42,7 @@ use crate::tree::tree_checker::{check_block, check_header, Expect};
 use crate::tree::RootPtr;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{
-    parse_dir_items, FileExtentBody, FileExtentItem, InodeItem, RootItem,
-};
+use ubtrfs_format::items::{parse_dir_items, FileExtentBody, FileExtentItem, InodeItem, RootItem};
 use ubtrfs_format::key::Key;
 use ubtrfs_format::superblock::SuperBlock;
 
@@ -454,8 +452,13 @@ impl TreeLog {
                 _ => return Ok(Some("item the log does not copy")),
             }
         }
+        if inode.transid >= t.transid {
+            if let Some(why) = self.log_lost_parents(t, root, ino, &parents, seen, budget)? {
+                return Ok(Some(why));
+            }
+        }
         if mode == Mode::Full && is_dir(inode.mode) {
-            if let Some(why) = self.check_dir_removals(t, root, ino, &inode)? {
+            if let Some(why) = self.log_dir_removals(t, root, ino, &inode, seen, budget)? {
                 return Ok(Some(why));
             }
             items.push((
@@ -515,8 +518,12 @@ impl TreeLog {
             if seen.contains(&(root, cur)) && cur != dir {
                 return Ok(None);
             }
-            let committed = self
-                .committed_items(t, root, Key::new(cur, INODE_ITEM_KEY, 0), Key::new(cur, INODE_ITEM_KEY, 0))?;
+            let committed = self.committed_items(
+                t,
+                root,
+                Key::new(cur, INODE_ITEM_KEY, 0),
+                Key::new(cur, INODE_ITEM_KEY, 0),
+            )?;
             if committed.is_empty() {
                 // New: log it (its own parents follow from there).
                 return self.log_inode(t, root, cur, Mode::Exists, seen, budget);
@@ -552,14 +559,16 @@ impl TreeLog {
 
     /// A directory logged whole says its names are all there is: a name it lost
     /// since the commit is deleted by the replay. Fine for an inode that is gone;
-    /// but one still linked elsewhere (moved, or one of its links removed) would
-    /// lose that link: commit instead.
-    fn check_dir_removals(
+    /// one still linked elsewhere (moved, or one of its links removed) is logged too,
+    /// so the replay links it where it is now.
+    fn log_dir_removals(
         &mut self,
         t: &Trans,
         root: u64,
         dir: u64,
         inode: &InodeItem,
+        seen: &mut BTreeSet<(u64, u64)>,
+        budget: &mut usize,
     ) -> Result<Fallback> {
         if inode.transid < t.transid {
             return Ok(None);
@@ -571,6 +580,7 @@ impl TreeLog {
             return Ok(None);
         }
         let ptr = t.root_ptr(root)?;
+        let mut moved = Vec::new();
         for (k, d) in then {
             if lookup_exact(&t.fs.info, &ptr, &k)?.is_some_and(|i| i.data() == d.as_slice()) {
                 continue;
@@ -583,9 +593,64 @@ impl TreeLog {
                 }
                 if let Some(b) = current_inode_bytes(t, root, e.location.objectid)? {
                     if InodeItem::parse(&b).map_or(true, |i| i.nlink > 0) {
-                        return Ok(Some("name moved out of a logged directory"));
+                        moved.push(e.location.objectid);
                     }
                 }
+            }
+        }
+        for m in moved {
+            if let Some(why) = self.log_inode(t, root, m, Mode::Full, seen, budget)? {
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The replay replaces an inode's names per parent directory: a parent that had
+    /// one of its names at the last commit and has none now would keep it, so that
+    /// directory is logged whole too (its range then drops the stale name), as the
+    /// kernel logs the old parents of an inode unlinked in the transaction. A parent
+    /// directory that is gone: commit instead.
+    fn log_lost_parents(
+        &mut self,
+        t: &Trans,
+        root: u64,
+        ino: u64,
+        parents: &[u64],
+        seen: &mut BTreeSet<(u64, u64)>,
+        budget: &mut usize,
+    ) -> Result<Fallback> {
+        let then = self.committed_items(
+            t,
+            root,
+            Key::new(ino, INODE_REF_KEY, 0),
+            Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
+        )?;
+        let mut lost = BTreeSet::new();
+        for (k, d) in then {
+            match k.ty {
+                INODE_REF_KEY => {
+                    if k.offset != ino && !parents.contains(&k.offset) {
+                        lost.insert(k.offset);
+                    }
+                }
+                _ => {
+                    for r in ubtrfs_format::items::parse_inode_extrefs(&d)
+                        .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
+                    {
+                        if !parents.contains(&r.parent) {
+                            lost.insert(r.parent);
+                        }
+                    }
+                }
+            }
+        }
+        for p in lost {
+            if current_inode_bytes(t, root, p)?.is_none() {
+                return Ok(Some("old parent directory removed"));
+            }
+            if let Some(why) = self.log_inode(t, root, p, Mode::Full, seen, budget)? {
+                return Ok(Some(why));
             }
         }
         Ok(None)
@@ -619,7 +684,10 @@ impl TreeLog {
             (disk_bytenr, disk_num_bytes)
         } else {
             let s = disk_bytenr + offset / ss * ss;
-            (s, (disk_bytenr + offset + num_bytes).next_multiple_of(ss) - s)
+            (
+                s,
+                (disk_bytenr + offset + num_bytes).next_multiple_of(ss) - s,
+            )
         };
         let n = (len / ss) as usize;
         let sums = t.fs.info.lookup_csums(start, n)?;
@@ -701,12 +769,11 @@ impl TreeLog {
             sb.log_root_level = top_level;
             sb.bytenr = SUPER_INFO_OFFSET;
             let bytes = sb.to_bytes();
-            let dev = t
-                .fs
-                .info
-                .devices
-                .get(devid)
-                .ok_or_else(|| Error::Invalid(format!("devid {devid} missing")))?;
+            let dev =
+                t.fs.info
+                    .devices
+                    .get(devid)
+                    .ok_or_else(|| Error::Invalid(format!("devid {devid} missing")))?;
             dev.write_at(SUPER_INFO_OFFSET, &bytes).map_err(|e| {
                 Error::io(format!("writing the log superblock on {}", dev.name()), e)
             })?;
@@ -738,7 +805,10 @@ fn flush_all(t: &Trans) -> Result<()> {
 
 fn current_inode_bytes(t: &Trans, root: u64, ino: u64) -> Result<Option<Vec<u8>>> {
     let ptr = t.root_ptr(root)?;
-    Ok(lookup_exact(&t.fs.info, &ptr, &Key::new(ino, INODE_ITEM_KEY, 0))?.map(|i| i.data().to_vec()))
+    Ok(
+        lookup_exact(&t.fs.info, &ptr, &Key::new(ino, INODE_ITEM_KEY, 0))?
+            .map(|i| i.data().to_vec()),
+    )
 }
 
 /// Items in [lo, hi] of a tree, read a leaf at a time after one search (seed 004:
@@ -817,7 +887,10 @@ fn holes_of(
     };
     for (off, fe) in extents {
         if *off > prev_end {
-            out.push((Key::new(ino, EXTENT_DATA_KEY, prev_end), hole(off - prev_end)));
+            out.push((
+                Key::new(ino, EXTENT_DATA_KEY, prev_end),
+                hole(off - prev_end),
+            ));
         }
         let len = match &fe.body {
             FileExtentBody::Inline { .. } => fe.ram_bytes.next_multiple_of(ss),
@@ -826,7 +899,10 @@ fn holes_of(
         prev_end = prev_end.max(off + len);
     }
     if prev_end < ino_end {
-        out.push((Key::new(ino, EXTENT_DATA_KEY, prev_end), hole(ino_end - prev_end)));
+        out.push((
+            Key::new(ino, EXTENT_DATA_KEY, prev_end),
+            hole(ino_end - prev_end),
+        ));
     }
     out.into_iter().map(|(k, fe)| (k, fe.to_bytes())).collect()
 }
@@ -891,11 +967,7 @@ fn write_tree(
         if old != 0 {
             garbage.push(old);
         }
-        let next = buf
-            .leaves
-            .range(part..)
-            .next()
-            .map(|(k, _)| *k);
+        let next = buf.leaves.range(part..).next().map(|(k, _)| *k);
         let items: Vec<(Key, &Vec<u8>)> = match next {
             Some(n) => buf.items.range(part..n).map(|(k, v)| (*k, v)).collect(),
             None => buf.items.range(part..).map(|(k, v)| (*k, v)).collect(),
@@ -1067,7 +1139,11 @@ fn write_block(t: &Trans, bytenr: u64, mut data: Vec<u8>, stats: &mut LogStats) 
     ctx.super_generation = t.transid;
     check_header(&ctx, bytenr, &data, &Expect::default())
         .and_then(|_| check_block(&ctx, bytenr, &data, &Expect::default()))
-        .map_err(|e| Error::corrupt(format!("refusing to write an invalid log block (a bug): {e}")))?;
+        .map_err(|e| {
+            Error::corrupt(format!(
+                "refusing to write an invalid log block (a bug): {e}"
+            ))
+        })?;
     t.write_logical(bytenr, &data)?;
     stats.blocks_written += 1;
     stats.bytes_written += data.len() as u64;
