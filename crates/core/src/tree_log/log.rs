@@ -452,13 +452,19 @@ impl TreeLog {
                 _ => return Ok(Some("item the log does not copy")),
             }
         }
-        if inode.transid >= t.transid {
+        // An inode made in this transaction had no names at the commit.
+        let is_new = inode.generation >= t.transid;
+        if inode.transid >= t.transid && !is_new {
             if let Some(why) = self.log_lost_parents(t, root, ino, &parents, seen, budget)? {
                 return Ok(Some(why));
             }
         }
         if mode == Mode::Full && is_dir(inode.mode) {
-            if let Some(why) = self.log_dir_removals(t, root, ino, &inode, seen, budget)? {
+            let now: Vec<&(Key, Vec<u8>)> = items
+                .iter()
+                .filter(|(k, _)| k.ty == DIR_INDEX_KEY)
+                .collect();
+            if let Some(why) = self.log_dir_removals(t, root, ino, &inode, &now, seen, budget)? {
                 return Ok(Some(why));
             }
             items.push((
@@ -515,7 +521,8 @@ impl TreeLog {
     ) -> Result<Fallback> {
         let mut cur = dir;
         for _ in 0..4096 {
-            if seen.contains(&(root, cur)) && cur != dir {
+            // Logged (or being logged) by this fsync: its chain is checked there.
+            if seen.contains(&(root, cur)) {
                 return Ok(None);
             }
             let committed = self.committed_items(
@@ -567,10 +574,11 @@ impl TreeLog {
         root: u64,
         dir: u64,
         inode: &InodeItem,
+        now: &[&(Key, Vec<u8>)],
         seen: &mut BTreeSet<(u64, u64)>,
         budget: &mut usize,
     ) -> Result<Fallback> {
-        if inode.transid < t.transid {
+        if inode.transid < t.transid || inode.generation >= t.transid {
             return Ok(None);
         }
         let lo = Key::new(dir, DIR_INDEX_KEY, 0);
@@ -579,10 +587,14 @@ impl TreeLog {
         if then.is_empty() {
             return Ok(None);
         }
-        let ptr = t.root_ptr(root)?;
+        // Both lists are sorted by index: one merge finds the names gone or changed.
+        let mut cur = now.iter().peekable();
         let mut moved = Vec::new();
         for (k, d) in then {
-            if lookup_exact(&t.fs.info, &ptr, &k)?.is_some_and(|i| i.data() == d.as_slice()) {
+            while cur.peek().is_some_and(|(c, _)| *c < k) {
+                cur.next();
+            }
+            if cur.peek().is_some_and(|(c, v)| *c == k && *v == d) {
                 continue;
             }
             for e in parse_dir_items(&d)

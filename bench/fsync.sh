@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Issue 12 benchmark: fsync through the tree log, the read-write `ubtrfs mount` vs the
+# kernel's btrfs, each on a fresh mkfs.btrfs image attached to a loop device (so the
+# bytes each writes are read the same way, from /sys/block/loopN/stat), same run:
+#   wal: append 4 KiB + fdatasync, COUNT times (default 10,000), in a file of a fresh
+#        filesystem: mean and p99 latency of each append+fdatasync, on the kernel,
+#        on ubtrfs (tree log) and on ubtrfs -o notreelog (a commit per fdatasync);
+#        device bytes written per fdatasync.
+#   dir: seed 004 (shared/kernel-bench/dir-fsync.sh): N empty files (default
+#        100,000) made in one directory, then `xfs_io -c fsync` of the directory;
+#        then a commit (`btrfs filesystem sync`), 1,000 of them deleted, and the
+#        directory fsynced again: the time of each fsync, and its device bytes.
+# Prints times and the ratio ubtrfs/kernel (> 1 is slower). Needs root.
+# UBTRFS=path uses a prebuilt binary; LEAF=16K sets the node size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+COUNT=${COUNT:-10000}
+N=${N:-100000}
+LEAF=${LEAF:-16K}
+WORK=${WORK:-/var/tmp/ubtrfs-fsync-bench}
+if [ -z "${UBTRFS:-}" ]; then
+    cargo build --release -q -p ubtrfs-cli
+    UBTRFS=${CARGO_TARGET_DIR:-$PWD/target}/release/ubtrfs
+fi
+U=$UBTRFS
+MNT=$WORK/mnt
+mkdir -p "$WORK" "$MNT"
+LOOP=
+cleanup() {
+    if mountpoint -q "$MNT"; then umount "$MNT" 2>/dev/null || fusermount3 -u "$MNT" || true; fi
+    sleep 0.3
+    if [ -n "$LOOP" ]; then losetup -d "$LOOP" 2>/dev/null || true; LOOP=; fi
+}
+trap cleanup EXIT
+cleanup
+
+# fresh kernel|ubtrfs [OPTS]: a new 8 GiB image on a loop device, mounted.
+fresh() {
+    cleanup
+    rm -f "$WORK/img"; truncate -s 8G "$WORK/img"
+    LOOP=$(losetup -f --show "$WORK/img")
+    mkfs.btrfs -q -f -n "$LEAF" "$LOOP"
+    if [ "$1" = kernel ]; then
+        mount -o "commit=300${2:+,$2}" "$LOOP" "$MNT"
+    else
+        "$U" mount "$LOOP" "$MNT" -o "rw,commit=300${2:+,$2}"
+    fi
+}
+# Sectors written to the loop device so far, in bytes.
+written() { echo $(( $(awk '{print $7}' "/sys/block/$(basename "$LOOP")/stat") * 512 )); }
+
+WAL_PY='
+import os, sys, time
+path, count = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+buf = b"w" * 4096
+lat = []
+t0 = time.perf_counter_ns()
+for _ in range(count):
+    s = time.perf_counter_ns()
+    os.write(fd, buf)
+    os.fdatasync(fd)
+    lat.append(time.perf_counter_ns() - s)
+total = time.perf_counter_ns() - t0
+lat.sort()
+print("%.1f %.1f %.3f" % (sum(lat) / len(lat) / 1000, lat[int(len(lat) * 0.99)] / 1000, total / 1e9))
+'
+
+wal() {
+    fresh "$@"
+    local b0 out b1
+    btrfs filesystem sync "$MNT" >/dev/null 2>&1 || true
+    b0=$(written)
+    out=$(python3 -c "$WAL_PY" "$MNT/wal" "$COUNT")
+    b1=$(written)
+    echo "$out $(( (b1 - b0) / COUNT ))"
+}
+
+echo "== wal: append 4 KiB + fdatasync x $COUNT (node size $LEAF) =="
+read -r k_mean k_p99 k_total k_bytes <<<"$(wal kernel)"
+read -r u_mean u_p99 u_total u_bytes <<<"$(wal ubtrfs)"
+read -r c_mean c_p99 c_total c_bytes <<<"$(wal ubtrfs notreelog)"
+cleanup
+printf '%-24s %10s %10s %9s %14s\n' "" "mean us" "p99 us" "total s" "bytes/fsync"
+printf '%-24s %10s %10s %9s %14s\n' kernel "$k_mean" "$k_p99" "$k_total" "$k_bytes"
+printf '%-24s %10s %10s %9s %14s\n' "ubtrfs (tree log)" "$u_mean" "$u_p99" "$u_total" "$u_bytes"
+printf '%-24s %10s %10s %9s %14s\n' "ubtrfs -o notreelog" "$c_mean" "$c_p99" "$c_total" "$c_bytes"
+echo "wal mean: ubtrfs/kernel $(ratio "$u_mean" "$k_mean")x, p99 $(ratio "$u_p99" "$k_p99")x;" \
+    "commit per fsync / tree log: $(ratio "$c_mean" "$u_mean")x"
+
+dirfsync() {
+    fresh "$@"
+    mkdir "$MNT/testdir"
+    # Made by one process (xargs touch), as fast as each side allows.
+    seq -f "$MNT/testdir/file_%.0f" 1 "$N" | xargs touch
+    local b0 s e b1 t1 w1 t2 w2
+    b0=$(written); s=$(date +%s%N)
+    xfs_io -c fsync "$MNT/testdir"
+    e=$(date +%s%N); b1=$(written)
+    t1=$(( (e - s) / 1000000 )); w1=$(( b1 - b0 ))
+    btrfs filesystem sync "$MNT" >/dev/null
+    seq -f "$MNT/testdir/file_%.0f" 1 $(( N / 1000 )) "$N" | xargs rm -f
+    b0=$(written); s=$(date +%s%N)
+    xfs_io -c fsync "$MNT/testdir"
+    e=$(date +%s%N); b1=$(written)
+    t2=$(( (e - s) / 1000000 )); w2=$(( b1 - b0 ))
+    echo "$t1 $w1 $t2 $w2"
+}
+
+echo "== dir: seed 004, $N files in one directory, fsync; 1,000 deleted, fsync =="
+read -r k1 kw1 k2 kw2 <<<"$(dirfsync kernel)"
+read -r u1 uw1 u2 uw2 <<<"$(dirfsync ubtrfs)"
+cleanup
+report "dir fsync after adding $N files" "$u1" "$k1"
+echo "  device bytes: ubtrfs $uw1, kernel $kw1"
+report "dir fsync after deleting 1000" "$u2" "$k2"
+echo "  device bytes: ubtrfs $uw2, kernel $kw2"
