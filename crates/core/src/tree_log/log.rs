@@ -191,6 +191,12 @@ pub struct TreeLog {
     stats: LogStats,
 }
 
+/// The inodes one fsync has logged, and how many more it may.
+struct Visit {
+    seen: BTreeSet<(u64, u64)>,
+    budget: usize,
+}
+
 /// A reason to commit instead of logging.
 type Fallback = Option<&'static str>;
 
@@ -270,16 +276,18 @@ impl TreeLog {
         if self.committed_root(t, root)?.is_none() {
             return Ok(Some("subvolume made in this transaction"));
         }
-        let mut budget = INODES_PER_FSYNC_MAX;
-        let mut seen = BTreeSet::new();
-        if let Some(why) = self.log_inode(t, root, ino, Mode::Full, &mut seen, &mut budget)? {
+        let mut v = Visit {
+            seen: BTreeSet::new(),
+            budget: INODES_PER_FSYNC_MAX,
+        };
+        if let Some(why) = self.log_inode(t, root, ino, Mode::Full, &mut v)? {
             return Ok(Some(why));
         }
         // Inodes logged before that changed since: log them again.
         let stale: Vec<((u64, u64), Mode)> = self
             .logged
             .iter()
-            .filter(|(k, _)| !seen.contains(*k))
+            .filter(|(k, _)| !v.seen.contains(*k))
             .map(|(k, l)| (*k, l.mode, l.inode.clone()))
             .filter_map(|(k, m, old)| match current_inode_bytes(t, k.0, k.1) {
                 Ok(Some(b)) if b == old => None,
@@ -287,10 +295,10 @@ impl TreeLog {
             })
             .collect();
         for ((r, i), m) in stale {
-            if seen.contains(&(r, i)) {
+            if v.seen.contains(&(r, i)) {
                 continue;
             }
-            if let Some(why) = self.log_inode(t, r, i, m, &mut seen, &mut budget)? {
+            if let Some(why) = self.log_inode(t, r, i, m, &mut v)? {
                 return Ok(Some(why));
             }
         }
@@ -374,16 +382,15 @@ impl TreeLog {
         root: u64,
         ino: u64,
         mode: Mode,
-        seen: &mut BTreeSet<(u64, u64)>,
-        budget: &mut usize,
+        v: &mut Visit,
     ) -> Result<Fallback> {
-        if !seen.insert((root, ino)) {
+        if !v.seen.insert((root, ino)) {
             return Ok(None);
         }
-        if *budget == 0 {
+        if v.budget == 0 {
             return Ok(Some("too many inodes for one fsync"));
         }
-        *budget -= 1;
+        v.budget -= 1;
         let mode = match self.logged.get(&(root, ino)) {
             Some(l) if l.mode == Mode::Full => Mode::Full,
             _ => mode,
@@ -455,7 +462,7 @@ impl TreeLog {
         // An inode made in this transaction had no names at the commit.
         let is_new = inode.generation >= t.transid;
         if inode.transid >= t.transid && !is_new {
-            if let Some(why) = self.log_lost_parents(t, root, ino, &parents, seen, budget)? {
+            if let Some(why) = self.log_lost_parents(t, root, ino, &parents, v)? {
                 return Ok(Some(why));
             }
         }
@@ -464,20 +471,20 @@ impl TreeLog {
                 .iter()
                 .filter(|(k, _)| k.ty == DIR_INDEX_KEY)
                 .collect();
-            if let Some(why) = self.log_dir_removals(t, root, ino, &inode, &now, seen, budget)? {
+            if let Some(why) = self.log_dir_removals(t, root, ino, &inode, &now, v)? {
                 return Ok(Some(why));
             }
             items.push((
                 Key::new(ino, DIR_LOG_INDEX_KEY, 0),
                 u64::MAX.to_le_bytes().to_vec(),
             ));
-            items.sort_by(|a, b| a.0.cmp(&b.0));
+            items.sort_by_key(|a| a.0);
         }
         if mode == Mode::Full && is_reg(inode.mode) {
             let holes = holes_of(t, ino, &inode, &extents);
             if !holes.is_empty() {
                 items.extend(holes);
-                items.sort_by(|a, b| a.0.cmp(&b.0));
+                items.sort_by_key(|a| a.0);
             }
         }
         let buf = self.subvols.entry(root).or_default();
@@ -496,12 +503,12 @@ impl TreeLog {
         );
         // The names must be replayable: every parent exists after the replay.
         for p in parents {
-            if let Some(why) = self.log_parent(t, root, p, seen, budget)? {
+            if let Some(why) = self.log_parent(t, root, p, v)? {
                 return Ok(Some(why));
             }
         }
         for c in new_children {
-            if let Some(why) = self.log_inode(t, root, c, Mode::Full, seen, budget)? {
+            if let Some(why) = self.log_inode(t, root, c, Mode::Full, v)? {
                 return Ok(Some(why));
             }
         }
@@ -516,13 +523,12 @@ impl TreeLog {
         t: &Trans,
         root: u64,
         dir: u64,
-        seen: &mut BTreeSet<(u64, u64)>,
-        budget: &mut usize,
+        v: &mut Visit,
     ) -> Result<Fallback> {
         let mut cur = dir;
         for _ in 0..4096 {
             // Logged (or being logged) by this fsync: its chain is checked there.
-            if seen.contains(&(root, cur)) {
+            if v.seen.contains(&(root, cur)) {
                 return Ok(None);
             }
             let committed = self.committed_items(
@@ -533,7 +539,7 @@ impl TreeLog {
             )?;
             if committed.is_empty() {
                 // New: log it (its own parents follow from there).
-                return self.log_inode(t, root, cur, Mode::Exists, seen, budget);
+                return self.log_inode(t, root, cur, Mode::Exists, v);
             }
             let refs_lo = Key::new(cur, INODE_REF_KEY, 0);
             let refs_hi = Key::new(cur, INODE_EXTREF_KEY, u64::MAX);
@@ -575,8 +581,7 @@ impl TreeLog {
         dir: u64,
         inode: &InodeItem,
         now: &[&(Key, Vec<u8>)],
-        seen: &mut BTreeSet<(u64, u64)>,
-        budget: &mut usize,
+        v: &mut Visit,
     ) -> Result<Fallback> {
         if inode.transid < t.transid || inode.generation >= t.transid {
             return Ok(None);
@@ -611,7 +616,7 @@ impl TreeLog {
             }
         }
         for m in moved {
-            if let Some(why) = self.log_inode(t, root, m, Mode::Full, seen, budget)? {
+            if let Some(why) = self.log_inode(t, root, m, Mode::Full, v)? {
                 return Ok(Some(why));
             }
         }
@@ -629,8 +634,7 @@ impl TreeLog {
         root: u64,
         ino: u64,
         parents: &[u64],
-        seen: &mut BTreeSet<(u64, u64)>,
-        budget: &mut usize,
+        v: &mut Visit,
     ) -> Result<Fallback> {
         let then = self.committed_items(
             t,
@@ -661,7 +665,7 @@ impl TreeLog {
             if current_inode_bytes(t, root, p)?.is_none() {
                 return Ok(Some("old parent directory removed"));
             }
-            if let Some(why) = self.log_inode(t, root, p, Mode::Full, seen, budget)? {
+            if let Some(why) = self.log_inode(t, root, p, Mode::Full, v)? {
                 return Ok(Some(why));
             }
         }
