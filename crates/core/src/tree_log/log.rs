@@ -518,13 +518,7 @@ impl TreeLog {
     /// A parent directory of a logged inode: made in this transaction, it is logged
     /// (inode and name, and so on up); committed, it must not have moved (nor any
     /// directory above it), or the log would leave the inode at a stale path.
-    fn log_parent(
-        &mut self,
-        t: &Trans,
-        root: u64,
-        dir: u64,
-        v: &mut Visit,
-    ) -> Result<Fallback> {
+    fn log_parent(&mut self, t: &Trans, root: u64, dir: u64, v: &mut Visit) -> Result<Fallback> {
         let mut cur = dir;
         for _ in 0..4096 {
             // Logged (or being logged) by this fsync: its chain is checked there.
