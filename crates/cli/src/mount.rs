@@ -324,6 +324,27 @@ pub fn run(args: MountArgs) -> Result<()> {
         if let Some(c) = committer {
             let _ = c.join();
         }
+        // The tree log's counters, for bench/fsync.sh (seed 004's searches and leaf
+        // copies): asked for with UBTRFS_TREE_LOG_STATS=1.
+        if std::env::var_os("UBTRFS_TREE_LOG_STATS").is_some() {
+            if let Some(s) = w.log_stats() {
+                eprintln!(
+                    "ubtrfs: tree log: {} fsyncs, {} logged, {} full commits {:?}, {} inodes \
+                     logged, {} items logged, {} searches, {} leaf copies, {} blocks written, \
+                     {} bytes written",
+                    s.fsyncs,
+                    s.logged,
+                    s.full_commits,
+                    s.commit_reasons,
+                    s.inodes_logged,
+                    s.items_logged,
+                    s.searches,
+                    s.leaf_copies,
+                    s.blocks_written,
+                    s.bytes_written
+                );
+            }
+        }
         if w.finish().is_err() || w.is_aborted() {
             bail!(
                 "{}: the last changes were not committed (see the error above); the image \
