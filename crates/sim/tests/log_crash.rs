@@ -278,13 +278,18 @@ fn allowed(points: &[Point], n: usize, inside: bool) -> Vec<usize> {
     ok
 }
 
-fn verify(img: &[u8], points: &[Point], ok: &[usize]) -> Result<(), String> {
+/// A cut image as a file (the openers take paths); the directory goes with it.
+fn image_file(img: &[u8]) -> Result<(tempfile::TempDir, std::path::PathBuf), String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let path = dir.path().join("cut.img");
     let f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
     f.set_len(img.len() as u64).map_err(|e| e.to_string())?;
     write_sparse(&f, img).map_err(|e| e.to_string())?;
-    drop(f);
+    Ok((dir, path))
+}
+
+fn verify(img: &[u8], points: &[Point], ok: &[usize]) -> Result<(), String> {
+    let (_dir, path) = image_file(img)?;
     let fs = Filesystem::open_replayed(&[&path], OpenOptions::default())
         .map_err(|e| format!("does not open: {e}"))?;
     for w in fs.info.take_warnings() {
@@ -313,12 +318,7 @@ fn verify(img: &[u8], points: &[Point], ok: &[usize]) -> Result<(), String> {
 
 /// The kernel replays a cut image: btrfs check clean, the same files.
 fn kernel_sample(img: &[u8], want: &Files) -> Result<(), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let path = dir.path().join("cut.img");
-    let f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
-    f.set_len(img.len() as u64).map_err(|e| e.to_string())?;
-    write_sparse(&f, img).map_err(|e| e.to_string())?;
-    drop(f);
+    let (_dir, path) = image_file(img)?;
     let k = KernelMount::try_new(&[&path], "")?;
     let mut got = Files::new();
     for (p, _) in want.iter() {
