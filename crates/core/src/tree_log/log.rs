@@ -722,8 +722,14 @@ impl TreeLog {
             }
             let a = start + i as u64 * ss;
             let b = start + j as u64 * ss;
+            let key = Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, a);
+            if buf.items.get(&key) == Some(&data) {
+                // Logged by an earlier fsync: nothing to rewrite.
+                i = j;
+                continue;
+            }
             trim_csums(buf, a, b, t.fs.info.csum_type.size(), ss);
-            buf.set(Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, a), data);
+            buf.set(key, data);
             self.stats.items_logged += 1;
             i = j;
         }
