@@ -175,11 +175,7 @@ impl Writer {
         self.flush(&mut t)?;
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         let Some(log) = log.as_mut() else {
-            self.changes.store(0, Ordering::Release);
-            return t.commit().map_err(|e| {
-                self.abort(&format!("commit: {e}"));
-                errno::EIO
-            });
+            return self.commit_locked(&mut t);
         };
         match log.fsync(&mut t, root, ino, datasync) {
             Ok(Synced::Logged) => Ok(()),
@@ -460,10 +456,16 @@ impl Writer {
             return Err(errno::EIO);
         }
         let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
-        if self.changes.swap(0, Ordering::AcqRel) == 0 {
+        if self.changes.load(Ordering::Acquire) == 0 {
             return Ok(());
         }
-        self.flush(&mut t)?;
+        self.commit_locked(&mut t)
+    }
+
+    /// Commits, with the transaction held: delayed data first; a failure aborts.
+    fn commit_locked(&self, t: &mut Trans) -> Result<(), i32> {
+        self.changes.store(0, Ordering::Release);
+        self.flush(t)?;
         t.commit().map_err(|e| {
             self.abort(&format!("commit: {e}"));
             errno::EIO

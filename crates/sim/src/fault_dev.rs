@@ -324,6 +324,24 @@ impl Device for RecordingDevice {
     }
 }
 
+/// Which durable points (commits, synced logs) an image cut by a power loss may show,
+/// given the flush count at which each became durable, in order: after flush `n`, the
+/// last one durable by then; cut inside the batch that follows flush `n` (`inside`),
+/// also the one completed at flush `n + 1` (that batch holds its superblock writes).
+pub fn allowed_points(durable_at: &[usize], n: usize, inside: bool) -> Vec<usize> {
+    let mut ok: Vec<usize> = durable_at
+        .iter()
+        .rposition(|&f| f <= n)
+        .into_iter()
+        .collect();
+    if inside {
+        if let Some(k) = durable_at.iter().position(|&f| f == n + 1) {
+            ok.push(k);
+        }
+    }
+    ok
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -36,7 +36,7 @@ use ubtrfs_core::format::superblock::SuperBlock;
 use ubtrfs_core::kernel_rdev_to_user;
 use ubtrfs_core::read_best_super;
 use ubtrfs_core::{Device, MemDevice};
-use ubtrfs_sim::fault_dev::RecordingDevice;
+use ubtrfs_sim::fault_dev::{allowed_points, RecordingDevice};
 use ubtrfs_sim::golden::type_name;
 use ubtrfs_sim::host::{
     btrfs_check_image, dmesg_since, env_u64, have_btrfs, kmsg_marker, panic_message, require_root,
@@ -143,16 +143,9 @@ fn run_workload(seed: u64) -> (Arc<RecordingDevice>, Vec<Committed>, Vec<String>
 /// `inside` is false for the image right after flush `n`, true for images cut inside
 /// the batch that follows flush `n`.
 fn allowed(commits: &[Committed], n: usize, inside: bool) -> (Vec<usize>, bool) {
-    // The last commit whose superblock batch ended at or before flush n.
-    let last = commits.iter().rposition(|c| c.flushes <= n);
-    let mut ok: Vec<usize> = last.into_iter().collect();
-    if inside {
-        // Batch n holds the superblock writes of the commit that completes at flush n + 1.
-        if let Some(k) = commits.iter().position(|c| c.flushes == n + 1) {
-            ok.push(k);
-        }
-    }
-    (ok, last.is_none())
+    let at: Vec<usize> = commits.iter().map(|c| c.flushes).collect();
+    // Before the first commit's superblock is durable, nothing need open.
+    (allowed_points(&at, n, inside), !at.iter().any(|&f| f <= n))
 }
 
 /// Opens an image and checks it; returns the generation found.

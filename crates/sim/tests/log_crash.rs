@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::{Device, Filesystem, NewInode, OpenOptions, Synced, Trans, TreeLog};
-use ubtrfs_sim::fault_dev::RecordingDevice;
+use ubtrfs_sim::fault_dev::{allowed_points, RecordingDevice};
 use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, write_sparse};
 use ubtrfs_sim::model::{write_data, FsConfig, Harness};
 use ubtrfs_sim::mount::KernelMount;
@@ -265,17 +265,8 @@ fn run_workload() -> (Arc<RecordingDevice>, Vec<Point>, u64) {
 /// The durable points a cut after flush `n` may show: the last one durable by then,
 /// and (inside the next batch) the one that batch completes.
 fn allowed(points: &[Point], n: usize, inside: bool) -> Vec<usize> {
-    let mut ok: Vec<usize> = points
-        .iter()
-        .rposition(|p| p.flushes <= n)
-        .into_iter()
-        .collect();
-    if inside {
-        if let Some(k) = points.iter().position(|p| p.flushes == n + 1) {
-            ok.push(k);
-        }
-    }
-    ok
+    let at: Vec<usize> = points.iter().map(|c| c.flushes).collect();
+    allowed_points(&at, n, inside)
 }
 
 /// A cut image as a file (the openers take paths); the directory goes with it.

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::{Device, Filesystem, FsInfo, MemDevice, NewInode, OpenOptions, Trans};
-use ubtrfs_sim::fault_dev::RecordingDevice;
+use ubtrfs_sim::fault_dev::{allowed_points, RecordingDevice};
 use ubtrfs_sim::host::{btrfs_check_image, panic_message, require_root, write_sparse};
 use ubtrfs_sim::model::{write_data, FsConfig, Harness};
 
@@ -149,17 +149,8 @@ fn run_workload() -> (Arc<RecordingDevice>, Vec<Commit>) {
 }
 
 fn allowed(commits: &[Commit], n: usize, inside: bool) -> Vec<usize> {
-    let mut ok: Vec<usize> = commits
-        .iter()
-        .rposition(|c| c.flushes <= n)
-        .into_iter()
-        .collect();
-    if inside {
-        if let Some(k) = commits.iter().position(|c| c.flushes == n + 1) {
-            ok.push(k);
-        }
-    }
-    ok
+    let at: Vec<usize> = commits.iter().map(|c| c.flushes).collect();
+    allowed_points(&at, n, inside)
 }
 
 /// Opens a cut image, checks it against the commits it may show, then runs the

@@ -231,8 +231,7 @@ impl TreeLog {
     /// Makes inode `ino` of subvolume `root` durable: logs it and syncs the log, or
     /// commits the transaction where a log cannot say it (see the module comment).
     /// `datasync` (fdatasync) is logged as fsync is.
-    pub fn fsync(&mut self, t: &mut Trans, root: u64, ino: u64, datasync: bool) -> Result<Synced> {
-        let _ = datasync;
+    pub fn fsync(&mut self, t: &mut Trans, root: u64, ino: u64, _datasync: bool) -> Result<Synced> {
         self.stats.fsyncs += 1;
         if self.transid != t.transid {
             self.reset(t.transid);
@@ -284,20 +283,19 @@ impl TreeLog {
             return Ok(Some(why));
         }
         // Inodes logged before that changed since: log them again.
+        // (An inode gone since, or failing to read, is logged again: that forgets it
+        // or reports the error.)
         let stale: Vec<((u64, u64), Mode)> = self
             .logged
             .iter()
             .filter(|(k, _)| !v.seen.contains(*k))
-            .map(|(k, l)| (*k, l.mode, l.inode.clone()))
-            .filter_map(|(k, m, old)| match current_inode_bytes(t, k.0, k.1) {
-                Ok(Some(b)) if b == old => None,
-                _ => Some((k, m)),
+            .filter(|(k, l)| {
+                !current_inode_bytes(t, k.0, k.1)
+                    .is_ok_and(|b| b.as_deref() == Some(l.inode.as_slice()))
             })
+            .map(|(k, l)| (*k, l.mode))
             .collect();
         for ((r, i), m) in stale {
-            if v.seen.contains(&(r, i)) {
-                continue;
-            }
             if let Some(why) = self.log_inode(t, r, i, m, &mut v)? {
                 return Ok(Some(why));
             }
@@ -397,10 +395,19 @@ impl TreeLog {
         };
         let ptr = t.root_ptr(root)?;
         let (lo, hi) = inode_range(ino);
-        let Some(inode_bytes) = current_inode_bytes(t, root, ino)? else {
+        let hi_copy = match mode {
+            Mode::Full => hi,
+            Mode::Exists => Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
+        };
+        // One search: the INODE_ITEM is the range's first item.
+        let src = copy_items(t, &ptr, lo, hi_copy, &mut self.stats)?;
+        let inode_bytes = match src.first() {
+            Some((k, d)) if k.ty == INODE_ITEM_KEY => d.clone(),
             // Gone since it was logged: the log forgets it.
-            self.forget(root, ino);
-            return Ok(None);
+            _ => {
+                self.forget(root, ino);
+                return Ok(None);
+            }
         };
         let inode = InodeItem::parse(&inode_bytes)
             .map_err(|e| Error::corrupt(format!("inode {ino} of tree {root}: {e}")))?;
@@ -409,11 +416,6 @@ impl TreeLog {
             return Ok(None);
         }
         self.stats.inodes_logged += 1;
-        let hi_copy = match mode {
-            Mode::Full => hi,
-            Mode::Exists => Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
-        };
-        let src = copy_items(t, &ptr, lo, hi_copy, &mut self.stats)?;
         let mut items = Vec::with_capacity(src.len() + 1);
         let mut parents = Vec::new();
         let mut new_children = Vec::new();
@@ -525,30 +527,24 @@ impl TreeLog {
             if v.seen.contains(&(root, cur)) {
                 return Ok(None);
             }
-            let committed = self.committed_items(
-                t,
-                root,
-                Key::new(cur, INODE_ITEM_KEY, 0),
-                Key::new(cur, INODE_ITEM_KEY, 0),
-            )?;
-            if committed.is_empty() {
+            // The inode item and names, as committed and as now: one search each.
+            let lo = Key::new(cur, INODE_ITEM_KEY, 0);
+            let hi = Key::new(cur, INODE_EXTREF_KEY, u64::MAX);
+            let then = self.committed_items(t, root, lo, hi)?;
+            if then.first().is_none_or(|(k, _)| k.ty != INODE_ITEM_KEY) {
                 // New: log it (its own parents follow from there).
                 return self.log_inode(t, root, cur, Mode::Exists, v);
             }
-            let refs_lo = Key::new(cur, INODE_REF_KEY, 0);
-            let refs_hi = Key::new(cur, INODE_EXTREF_KEY, u64::MAX);
-            let ptr = t.root_ptr(root)?;
-            let now = copy_items(t, &ptr, refs_lo, refs_hi, &mut self.stats)?;
-            let cur_inode = current_inode_bytes(t, root, cur)?;
-            let changed = match &cur_inode {
-                Some(b) => InodeItem::parse(b).map_or(true, |i| i.transid >= t.transid),
-                None => true,
+            let now = copy_items(t, &t.root_ptr(root)?, lo, hi, &mut self.stats)?;
+            let refs = |items: &[(Key, Vec<u8>)]| -> Vec<(Key, Vec<u8>)> {
+                items
+                    .iter()
+                    .filter(|(k, _)| k.ty != INODE_ITEM_KEY)
+                    .cloned()
+                    .collect()
             };
-            if changed {
-                let then = self.committed_items(t, root, refs_lo, refs_hi)?;
-                if then != now {
-                    return Ok(Some("ancestor directory renamed"));
-                }
+            if refs(&then) != refs(&now) {
+                return Ok(Some("ancestor directory renamed"));
             }
             if cur == FIRST_FREE_OBJECTID {
                 return Ok(None);
@@ -740,22 +736,14 @@ impl TreeLog {
     /// returns a reason to commit instead when the log cannot be written.
     fn sync(&mut self, t: &mut Trans) -> Result<Fallback> {
         self.read_supers(t)?;
-        let mut new_blocks = Vec::new();
         let mut garbage = Vec::new();
         let subvols: Vec<u64> = self.subvols.keys().copied().collect();
         for id in subvols {
             let buf = self.subvols.get_mut(&id).expect("listed above");
-            let before = buf.root;
-            let Some((bytenr, level)) =
-                write_tree(t, buf, &mut new_blocks, &mut garbage, &mut self.stats)?
-            else {
+            let Some((bytenr, level)) = write_tree(t, buf, &mut garbage, &mut self.stats)? else {
                 return Ok(Some("metadata space short for the log"));
             };
-            if before == Some((bytenr, level))
-                && self.root_tree.items.contains_key(&log_root_key(id))
-            {
-                continue;
-            }
+            // Unchanged roots give the same item, which `set` leaves alone.
             let ns = t.fs.info.nodesize as u64;
             let mut r = RootItem::default();
             r.inode.generation = 1;
@@ -769,13 +757,8 @@ impl TreeLog {
             r.generation_v2 = t.transid;
             self.root_tree.set(log_root_key(id), r.to_bytes());
         }
-        let Some((top, top_level)) = write_tree(
-            t,
-            &mut self.root_tree,
-            &mut new_blocks,
-            &mut garbage,
-            &mut self.stats,
-        )?
+        let Some((top, top_level)) =
+            write_tree(t, &mut self.root_tree, &mut garbage, &mut self.stats)?
         else {
             return Ok(Some("metadata space short for the log"));
         };
@@ -964,7 +947,6 @@ fn trim_csums(buf: &mut LogBuf, a: u64, b: u64, csize: usize, ss: u64) {
 fn write_tree(
     t: &mut Trans,
     buf: &mut LogBuf,
-    new_blocks: &mut Vec<u64>,
     garbage: &mut Vec<u64>,
     stats: &mut LogStats,
 ) -> Result<Option<(u64, u8)>> {
@@ -975,7 +957,7 @@ fn write_tree(
         buf.dirty.insert(Key::MIN);
     }
     let dirty: Vec<Key> = std::mem::take(&mut buf.dirty).into_iter().collect();
-    let mut changed = !dirty.is_empty() || buf.root.is_none();
+    let changed = !dirty.is_empty() || buf.root.is_none();
     for part in dirty {
         let Some(old) = buf.leaves.remove(&part) else {
             continue;
@@ -1025,10 +1007,8 @@ fn write_tree(
                 eb::item_data_mut(&mut data, slot).copy_from_slice(v);
             }
             write_block(t, bytenr, data, stats)?;
-            new_blocks.push(bytenr);
             buf.leaves.insert(key, bytenr);
         }
-        changed = true;
     }
     if !changed {
         if let Some(r) = buf.root {
@@ -1059,7 +1039,6 @@ fn write_tree(
                 let mut data = vec![0u8; ns];
                 init_header(t, &mut data, bytenr, 0);
                 write_block(t, bytenr, data, stats)?;
-                new_blocks.push(bytenr);
                 buf.leaves.insert(Key::MIN, bytenr);
                 bytenr
             }
@@ -1089,7 +1068,6 @@ fn write_tree(
                         eb::node_insert_ptr(&mut data, slot, k, *b, t.transid);
                     }
                     write_block(t, bytenr, data, stats)?;
-                    new_blocks.push(bytenr);
                     bytenr
                 }
             };
