@@ -330,13 +330,14 @@ pub fn run(args: MountArgs) -> Result<()> {
             if let Some(s) = w.log_stats() {
                 eprintln!(
                     "ubtrfs: tree log: {} fsyncs, {} logged, {} full commits {:?}, {} inodes \
-                     logged, {} items logged, {} searches, {} leaf copies, {} blocks written, \
+                     logged ({} through the fast path), {} items logged, {} searches, {} leaf copies, {} blocks written, \
                      {} bytes written",
                     s.fsyncs,
                     s.logged,
                     s.full_commits,
                     s.commit_reasons,
                     s.inodes_logged,
+                    s.fast_path,
                     s.items_logged,
                     s.searches,
                     s.leaf_copies,

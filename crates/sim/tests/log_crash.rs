@@ -160,7 +160,7 @@ impl Work {
     }
 }
 
-fn run_workload() -> (Arc<RecordingDevice>, Vec<Point>, u64) {
+fn run_workload() -> (Arc<RecordingDevice>, Vec<Point>, u64, u64) {
     let fsc = FsConfig {
         nodesize: 4096,
         ..FsConfig::default()
@@ -258,8 +258,8 @@ fn run_workload() -> (Arc<RecordingDevice>, Vec<Point>, u64) {
             });
         }
     }
-    let logged = w.log.stats().logged;
-    (rec, points, logged)
+    let st = w.log.stats();
+    (rec, points, st.logged, st.fast_path)
 }
 
 /// The durable points a cut after flush `n` may show: the last one durable by then,
@@ -328,7 +328,7 @@ fn kernel_sample(img: &[u8], want: &Files) -> Result<(), String> {
 
 #[test]
 fn fsync_log_survives_every_cut() {
-    let (rec, points, logged) = run_workload();
+    let (rec, points, logged, fast) = run_workload();
     let flushes = rec.flushes();
     let kernel = require_root("fsync_log_survives_every_cut: the kernel replay sample");
     let mut failures = Vec::new();
@@ -361,11 +361,12 @@ fn fsync_log_survives_every_cut() {
         }
     }
     eprintln!(
-        "log crash: {} durable points, {logged} logged fsyncs, {flushes} flush points, \
-         {sampled} kernel replays",
+        "log crash: {} durable points, {logged} logged fsyncs ({fast} files through the fast \
+         path), {flushes} flush points, {sampled} kernel replays",
         points.len()
     );
     assert!(logged > 20, "most fsyncs are logged ({logged})");
+    assert!(fast > 10, "files logged again take the fast path ({fast})");
     assert!(
         failures.is_empty(),
         "{} failures:\n{}",

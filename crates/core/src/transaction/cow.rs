@@ -331,8 +331,23 @@ impl Trans {
         self.insert_items(root_id, &[(*key, data.to_vec())])
     }
 
+    /// Records a file extent item change for the tree log (see
+    /// `Trans::file_extent_changes`); every item change passes here.
+    fn note_change(&mut self, root_id: u64, key: &Key) {
+        if key.ty != EXTENT_DATA_KEY || !Self::is_shareable(root_id) {
+            return;
+        }
+        if let Some(c) = self.file_extent_changes.as_mut() {
+            let e = c.entry((root_id, key.objectid)).or_insert(u64::MAX);
+            *e = (*e).min(key.offset);
+        }
+    }
+
     /// Inserts sorted items, as many per leaf as fit with one data move per leaf.
     pub fn insert_items(&mut self, root_id: u64, items: &[(Key, Vec<u8>)]) -> Result<()> {
+        for (k, _) in items {
+            self.note_change(root_id, k);
+        }
         let max_item = self.max_item_size();
         let mut i = 0;
         while i < items.len() {
@@ -406,6 +421,7 @@ impl Trans {
         if !found {
             return Err(Error::NotFound(format!("tree {root_id} key {key}")));
         }
+        self.note_change(root_id, key);
         let slot = path.slot();
         self.with_block(path.leaf(), |b| f(eb::item_data_mut(b, slot)))
     }
@@ -416,6 +432,7 @@ impl Trans {
         if !found {
             return Err(Error::NotFound(format!("tree {root_id} key {key}")));
         }
+        self.note_change(root_id, key);
         let slot = path.slot();
         let blk = self.block(path.leaf())?;
         let old = eb::item_size(&blk.data, slot);
@@ -444,6 +461,7 @@ impl Trans {
         if !found {
             return Err(Error::NotFound(format!("tree {root_id} key {key}")));
         }
+        self.note_change(root_id, key);
         let slot = path.slot();
         let blk = self.block(path.leaf())?;
         let old_data = eb::item_data(&blk.data, slot).to_vec();
@@ -528,6 +546,14 @@ impl Trans {
         nr: usize,
     ) -> Result<()> {
         let leaf = path.leaf();
+        if self.file_extent_changes.is_some() && Self::is_shareable(root_id) {
+            let gone: Vec<Key> = self.with_block(leaf, |b| {
+                (slot..slot + nr).map(|s| eb::item_key(b, s)).collect()
+            })?;
+            for k in gone {
+                self.note_change(root_id, &k);
+            }
+        }
         let (left, used) = self.with_block(leaf, |b| {
             eb::leaf_del_items(b, slot, nr);
             let n = eb::nritems(b);

@@ -155,7 +155,8 @@ impl Trans {
         Ok(())
     }
 
-    fn is_shareable(root_id: u64) -> bool {
+    /// Subvolume-like trees (fs trees, the data relocation tree).
+    pub(crate) fn is_shareable(root_id: u64) -> bool {
         root_id == FS_TREE_OBJECTID
             || root_id == DATA_RELOC_TREE_OBJECTID
             || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&root_id)

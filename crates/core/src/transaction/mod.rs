@@ -60,6 +60,11 @@ pub struct Trans {
     pub defer_eviction: bool,
     /// Inodes orphaned since the last [`Trans::take_orphans`]: (tree, inode).
     pub(crate) orphans: Vec<(u64, u64)>,
+    /// File extent changes, once a tree log asked for them: (tree, inode) -> the
+    /// lowest file offset whose EXTENT_DATA item was inserted, changed or deleted
+    /// since the log last took it (the kernel's per-inode modified extents list; the
+    /// log's fast path copies a file's extents from there on). Emptied at commit.
+    pub(crate) file_extent_changes: Option<HashMap<(u64, u64), u64>>,
     _lock: Vec<std::fs::File>,
     /// Commits done so far.
     pub commits: u64,
@@ -186,6 +191,7 @@ impl Trans {
             next_ino: HashMap::new(),
             defer_eviction: false,
             orphans: Vec::new(),
+            file_extent_changes: None,
             _lock: Vec::new(),
             commits: 0,
             compress: None,
@@ -480,6 +486,9 @@ impl Trans {
         self.alloc.unpin_all(self.fs.info.nodesize as u64)?;
         self.fs.info.sb.generation = self.transid;
         self.fs.clear_data_caches();
+        if let Some(c) = self.file_extent_changes.as_mut() {
+            c.clear();
+        }
         self.transid += 1;
         self.commits += 1;
         Ok(())

@@ -71,6 +71,9 @@ pub struct LogStats {
     pub commit_reasons: BTreeMap<&'static str, u64>,
     /// Inodes copied into a log (each time one is logged).
     pub inodes_logged: u64,
+    /// Of those, files logged again through the fast path (only their extents from
+    /// the first one changed since).
+    pub fast_path: u64,
     /// Items written into the log trees (unchanged items are not counted).
     pub items_logged: u64,
     /// Searches of a subvolume tree made to copy items (one per inode range).
@@ -107,6 +110,9 @@ struct Logged {
     mode: Mode,
     /// The INODE_ITEM as logged: a different one later means log it again.
     inode: Vec<u8>,
+    /// A regular file: logged again, only its extents from the first one changed
+    /// since are copied (the fast path).
+    reg: bool,
 }
 
 /// One log tree in memory: its items and the leaves last written.
@@ -195,6 +201,9 @@ pub struct TreeLog {
 struct Visit {
     seen: BTreeSet<(u64, u64)>,
     budget: usize,
+    /// The transaction's file extent changes, taken for this fsync: (tree, inode) ->
+    /// lowest offset changed. What no inode logged here used goes back.
+    changes: HashMap<(u64, u64), u64>,
 }
 
 /// A reason to commit instead of logging.
@@ -278,8 +287,26 @@ impl TreeLog {
         let mut v = Visit {
             seen: BTreeSet::new(),
             budget: INODES_PER_FSYNC_MAX,
+            changes: std::mem::take(t.file_extent_changes.get_or_insert_with(HashMap::new)),
         };
-        if let Some(why) = self.log_inode(t, root, ino, Mode::Full, &mut v)? {
+        let why = self.log_inodes(t, root, ino, &mut v)?;
+        // Changes of inodes this fsync did not log stay for their turn.
+        if let Some(c) = t.file_extent_changes.as_mut() {
+            c.extend(v.changes);
+        }
+        if why.is_some() {
+            return Ok(why);
+        }
+        if self.items() > LOG_ITEMS_MAX {
+            return Ok(Some("log size limit"));
+        }
+        Ok(None)
+    }
+
+    /// The inode, then every inode logged earlier in the transaction that changed
+    /// since (its inode item, or its file extents).
+    fn log_inodes(&mut self, t: &Trans, root: u64, ino: u64, v: &mut Visit) -> Result<Fallback> {
+        if let Some(why) = self.log_inode(t, root, ino, Mode::Full, v)? {
             return Ok(Some(why));
         }
         // Inodes logged before that changed since: log them again.
@@ -290,18 +317,16 @@ impl TreeLog {
             .iter()
             .filter(|(k, _)| !v.seen.contains(*k))
             .filter(|(k, l)| {
-                !current_inode_bytes(t, k.0, k.1)
-                    .is_ok_and(|b| b.as_deref() == Some(l.inode.as_slice()))
+                v.changes.contains_key(*k)
+                    || !current_inode_bytes(t, k.0, k.1)
+                        .is_ok_and(|b| b.as_deref() == Some(l.inode.as_slice()))
             })
             .map(|(k, l)| (*k, l.mode))
             .collect();
         for ((r, i), m) in stale {
-            if let Some(why) = self.log_inode(t, r, i, m, &mut v)? {
+            if let Some(why) = self.log_inode(t, r, i, m, v)? {
                 return Ok(Some(why));
             }
-        }
-        if self.items() > LOG_ITEMS_MAX {
-            return Ok(Some("log size limit"));
         }
         Ok(None)
     }
@@ -399,8 +424,39 @@ impl TreeLog {
             Mode::Full => hi,
             Mode::Exists => Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
         };
-        // One search: the INODE_ITEM is the range's first item.
-        let src = copy_items(t, &ptr, lo, hi_copy, &mut self.stats)?;
+        // The fast path (the kernel's, for a file logged before in this transaction):
+        // its inode item, names and xattrs, and its extents from the log's last
+        // extent item at or below the lowest offset changed since (so the tail hole
+        // follows a size change too); the extents below are as logged.
+        let fast_from = match mode {
+            Mode::Exists => None,
+            Mode::Full => {
+                let changed = v.changes.remove(&(root, ino)).unwrap_or(u64::MAX);
+                match (self.logged.get(&(root, ino)), self.subvols.get(&root)) {
+                    (Some(l), Some(buf)) if l.mode == Mode::Full && l.reg => Some(
+                        buf.items
+                            .range(
+                                Key::new(ino, EXTENT_DATA_KEY, 0)
+                                    ..=Key::new(ino, EXTENT_DATA_KEY, changed),
+                            )
+                            .next_back()
+                            .map_or(0, |(k, _)| k.offset),
+                    ),
+                    _ => None,
+                }
+            }
+        };
+        let head_hi = Key::new(ino, XATTR_ITEM_KEY, u64::MAX);
+        let tail_lo = Key::new(ino, EXTENT_DATA_KEY, fast_from.unwrap_or(0));
+        // The INODE_ITEM is the range's first item: one search (two on the fast path).
+        let src = match fast_from {
+            None => copy_items(t, &ptr, lo, hi_copy, &mut self.stats)?,
+            Some(_) => {
+                let mut a = copy_items(t, &ptr, lo, head_hi, &mut self.stats)?;
+                a.extend(copy_items(t, &ptr, tail_lo, hi, &mut self.stats)?);
+                a
+            }
+        };
         let inode_bytes = match src.first() {
             Some((k, d)) if k.ty == INODE_ITEM_KEY => d.clone(),
             // Gone since it was logged: the log forgets it.
@@ -416,6 +472,7 @@ impl TreeLog {
             return Ok(None);
         }
         self.stats.inodes_logged += 1;
+        self.stats.fast_path += u64::from(fast_from.is_some());
         let mut items = Vec::with_capacity(src.len() + 1);
         let mut parents = Vec::new();
         let mut new_children = Vec::new();
@@ -483,14 +540,21 @@ impl TreeLog {
             items.sort_by_key(|a| a.0);
         }
         if mode == Mode::Full && is_reg(inode.mode) {
-            let holes = holes_of(t, ino, &inode, &extents);
+            let holes = holes_of(t, ino, &inode, &extents, fast_from.unwrap_or(0));
             if !holes.is_empty() {
                 items.extend(holes);
                 items.sort_by_key(|a| a.0);
             }
         }
         let buf = self.subvols.entry(root).or_default();
-        self.stats.items_logged += buf.replace_range(lo, hi_copy, items);
+        self.stats.items_logged += match fast_from {
+            None => buf.replace_range(lo, hi_copy, items),
+            Some(_) => {
+                let (head, tail): (Vec<_>, Vec<_>) =
+                    items.into_iter().partition(|(k, _)| *k <= head_hi);
+                buf.replace_range(lo, head_hi, head) + buf.replace_range(tail_lo, hi, tail)
+            }
+        };
         if mode == Mode::Full {
             for (_, fe) in &extents {
                 self.log_csums(t, root, fe)?;
@@ -501,6 +565,7 @@ impl TreeLog {
             Logged {
                 mode,
                 inode: inode_bytes,
+                reg: is_reg(inode.mode),
             },
         );
         // The names must be replayable: every parent exists after the replay.
@@ -862,6 +927,7 @@ fn holes_of(
     ino: u64,
     inode: &InodeItem,
     extents: &[(u64, FileExtentItem)],
+    from: u64,
 ) -> Vec<(Key, Vec<u8>)> {
     if t.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES == 0 {
         return Vec::new();
@@ -869,7 +935,7 @@ fn holes_of(
     let ss = t.fs.info.sectorsize as u64;
     let ino_end = inode.size.next_multiple_of(ss);
     let mut out = Vec::new();
-    let mut prev_end = 0u64;
+    let mut prev_end = from;
     let hole = |len: u64| FileExtentItem {
         generation: t.transid,
         ram_bytes: len,
