@@ -39,8 +39,9 @@ use crate::transaction::Trans;
 use crate::tree::block_edit as eb;
 use crate::tree::ctree::{lookup_exact, lookup_prev, next_leaf, search_slot};
 use crate::tree::tree_checker::{check_block, check_header, Expect};
-use crate::tree::RootPtr;
+use crate::tree::{RootPtr, TreeBlock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{parse_dir_items, FileExtentBody, FileExtentItem, InodeItem, RootItem};
 use ubtrfs_format::key::Key;
@@ -195,6 +196,64 @@ pub struct TreeLog {
     /// Log blocks the next durable sync frees (replaced by this one).
     garbage: Vec<u64>,
     stats: LogStats,
+}
+
+/// A directory name against the last commit.
+enum Ix {
+    /// The same item.
+    Same,
+    /// New or changed since: the current item (logged).
+    New(Vec<u8>),
+    /// Gone or changed since: the committed item.
+    Gone(Vec<u8>),
+}
+
+/// The DIR_INDEX keys to log (new or changed) and the DIR_LOG_INDEX ranges
+/// [start, end] that cover every change, each reaching to the unchanged neighbours:
+/// the replay deletes the committed names inside a range that the log lacks.
+fn changed_ranges(diff: &[(Key, Ix)]) -> Vec<(u64, u64)> {
+    let mut ranges = Vec::new();
+    let mut last_same: Option<u64> = None;
+    let mut open: Option<u64> = None;
+    for (k, ix) in diff {
+        match ix {
+            Ix::Same => {
+                if let Some(start) = open.take() {
+                    ranges.push((start, k.offset - 1));
+                }
+                last_same = Some(k.offset);
+            }
+            Ix::New(_) | Ix::Gone(_) => {
+                if open.is_none() {
+                    open = Some(last_same.map_or(0, |o| o + 1));
+                }
+            }
+        }
+    }
+    if let Some(start) = open {
+        ranges.push((start, u64::MAX));
+    }
+    ranges
+}
+
+/// Checks the entries of a DIR_INDEX item to log: a subvolume entry means commit
+/// instead; entries made in this transaction name inodes to log too.
+fn check_entries(
+    t: &Trans,
+    root: u64,
+    k: &Key,
+    d: &[u8],
+    new_children: &mut Vec<u64>,
+) -> Result<Fallback> {
+    for e in parse_dir_items(d).map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))? {
+        if e.location.ty != INODE_ITEM_KEY {
+            return Ok(Some("subvolume entry in a logged directory"));
+        }
+        if e.transid >= t.transid {
+            new_children.push(e.location.objectid);
+        }
+    }
+    Ok(None)
 }
 
 /// The inodes one fsync has logged, and how many more it may.
@@ -414,10 +473,22 @@ impl TreeLog {
             return Ok(Some("too many inodes for one fsync"));
         }
         v.budget -= 1;
-        let mode = match self.logged.get(&(root, ino)) {
-            Some(l) if l.mode == Mode::Full => Mode::Full,
-            _ => mode,
-        };
+        let was_full = self
+            .logged
+            .get(&(root, ino))
+            .is_some_and(|l| l.mode == Mode::Full);
+        let mode = if was_full { Mode::Full } else { mode };
+        // Logged as far as asked and unchanged since (inode item, file extents): the
+        // log says it already (the kernel's inode-in-log check). Every change to names,
+        // entries, xattrs or data touches the inode item.
+        if let Some(l) = self.logged.get(&(root, ino)) {
+            if (was_full || mode == Mode::Exists)
+                && !v.changes.contains_key(&(root, ino))
+                && current_inode_bytes(t, root, ino)?.as_deref() == Some(l.inode.as_slice())
+            {
+                return Ok(None);
+            }
+        }
         let ptr = t.root_ptr(root)?;
         let (lo, hi) = inode_range(ino);
         let hi_copy = match mode {
@@ -449,8 +520,19 @@ impl TreeLog {
         let head_hi = Key::new(ino, XATTR_ITEM_KEY, u64::MAX);
         let tail_lo = Key::new(ino, EXTENT_DATA_KEY, fast_from.unwrap_or(0));
         // The INODE_ITEM is the range's first item: one search (two on the fast path).
+        // A directory in the last commit logs only the names changed since (below):
+        // its DIR_INDEX items are not copied here.
+        let transid = t.transid;
+        let partial_dir = |head: &[(Key, Vec<u8>)]| {
+            head.first().is_some_and(|(k, d)| {
+                k.ty == INODE_ITEM_KEY
+                    && InodeItem::parse(d).is_ok_and(|i| is_dir(i.mode) && i.generation < transid)
+            })
+        };
         let src = match fast_from {
-            None => copy_items(t, &ptr, lo, hi_copy, &mut self.stats)?,
+            None => copy_items_then(t, &ptr, lo, hi_copy, head_hi, &mut self.stats, |h| {
+                !partial_dir(h)
+            })?,
             Some(_) => {
                 let mut a = copy_items(t, &ptr, lo, head_hi, &mut self.stats)?;
                 a.extend(copy_items(t, &ptr, tail_lo, hi, &mut self.stats)?);
@@ -502,15 +584,8 @@ impl TreeLog {
                     items.push((k, d));
                 }
                 DIR_INDEX_KEY => {
-                    for e in parse_dir_items(&d)
-                        .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
-                    {
-                        if e.location.ty != INODE_ITEM_KEY {
-                            return Ok(Some("subvolume entry in a logged directory"));
-                        }
-                        if e.transid >= t.transid {
-                            new_children.push(e.location.objectid);
-                        }
+                    if let Some(why) = check_entries(t, root, &k, &d, &mut new_children)? {
+                        return Ok(Some(why));
                     }
                     items.push((k, d));
                 }
@@ -526,17 +601,41 @@ impl TreeLog {
             }
         }
         if mode == Mode::Full && is_dir(inode.mode) {
-            let now: Vec<&(Key, Vec<u8>)> = items
-                .iter()
-                .filter(|(k, _)| k.ty == DIR_INDEX_KEY)
-                .collect();
-            if let Some(why) = self.log_dir_removals(t, root, ino, &inode, &now, v)? {
-                return Ok(Some(why));
+            if is_new {
+                // Made in this transaction: every name (copied above), and one range
+                // saying so.
+                items.push((
+                    Key::new(ino, DIR_LOG_INDEX_KEY, 0),
+                    u64::MAX.to_le_bytes().to_vec(),
+                ));
+            } else {
+                // In the last commit: only the names changed since, with ranges that
+                // cover them up to the unchanged neighbours (the kernel logs a
+                // directory's changed index ranges the same way); none when the
+                // directory is untouched since.
+                let diff = if inode.transid >= t.transid {
+                    self.index_diff(t, root, ino)?
+                } else {
+                    Vec::new()
+                };
+                if let Some(why) = self.log_gone_names(t, root, &diff, v)? {
+                    return Ok(Some(why));
+                }
+                for (k, ix) in &diff {
+                    if let Ix::New(d) = ix {
+                        if let Some(why) = check_entries(t, root, k, d, &mut new_children)? {
+                            return Ok(Some(why));
+                        }
+                        items.push((*k, d.clone()));
+                    }
+                }
+                for (start, end) in changed_ranges(&diff) {
+                    items.push((
+                        Key::new(ino, DIR_LOG_INDEX_KEY, start),
+                        end.to_le_bytes().to_vec(),
+                    ));
+                }
             }
-            items.push((
-                Key::new(ino, DIR_LOG_INDEX_KEY, 0),
-                u64::MAX.to_le_bytes().to_vec(),
-            ));
             items.sort_by_key(|a| a.0);
         }
         if mode == Mode::Full && is_reg(inode.mode) {
@@ -625,39 +724,85 @@ impl TreeLog {
         Ok(Some("directory chain too deep"))
     }
 
-    /// A directory logged whole says its names are all there is: a name it lost
-    /// since the commit is deleted by the replay. Fine for an inode that is gone;
-    /// one still linked elsewhere (moved, or one of its links removed) is logged too,
-    /// so the replay links it where it is now.
-    fn log_dir_removals(
+    /// A directory's DIR_INDEX items against the last commit's, in key order. A leaf
+    /// both trees share (same block) is unchanged: only its first and last keys are
+    /// listed, as bounds for the ranges; the items of the other leaves are merged
+    /// (one pass over both sorted lists). A leaf emptied and dropped since shows as
+    /// its names gone.
+    fn index_diff(&mut self, t: &Trans, root: u64, dir: u64) -> Result<Vec<(Key, Ix)>> {
+        let lo = Key::new(dir, DIR_INDEX_KEY, 0);
+        let hi = Key::new(dir, DIR_INDEX_KEY, u64::MAX);
+        let Some(old_ptr) = self.committed_root(t, root)? else {
+            return Ok(Vec::new());
+        };
+        self.stats.searches += 2;
+        let now_leaves = range_leaves(t, &t.root_ptr(root)?, lo, hi)?;
+        let then_leaves = range_leaves(t, &old_ptr, lo, hi)?;
+        let then_blocks: BTreeSet<u64> = then_leaves.iter().map(|b| b.bytenr).collect();
+        let shared: BTreeSet<u64> = now_leaves
+            .iter()
+            .map(|b| b.bytenr)
+            .filter(|b| then_blocks.contains(b))
+            .collect();
+        let in_range = |k: &Key| lo <= *k && *k <= hi;
+        // Borrowed from the leaves: only what changed is copied out.
+        let mut then: Vec<(Key, &[u8])> = Vec::new();
+        for b in then_leaves.iter().filter(|b| !shared.contains(&b.bytenr)) {
+            then.extend(leaf_items(b, 0)?.into_iter().filter(|(k, _)| in_range(k)));
+        }
+        // Current items: Some(data) from changed leaves, None for a shared leaf's bounds.
+        let mut now: Vec<(Key, Option<&[u8]>)> = Vec::new();
+        for b in &now_leaves {
+            let items: Vec<(Key, &[u8])> = leaf_items(b, 0)?
+                .into_iter()
+                .filter(|(k, _)| in_range(k))
+                .collect();
+            if shared.contains(&b.bytenr) {
+                for (k, _) in [items.first(), items.last()].into_iter().flatten() {
+                    if now.last().is_none_or(|(l, _)| l != k) {
+                        now.push((*k, None));
+                    }
+                }
+            } else {
+                self.stats.leaf_copies += 1;
+                now.extend(items.into_iter().map(|(k, d)| (k, Some(d))));
+            }
+        }
+        let ix = |nd: Option<&[u8]>| nd.map_or(Ix::Same, |d| Ix::New(d.to_vec()));
+        let mut out = Vec::new();
+        let mut cur = now.into_iter().peekable();
+        for (k, d) in then {
+            while let Some((c, nd)) = cur.next_if(|(c, _)| *c < k) {
+                out.push((c, ix(nd)));
+            }
+            match cur.next_if(|(c, _)| *c == k) {
+                Some((_, Some(nd))) if nd == d => out.push((k, Ix::Same)),
+                Some((_, nd)) => {
+                    out.push((k, Ix::Gone(d.to_vec())));
+                    out.push((k, ix(nd)));
+                }
+                None => out.push((k, Ix::Gone(d.to_vec()))),
+            }
+        }
+        out.extend(cur.map(|(c, nd)| (c, ix(nd))));
+        Ok(out)
+    }
+
+    /// A name a logged directory lost since the commit is deleted by the replay
+    /// (its range covers it). Fine for an inode that is gone; one still linked
+    /// elsewhere (moved, or one of its links removed) is logged too, so the replay
+    /// links it where it is now.
+    fn log_gone_names(
         &mut self,
         t: &Trans,
         root: u64,
-        dir: u64,
-        inode: &InodeItem,
-        now: &[&(Key, Vec<u8>)],
+        diff: &[(Key, Ix)],
         v: &mut Visit,
     ) -> Result<Fallback> {
-        if inode.transid < t.transid || inode.generation >= t.transid {
-            return Ok(None);
-        }
-        let lo = Key::new(dir, DIR_INDEX_KEY, 0);
-        let hi = Key::new(dir, DIR_INDEX_KEY, u64::MAX);
-        let then = self.committed_items(t, root, lo, hi)?;
-        if then.is_empty() {
-            return Ok(None);
-        }
-        // Both lists are sorted by index: one merge finds the names gone or changed.
-        let mut cur = now.iter().peekable();
         let mut moved = Vec::new();
-        for (k, d) in then {
-            while cur.peek().is_some_and(|(c, _)| *c < k) {
-                cur.next();
-            }
-            if cur.peek().is_some_and(|(c, v)| *c == k && *v == d) {
-                continue;
-            }
-            for e in parse_dir_items(&d)
+        for (k, ix) in diff {
+            let Ix::Gone(d) = ix else { continue };
+            for e in parse_dir_items(d)
                 .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
             {
                 if e.location.ty != INODE_ITEM_KEY {
@@ -884,34 +1029,69 @@ fn copy_items(
     hi: Key,
     stats: &mut LogStats,
 ) -> Result<Vec<(Key, Vec<u8>)>> {
+    copy_items_then(t, ptr, lo, hi, hi, stats, |_| true)
+}
+
+/// [`copy_items`], asking `go_on` with the items up to `split` whether to copy the
+/// rest (still one search).
+fn copy_items_then(
+    t: &Trans,
+    ptr: &RootPtr,
+    lo: Key,
+    hi: Key,
+    split: Key,
+    stats: &mut LogStats,
+    go_on: impl FnOnce(&[(Key, Vec<u8>)]) -> bool,
+) -> Result<Vec<(Key, Vec<u8>)>> {
     stats.searches += 1;
+    let mut go_on = Some(go_on);
+    let mut out = Vec::new();
+    let mut path = search_slot(&t.fs.info, ptr, &lo)?;
+    loop {
+        let leaf = path.leaf().clone();
+        let mut copied = false;
+        for (k, d) in leaf_items(&leaf, path.slot())? {
+            let stop = k > hi || (k > split && go_on.take().is_some_and(|f| !f(&out)));
+            if stop {
+                stats.leaf_copies += u64::from(copied);
+                return Ok(out);
+            }
+            out.push((k, d.to_vec()));
+            copied = true;
+        }
+        stats.leaf_copies += u64::from(copied);
+        path.nodes[0].1 = leaf.nritems();
+        if !next_leaf(&t.fs.info, &mut path)? {
+            return Ok(out);
+        }
+    }
+}
+
+/// The (key, data) of a leaf's items from `slot` on.
+fn leaf_items(leaf: &crate::tree::TreeBlock, slot: usize) -> Result<Vec<(Key, &[u8])>> {
+    let v = leaf.view();
+    let bad = |e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr));
+    (slot..leaf.nritems())
+        .map(|s| Ok((v.item_key(s).map_err(bad)?, v.item_data(s).map_err(bad)?)))
+        .collect()
+}
+
+/// The leaves holding keys in [lo, hi] of a tree, in key order.
+fn range_leaves(t: &Trans, ptr: &RootPtr, lo: Key, hi: Key) -> Result<Vec<Arc<TreeBlock>>> {
     let mut out = Vec::new();
     let mut path = search_slot(&t.fs.info, ptr, &lo)?;
     loop {
         let leaf = path.leaf().clone();
         let n = leaf.nritems();
-        let v = leaf.view();
-        let mut copied = false;
-        let mut slot = path.slot();
-        while slot < n {
-            let k = v
-                .item_key(slot)
+        if path.slot() < n {
+            let first = leaf
+                .view()
+                .item_key(path.slot())
                 .map_err(|e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr)))?;
-            if k > hi {
-                if copied {
-                    stats.leaf_copies += 1;
-                }
+            if first > hi {
                 return Ok(out);
             }
-            let d = v
-                .item_data(slot)
-                .map_err(|e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr)))?;
-            out.push((k, d.to_vec()));
-            copied = true;
-            slot += 1;
-        }
-        if copied {
-            stats.leaf_copies += 1;
+            out.push(leaf.clone());
         }
         path.nodes[0].1 = n;
         if !next_leaf(&t.fs.info, &mut path)? {
