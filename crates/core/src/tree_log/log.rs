@@ -7,10 +7,14 @@
 //! 1. copies the inode's items from the subvolume tree into its log tree: the inode
 //!    item, its names (INODE_REF/EXTREF), xattrs, file extents (holes made explicit,
 //!    as the kernel's btrfs_log_holes does with NO_HOLES) and the checksums of the
-//!    extents written in this transaction (EXTENT_CSUM items); for a directory also
-//!    every DIR_INDEX item, copied a leaf at a time (seed 004), a DIR_LOG_INDEX range
-//!    saying the log has every name, and the inodes of names made in this
-//!    transaction; directories made in this transaction on the way up to the
+//!    extents written in this transaction (EXTENT_CSUM items); a file logged before
+//!    in the transaction copies only its extents from the first one changed since
+//!    (`Trans::file_extent_changes`). A directory made in this transaction logs every
+//!    DIR_INDEX item, copied a leaf at a time (seed 004), and a DIR_LOG_INDEX range
+//!    saying the log has every name; one in the last commit logs only the names
+//!    changed since, with ranges covering them (its leaves compared with the
+//!    commit's, shared ones skipped); both log the inodes of names made in this
+//!    transaction. Directories made in this transaction on the way up to the
 //!    subvolume root are logged too (inode and name), so a replay can link the inode;
 //! 2. logs again every inode logged earlier in this transaction that has changed
 //!    since (so the log stays one consistent picture of what was fsynced);
