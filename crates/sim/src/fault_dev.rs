@@ -153,6 +153,20 @@ impl RecordingDevice {
         img
     }
 
+    /// Every image a test checks for flush point `n`: the one right after flush `n`
+    /// (`inside` false), then, unless `n` is the last flush, `per_batch` cut inside the
+    /// batch that follows it ([`RecordingDevice::crash_images`], seeded by `n`;
+    /// `inside` true). Each with a description.
+    pub fn cut_images(&self, n: usize, per_batch: usize) -> Vec<(String, Vec<u8>, bool)> {
+        let mut images = vec![(format!("after flush {n}"), self.image_after_flush(n), false)];
+        if n < self.flushes() {
+            for (what, img) in self.crash_images(n, n as u64, per_batch) {
+                images.push((format!("inside batch {n}: {what}"), img, true));
+            }
+        }
+        images
+    }
+
     /// `count` crash images from inside the batch of writes between flush `n` and
     /// flush `n + 1` (the unflushed tail if `n == flushes()`), each with a short
     /// description. Deterministic for a given `seed` and `n`. Images cycle through

@@ -334,13 +334,7 @@ fn fsync_log_survives_every_cut() {
     let mut failures = Vec::new();
     let mut sampled = 0;
     for n in 0..=flushes {
-        let mut images = vec![(format!("after flush {n}"), rec.image_after_flush(n), false)];
-        if n < flushes {
-            for (what, img) in rec.crash_images(n, n as u64, 2) {
-                images.push((format!("inside batch {n}: {what}"), img, true));
-            }
-        }
-        for (what, img, inside) in images {
+        for (what, img, inside) in rec.cut_images(n, 2) {
             let ok = allowed(&points, n, inside);
             if ok.is_empty() {
                 continue; // before the setup's commit

@@ -222,13 +222,7 @@ fn snapshot_and_deletion_survive_every_cut() {
     let mut failures = Vec::new();
     let mut checked = 0;
     for n in 0..=flushes {
-        let mut images = vec![(format!("after flush {n}"), rec.image_after_flush(n), false)];
-        if n < flushes {
-            for (what, img) in rec.crash_images(n, n as u64, 2) {
-                images.push((format!("inside batch {n}: {what}"), img, true));
-            }
-        }
-        for (what, img, inside) in images {
+        for (what, img, inside) in rec.cut_images(n, 2) {
             let ok = allowed(&commits, n, inside);
             if ok.is_empty() {
                 continue; // before mkfs finished
