@@ -1,6 +1,7 @@
 //! `ubtrfs`: read and write btrfs filesystems without a kernel mount.
 //! A thin layer over ubtrfs-core: argument parsing, output formatting, exit codes.
 
+mod check;
 mod edit;
 mod extract;
 mod fmt;
@@ -53,6 +54,9 @@ pub enum Format {
 enum Cmd {
     /// Create a filesystem (optionally filled from a directory).
     Mkfs(edit::MkfsArgs),
+    /// Check a filesystem read-only, like `btrfs check --readonly`: exit 0 when clean,
+    /// 1 with one `ERROR:` line per problem (rule, tree, block, key).
+    Check(check::CheckArgs),
     /// Copy files or directories into an image: put IMAGE SRC... DEST.
     Put {
         image: PathBuf,
@@ -404,6 +408,9 @@ fn main() -> ExitCode {
                     return ExitCode::SUCCESS;
                 }
             }
+            if e.downcast_ref::<check::Unclean>().is_some() {
+                return ExitCode::FAILURE;
+            }
             let msg = format!("{e:#}");
             eprintln!("ubtrfs: error: {}", msg.replace('\n', " "));
             if e.downcast_ref::<Incomplete>().is_some() {
@@ -418,6 +425,7 @@ fn run(cli: Cli) -> Result<()> {
     let stdout = io::stdout();
     let mut out = io::BufWriter::with_capacity(1 << 16, stdout.lock());
     match cli.cmd {
+        Cmd::Check(a) => check::run(a, &mut out)?,
         Cmd::Mkfs(a) => edit::mkfs(a)?,
         Cmd::Put { image, args } => {
             let (dest, srcs) = args.split_last().context("put needs SRC... DEST")?;

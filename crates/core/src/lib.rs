@@ -20,6 +20,7 @@
 
 mod alloc;
 mod backref;
+mod check;
 mod error;
 mod fs;
 mod inode;
@@ -36,6 +37,10 @@ pub mod tools;
 pub use alloc::free_space_cache::SearchMode;
 pub use alloc::AllocStats;
 pub use backref::ShareCtx;
+pub use check::{
+    check as check_filesystem, CheckOptions, CheckReport, CheckStats, Problem,
+    Progress as CheckProgress, PHASES as CHECK_PHASES, PROBLEMS_KEPT_MAX,
+};
 pub use error::{Error, Result};
 pub use fs::{Filesystem, Node};
 pub use inode::dir_item::DirEntry;

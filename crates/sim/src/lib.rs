@@ -12,11 +12,15 @@
 //! * [`mount`]: kernel loop mounts, scratch btrfs mounts and `ubtrfs mount` (FUSE)
 //!   servers whose guards always unmount and free their loop devices.
 //! * [`golden`]: the kernel-made golden images and their manifests.
+//! * [`damage`]: precise damage to an image (an item patched, deleted or re-keyed
+//!   with the checksums made right again, a block or data byte changed, a
+//!   superblock copy edited), for the tests of `ubtrfs check` against `btrfs check`.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![deny(unreachable_pub)]
 
+pub mod damage;
 pub mod fault_dev;
 pub mod golden;
 pub mod host;

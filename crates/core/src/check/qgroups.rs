@@ -1,0 +1,222 @@
+//! Quota groups against a recount: which subvolumes reach each extent (tree blocks
+//! through their parents, data through the leaves that point to it), then referenced
+//! and exclusive bytes per level-0 qgroup and per higher qgroup through the relations,
+//! compared with the QGROUP_INFO items.
+//!
+//! Sets of subvolumes are interned: snapshots make most blocks share the same few sets,
+//! so a block holds one small id, and unions are memoised.
+
+use super::blocks::{RefKind, Walk, DATA_LEVEL};
+use super::Findings;
+use crate::error::Result;
+use crate::fs::Filesystem;
+use crate::tree::ctree::TreeIter;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use ubtrfs_format::consts::*;
+use ubtrfs_format::items::{parse_item, Item};
+use ubtrfs_format::key::{fmt_qgroupid, Key};
+
+const QGROUP_STATUS_FLAG_RESCAN: u64 = 1 << 1;
+const QGROUP_STATUS_FLAG_INCONSISTENT: u64 = 1 << 2;
+const QGROUP_STATUS_FLAG_SIMPLE_MODE: u64 = 1 << 3;
+
+#[derive(Default)]
+struct Sets {
+    sets: Vec<Vec<u64>>,
+    ids: HashMap<Vec<u64>, u32>,
+    unions: HashMap<(u32, u32), u32>,
+}
+
+impl Sets {
+    fn intern(&mut self, v: Vec<u64>) -> u32 {
+        if let Some(&i) = self.ids.get(&v) {
+            return i;
+        }
+        let i = self.sets.len() as u32;
+        self.sets.push(v.clone());
+        self.ids.insert(v, i);
+        i
+    }
+    fn union(&mut self, a: u32, b: u32) -> u32 {
+        if a == b {
+            return a;
+        }
+        let key = (a.min(b), a.max(b));
+        if let Some(&u) = self.unions.get(&key) {
+            return u;
+        }
+        let mut v: Vec<u64> = self.sets[a as usize].clone();
+        v.extend_from_slice(&self.sets[b as usize]);
+        v.sort_unstable();
+        v.dedup();
+        let u = self.intern(v);
+        self.unions.insert(key, u);
+        u
+    }
+}
+
+fn is_subvol(id: u64) -> bool {
+    id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id)
+}
+
+pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> Option<String> {
+    let Some(ptr) = fs.info.tree_ptr(QUOTA_TREE_OBJECTID) else {
+        return Some("not enabled on this filesystem".into());
+    };
+    let mut status = None;
+    let mut info: BTreeMap<u64, (Key, u64, u64)> = BTreeMap::new();
+    let mut parents: BTreeMap<u64, BTreeSet<u64>> = BTreeMap::new();
+    let res = (|| -> Result<()> {
+        for item in TreeIter::new(&fs.info, &ptr, Key::MIN, Key::MAX)? {
+            let item = item?;
+            let k = item.key();
+            match parse_item(&k, item.data()) {
+                Ok(Item::QgroupStatus(s)) => status = Some(s),
+                Ok(Item::QgroupInfo(i)) => {
+                    info.insert(k.offset, (k, i.rfer, i.excl));
+                }
+                Ok(Item::QgroupRelation) if k.objectid < k.offset => {
+                    parents.entry(k.objectid).or_default().insert(k.offset);
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = res {
+        f.add(
+            "qgroup",
+            Some(QUOTA_TREE_OBJECTID),
+            None,
+            None,
+            format!("the quota tree cannot be read: {e}"),
+        );
+        return None;
+    }
+    let Some(status) = status else {
+        f.add(
+            "qgroup",
+            Some(QUOTA_TREE_OBJECTID),
+            None,
+            None,
+            "the quota tree has no status item".into(),
+        );
+        return None;
+    };
+    if status.flags & QGROUP_STATUS_FLAG_SIMPLE_MODE != 0 {
+        return Some("simple quotas are not recounted yet".into());
+    }
+    if status.flags & (QGROUP_STATUS_FLAG_INCONSISTENT | QGROUP_STATUS_FLAG_RESCAN) != 0 {
+        // As btrfs check: numbers of an inconsistent or rescanning qgroup tree are
+        // expected to differ; not an error.
+        return Some("marked inconsistent or being rescanned; a difference is expected".into());
+    }
+    // Which subvolumes reach each tree block: parents first (higher levels first).
+    let mut sets = Sets::default();
+    let empty = sets.intern(Vec::new());
+    let mut order: Vec<usize> = (0..walk.refs.len())
+        .filter(|&i| walk.refs[i].level != DATA_LEVEL)
+        .collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(walk.refs[i].level));
+    let mut block_set: HashMap<u64, u32> = HashMap::new();
+    for &i in &order {
+        let r = walk.refs[i];
+        let from = if r.from == 0 {
+            match r.kind {
+                RefKind::Tree(id) if is_subvol(id) => sets.intern(vec![id]),
+                _ => empty,
+            }
+        } else {
+            block_set.get(&r.from).copied().unwrap_or(empty)
+        };
+        let cur = block_set.get(&r.bytenr).copied().unwrap_or(empty);
+        let u = sets.union(cur, from);
+        block_set.insert(r.bytenr, u);
+    }
+    // Data extents: the union over the leaves pointing to them.
+    let mut extent_set: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
+    for r in walk.refs.iter().filter(|r| r.level == DATA_LEVEL) {
+        let from = block_set.get(&r.from).copied().unwrap_or(empty);
+        let e = extent_set.entry(r.bytenr).or_insert((r.len, empty));
+        e.1 = sets.union(e.1, from);
+    }
+    let nodesize = fs.info.nodesize as u64;
+    let mut counted: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    // Ancestors of each qgroup, transitively.
+    let ancestors = |q: u64| -> BTreeSet<u64> {
+        let mut out = BTreeSet::new();
+        let mut todo = vec![q];
+        while let Some(x) = todo.pop() {
+            for &p in parents.get(&x).into_iter().flatten() {
+                if out.insert(p) {
+                    todo.push(p);
+                }
+            }
+        }
+        out
+    };
+    let mut anc_cache: HashMap<u64, BTreeSet<u64>> = HashMap::new();
+    let mut account = |set: &[u64], len: u64, counted: &mut BTreeMap<u64, (u64, u64)>| {
+        if set.is_empty() {
+            return;
+        }
+        for &id in set {
+            let c = counted.entry(id).or_default();
+            c.0 += len;
+            if set.len() == 1 {
+                c.1 += len;
+            }
+        }
+        // Higher qgroups: referenced if any member reaches it, exclusive if all do.
+        let mut hits: BTreeMap<u64, usize> = BTreeMap::new();
+        for &id in set {
+            let a = anc_cache.entry(id).or_insert_with(|| ancestors(id));
+            for &q in a.iter() {
+                *hits.entry(q).or_default() += 1;
+            }
+        }
+        for (q, n) in hits {
+            let c = counted.entry(q).or_default();
+            c.0 += len;
+            if n == set.len() {
+                c.1 += len;
+            }
+        }
+    };
+    // Each block once, however many parents point to it.
+    for (_, &s) in block_set.iter() {
+        let set = sets.sets[s as usize].clone();
+        account(&set, nodesize, &mut counted);
+    }
+    for (_, &(len, s)) in extent_set.iter() {
+        let set = sets.sets[s as usize].clone();
+        account(&set, len, &mut counted);
+    }
+    for (&q, &(k, rfer, excl)) in &info {
+        let (cr, ce) = counted.get(&q).copied().unwrap_or((0, 0));
+        if cr != rfer || ce != excl {
+            f.add(
+                "qgroup",
+                Some(QUOTA_TREE_OBJECTID),
+                None,
+                Some(k),
+                format!(
+                    "qgroup {} says referenced {rfer} exclusive {excl}, a recount gives {cr} and {ce}",
+                    fmt_qgroupid(q)
+                ),
+            );
+        }
+    }
+    for (&q, &(cr, _)) in &counted {
+        if q >> 48 == 0 && cr > 0 && !info.contains_key(&q) {
+            f.add(
+                "qgroup",
+                Some(QUOTA_TREE_OBJECTID),
+                None,
+                Some(Key::new(0, QGROUP_INFO_KEY, q)),
+                format!("subvolume {q} references {cr} bytes but has no qgroup"),
+            );
+        }
+    }
+    None
+}
