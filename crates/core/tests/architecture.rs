@@ -19,6 +19,7 @@ const LAYERS: &[&str] = &[
     "inode",
     "subvol",
     "tree_log",
+    "check",
     "tools",
     "fuzzing",
 ];

@@ -463,8 +463,9 @@ impl Walker<'_> {
                         continue;
                     }
                     let st = f.stats();
-                    st.data_bytes_allocated += disk_num_bytes;
-                    st.data_bytes_referenced += num_bytes;
+                    st.data_bytes_allocated =
+                        st.data_bytes_allocated.saturating_add(disk_num_bytes);
+                    st.data_bytes_referenced = st.data_bytes_referenced.saturating_add(num_bytes);
                     let ref_kind = if shared {
                         RefKind::SharedData(bytenr)
                     } else {

@@ -154,7 +154,8 @@ pub(super) fn check_chunks(fs: &FsInfo, _ext: &Extents, f: &mut Findings) {
     let mut used: BTreeMap<u64, u64> = BTreeMap::new();
     let mut prev: Option<(u64, u64)> = None;
     for (&(devid, off), (dk, d)) in &dev_ext {
-        *used.entry(devid).or_default() += d.length;
+        let u = used.entry(devid).or_default();
+        *u = u.saturating_add(d.length);
         if !claimed.contains_key(&(devid, off)) {
             f.add(
                 "dev-extent",
@@ -193,7 +194,7 @@ pub(super) fn check_chunks(fs: &FsInfo, _ext: &Extents, f: &mut Findings) {
     }
     let mut total = 0u64;
     for (devid, (dk, d)) in &devs {
-        total += d.total_bytes;
+        total = total.saturating_add(d.total_bytes);
         let u = used.get(devid).copied().unwrap_or(0);
         if d.bytes_used != u {
             f.add(

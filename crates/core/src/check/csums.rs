@@ -57,14 +57,14 @@ pub(super) fn check_csums(
             }
             prev_end = prev_end.max(k.offset.saturating_add(len));
             match covered.last_mut() {
-                Some(c) if c.0 + c.1 >= k.offset => {
+                Some(c) if c.0.saturating_add(c.1) >= k.offset => {
                     c.1 = c.1.max(k.offset.saturating_add(len) - c.0)
                 }
                 _ => covered.push((k.offset, len)),
             }
             if opts.check_data_csum {
                 verify(fs, k.offset, data, f, &mut bad_sectors);
-                verified += len;
+                verified = verified.saturating_add(len);
                 f.stats().data_bytes_verified = verified;
                 progress(5, verified);
             }
@@ -100,7 +100,10 @@ pub(super) fn check_csums(
             tree,
             Some(s),
             None,
-            format!("data {s}..{} of a checksummed file has no checksums", s + l),
+            format!(
+                "data {s}..{} of a checksummed file has no checksums",
+                s.saturating_add(l)
+            ),
         );
     }
     // Forbidden ranges covered.
@@ -114,7 +117,7 @@ pub(super) fn check_csums(
                 None,
                 format!(
                     "data {hs}..{} has checksums but inode {ino} of tree {} is nodatasum or prealloc there",
-                    hs + hl,
+                    hs.saturating_add(hl),
                     root as i64
                 ),
             );
@@ -129,7 +132,10 @@ pub(super) fn check_csums(
                 tree,
                 Some(s),
                 None,
-                format!("checksums for {s}..{} where no data extent is", s + l),
+                format!(
+                    "checksums for {s}..{} where no data extent is",
+                    s.saturating_add(l)
+                ),
             );
         }
     }
@@ -142,7 +148,7 @@ fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     for &(s, l) in a {
         let end = s.saturating_add(l);
         let mut pos = s;
-        while j < b.len() && b[j].0 + b[j].1 <= pos {
+        while j < b.len() && b[j].0.saturating_add(b[j].1) <= pos {
             j += 1;
         }
         let mut k = j;
@@ -152,7 +158,7 @@ fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
                     if bs > pos {
                         out.push((pos, bs - pos));
                     }
-                    pos = pos.max(bs + bl);
+                    pos = pos.max(bs.saturating_add(bl));
                     k += 1;
                 }
                 _ => {
@@ -167,10 +173,10 @@ fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
 
 /// The first part of [s, s+l) inside `v` (sorted, merged).
 fn intersect(v: &[(u64, u64)], s: u64, l: u64) -> Option<(u64, u64)> {
-    let i = v.partition_point(|c| c.0 + c.1 <= s);
+    let i = v.partition_point(|c| c.0.saturating_add(c.1) <= s);
     let &(cs, cl) = v.get(i)?;
     let a = cs.max(s);
-    let b = (cs + cl).min(s.saturating_add(l));
+    let b = cs.saturating_add(cl).min(s.saturating_add(l));
     if a < b {
         Some((a, b - a))
     } else {
@@ -189,7 +195,7 @@ fn verify(fs: &FsInfo, start: u64, sums: &[u8], f: &mut Findings, bad: &mut u64)
     let mut i = 0;
     while i < n {
         let m_n = per.min(n - i);
-        let logical = start + (i * ss) as u64;
+        let logical = start.saturating_add((i * ss) as u64);
         buf.resize(m_n * ss, 0);
         for m in 0..mirrors {
             let copy = if mirrors > 1 {
@@ -216,7 +222,7 @@ fn verify(fs: &FsInfo, start: u64, sums: &[u8], f: &mut Findings, bad: &mut u64)
                 if &got[..cs] != want {
                     *bad += 1;
                     if *bad <= DATA_CSUM_REPORTS_MAX {
-                        let at = logical + (s * ss) as u64;
+                        let at = logical.saturating_add((s * ss) as u64);
                         f.add(
                             "data-csum",
                             Some(CSUM_TREE_OBJECTID),

@@ -256,7 +256,9 @@ fn inline_kind(r: &InlineRef) -> Option<RefKind> {
 
 impl State<'_> {
     fn bytes_used(&self) -> u64 {
-        self.chunk_used.iter().sum::<u64>() + self.outside
+        self.chunk_used
+            .iter()
+            .fold(self.outside, |a, b| a.saturating_add(*b))
     }
 
     /// Expected references to extents below `bytenr` that had no extent item.
@@ -440,13 +442,19 @@ impl State<'_> {
     fn account(&mut self, bytenr: u64, len: u64, is_data: bool, f: &mut Findings, k: Key) {
         let chunks = &self.out.chunks;
         while self.chunk_idx < chunks.len()
-            && chunks[self.chunk_idx].0 + chunks[self.chunk_idx].1 <= bytenr
+            && chunks[self.chunk_idx]
+                .0
+                .saturating_add(chunks[self.chunk_idx].1)
+                <= bytenr
         {
             self.chunk_idx += 1;
         }
         match chunks.get(self.chunk_idx) {
-            Some(&(s, l, ty)) if s <= bytenr && bytenr + len <= s + l => {
-                self.chunk_used[self.chunk_idx] += len;
+            Some(&(s, l, ty))
+                if s <= bytenr && bytenr.saturating_add(len) <= s.saturating_add(l) =>
+            {
+                self.chunk_used[self.chunk_idx] =
+                    self.chunk_used[self.chunk_idx].saturating_add(len);
                 let ok = if is_data {
                     ty & BLOCK_GROUP_DATA != 0
                 } else {
@@ -463,7 +471,7 @@ impl State<'_> {
                 }
             }
             _ => {
-                self.outside += len;
+                self.outside = self.outside.saturating_add(len);
                 f.add(
                     "extent-bg",
                     Some(EXTENT_TREE_OBJECTID),
@@ -477,7 +485,7 @@ impl State<'_> {
             self.out.data.push((bytenr, len));
         }
         match self.out.used.last_mut() {
-            Some(u) if u.0 + u.1 == bytenr => u.1 += len,
+            Some(u) if u.0.saturating_add(u.1) == bytenr => u.1 = u.1.saturating_add(len),
             _ => self.out.used.push((bytenr, len)),
         }
     }
@@ -555,21 +563,21 @@ pub(super) fn check_free_space(fs: &FsInfo, ext: &Extents, f: &mut Findings) {
         // Free = the chunk minus what extents use.
         let mut want: Vec<(u64, u64)> = Vec::new();
         let mut pos = s;
-        while u < ext.used.len() && ext.used[u].0 + ext.used[u].1 <= s {
+        while u < ext.used.len() && ext.used[u].0.saturating_add(ext.used[u].1) <= s {
             u += 1;
         }
         let mut j = u;
-        while j < ext.used.len() && ext.used[j].0 < s + l {
+        while j < ext.used.len() && ext.used[j].0 < s.saturating_add(l) {
             let (us, ul) = ext.used[j];
             let a = us.max(s);
             if a > pos {
                 want.push((pos, a - pos));
             }
-            pos = pos.max((us + ul).min(s + l));
+            pos = pos.max(us.saturating_add(ul).min(s.saturating_add(l)));
             j += 1;
         }
-        if pos < s + l {
-            want.push((pos, s + l - pos));
+        if pos < s.saturating_add(l) {
+            want.push((pos, s.saturating_add(l) - pos));
         }
         let key = Some(Key::new(s, FREE_SPACE_INFO_KEY, l));
         let have = match read_fst_ranges(fs, s, l) {

@@ -163,7 +163,7 @@ pub(super) fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(v.len());
     for (s, l) in v {
         match out.last_mut() {
-            Some(p) if s <= p.0 + p.1 => p.1 = p.1.max(s.saturating_add(l) - p.0),
+            Some(p) if s <= p.0.saturating_add(p.1) => p.1 = p.1.max(s.saturating_add(l) - p.0),
             _ => out.push((s, l)),
         }
     }
@@ -358,7 +358,7 @@ impl TreeCheck<'_> {
         }
         cur.has_extents = true;
         cur.ext_end = cur.ext_end.max(end);
-        cur.nbytes += nbytes;
+        cur.nbytes = cur.nbytes.saturating_add(nbytes);
         if let FileExtentBody::Regular {
             disk_bytenr,
             disk_num_bytes,

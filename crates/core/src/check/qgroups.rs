@@ -162,9 +162,9 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
         }
         for &id in set {
             let c = counted.entry(id).or_default();
-            c.0 += len;
+            c.0 = c.0.saturating_add(len);
             if set.len() == 1 {
-                c.1 += len;
+                c.1 = c.1.saturating_add(len);
             }
         }
         // Higher qgroups: referenced if any member reaches it, exclusive if all do.
@@ -177,9 +177,9 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
         }
         for (q, n) in hits {
             let c = counted.entry(q).or_default();
-            c.0 += len;
+            c.0 = c.0.saturating_add(len);
             if n == set.len() {
-                c.1 += len;
+                c.1 = c.1.saturating_add(len);
             }
         }
     };

@@ -146,6 +146,13 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
     };
     let r = crate::tools::print_tree::dump_tree(&fs.info, None, None, &mut sink);
     out.dumped = out.note("dump-tree", r).is_some();
+    // The whole check: every problem is a finding, never a panic.
+    let copts = crate::check::CheckOptions {
+        check_data_csum: verify_data,
+        qgroup_report: false,
+    };
+    let r = crate::check::check(&fs, &copts, &mut |_, _| {});
+    out.note("check", r);
     let _ = fs.info.take_warnings();
     out
 }
