@@ -358,7 +358,36 @@ pub fn btrfs_check(path: &Path, super_copy: Option<usize>) -> Result<String, Str
     if !out.status.success() || text.lines().any(bad) {
         return Err(format!("btrfs check failed ({}):\n{text}", out.status));
     }
+    // Whatever btrfs check passes, ubtrfs's own check must pass too (when the
+    // primary superblock is good; `super_copy` cases damaged it on purpose).
+    if super_copy.is_none() {
+        ubtrfs_check(path)?;
+    }
     Ok(text)
+}
+
+/// `ubtrfs check --check-data-csum` of an image through the library: `Err` with the
+/// problems when it is not clean.
+pub fn ubtrfs_check(path: &Path) -> Result<(), String> {
+    let info = ubtrfs_core::FsInfo::open_paths(&[path], ubtrfs_core::OpenOptions::default())
+        .map_err(|e| format!("ubtrfs check: {}: {e}", path.display()))?;
+    let fs = ubtrfs_core::Filesystem::from_info(info);
+    let opts = ubtrfs_core::CheckOptions {
+        check_data_csum: true,
+        qgroup_report: false,
+    };
+    let r = ubtrfs_core::check_filesystem(&fs, &opts, &mut |_, _| {})
+        .map_err(|e| format!("ubtrfs check: {}: {e}", path.display()))?;
+    if r.is_clean() {
+        return Ok(());
+    }
+    let lines: Vec<String> = r.problems.iter().take(30).map(|p| p.to_string()).collect();
+    Err(format!(
+        "ubtrfs check found {} problem(s) that btrfs check did not in {}:\n{}",
+        r.problem_count,
+        path.display(),
+        lines.join("\n")
+    ))
 }
 
 /// [`btrfs_check`] of an image of `size` bytes that `fill` writes into a fresh

@@ -142,7 +142,7 @@ pub(super) fn check_csums(
 }
 
 /// Parts of `a` (sorted, merged) not in `b` (sorted, merged).
-fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
+pub(super) fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let mut j = 0;
     for &(s, l) in a {
