@@ -7,6 +7,7 @@ mod extract;
 mod fmt;
 mod json;
 mod mount;
+mod quota;
 mod share;
 mod share_edit;
 mod subvol_edit;
@@ -189,6 +190,16 @@ enum Cmd {
     },
     /// Mount read-only with FUSE (like the kernel's btrfs mount, for reading).
     Mount(mount::MountArgs),
+    /// Quotas on or off, rescan, status, like `btrfs quota`.
+    Quota {
+        #[command(subcommand)]
+        cmd: quota::QuotaCmd,
+    },
+    /// Quota groups: show, create, destroy, assign, remove, limit, like `btrfs qgroup`.
+    Qgroup {
+        #[command(subcommand)]
+        cmd: quota::QgroupCmd,
+    },
     /// Subvolume properties (`ro`), like `btrfs property`.
     Property {
         #[command(subcommand)]
@@ -570,6 +581,8 @@ fn run(cli: Cli) -> Result<()> {
             cmd: SubvolCmd::Edit(c),
         } => subvol_edit::run(c, &mut out)?,
         Cmd::Property { cmd } => subvol_edit::property(cmd, &mut out)?,
+        Cmd::Quota { cmd } => quota::run_quota(cmd, &mut out)?,
+        Cmd::Qgroup { cmd } => quota::run_qgroup(cmd, &mut out)?,
         Cmd::Mount(args) => mount::run(args)?,
         Cmd::Rescue {
             cmd: RescueCmd::ZeroLog { image },

@@ -52,6 +52,9 @@ pub enum Error {
     #[error("{0}: File exists")]
     /// EEXIST: the name is taken.
     Exists(String),
+    #[error("{0}: Disk quota exceeded")]
+    /// EDQUOT: a limit of this qgroup would be passed.
+    QuotaExceeded(String),
     #[error("{0}: Directory not empty")]
     /// ENOTEMPTY: a directory that still has entries.
     NotEmpty(String),
@@ -93,6 +96,7 @@ impl Error {
             Error::Loop(_) => libc::ELOOP,
             Error::NoSpace(_) | Error::TooLarge(_) => libc::ENOSPC,
             Error::Exists(_) => libc::EEXIST,
+            Error::QuotaExceeded(_) => libc::EDQUOT,
             Error::NotEmpty(_) => libc::ENOTEMPTY,
             Error::Busy(_) => libc::EBUSY,
             Error::NotPermitted(_) => libc::EPERM,

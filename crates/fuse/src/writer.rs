@@ -131,6 +131,7 @@ impl Writer {
     /// Serves `trans` (opened with [`Trans::open_paths`], which locks the devices).
     pub fn new(mut trans: Trans) -> Arc<Writer> {
         trans.defer_eviction = true;
+        trans.quota_reserved_by_caller = true;
         Arc::new(Writer {
             orphans: Mutex::new(HashSet::new()),
             delalloc: Mutex::new(Delalloc::default()),
@@ -289,6 +290,8 @@ impl Writer {
         // and a run that cannot be written after its WRITE was answered loses data.
         // Write through instead, reserved and allocated in one step, as without
         // delayed allocation.
+        // Quota limits answer at WRITE (EDQUOT), before the data is accepted.
+        t.qgroup_reserve(root, len).map_err(|e| e.errno())?;
         if t.data_available_bytes() < DELALLOC_LOW_SPACE_BYTES + 2 * (d.bytes + len) {
             drop(d);
             self.flush(&mut t)?;

@@ -48,13 +48,24 @@ impl Head {
 #[derive(Debug, Default)]
 pub(crate) struct DelayedRefs {
     pub heads: BTreeMap<u64, Head>,
+    /// With quotas on: every extent whose references changed since the last commit,
+    /// (length, is data) by bytenr, plus those traced under a dropped shared block
+    /// (the kernel's qgroup extent records). The commit accounts them (qgroup/).
+    pub touched: Option<BTreeMap<u64, (u64, bool)>>,
 }
 
 impl DelayedRefs {
     pub(crate) fn is_empty(&self) -> bool {
         self.heads.is_empty()
     }
+    /// Records an extent for quota accounting (when quotas are on).
+    pub(crate) fn trace(&mut self, bytenr: u64, num_bytes: u64, is_data: bool) {
+        if let Some(t) = self.touched.as_mut() {
+            t.entry(bytenr).or_insert((num_bytes, is_data));
+        }
+    }
     fn head(&mut self, bytenr: u64, num_bytes: u64, is_data: bool) -> &mut Head {
+        self.trace(bytenr, num_bytes, is_data);
         let h = self.heads.entry(bytenr).or_default();
         if h.num_bytes == 0 {
             h.num_bytes = num_bytes;

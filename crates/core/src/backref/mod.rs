@@ -71,11 +71,16 @@ impl<'a> ExtentCursor<'a> {
         let root = fs
             .tree_ptr(EXTENT_TREE_OBJECTID)
             .ok_or_else(|| Error::corrupt("no extent tree"))?;
-        Ok(ExtentCursor {
+        Ok(ExtentCursor::at(fs, root))
+    }
+
+    /// A cursor over the extent tree rooted at `root` (an older commit's, for one).
+    pub(crate) fn at(fs: &'a FsInfo, root: RootPtr) -> ExtentCursor<'a> {
+        ExtentCursor {
             fs,
             root,
             path: None,
-        })
+        }
     }
 
     /// Positions at the first item >= key; false when none.
@@ -242,6 +247,7 @@ impl<'a> SharedCheck<FsRefGraph<'a>> {
         Ok(SharedCheck::with_graph(FsRefGraph {
             fs,
             cursor: ExtentCursor::new(fs)?,
+            root_tree: None,
             roots: HashMap::new(),
         }))
     }
@@ -362,17 +368,60 @@ impl<G: RefGraph> SharedCheck<G> {
 pub struct FsRefGraph<'a> {
     fs: &'a FsInfo,
     cursor: ExtentCursor<'a>,
+    /// Where ROOT_ITEMs are looked up: None for the filesystem's current root tree.
+    root_tree: Option<RootPtr>,
     roots: HashMap<u64, Option<RootPtr>>,
 }
 
-impl FsRefGraph<'_> {
+impl<'a> FsRefGraph<'a> {
+    /// The graph of one consistent state of the filesystem, given by its extent tree
+    /// and root tree roots (the last commit's, while a transaction changes the
+    /// current ones: its blocks stay intact until the next commit).
+    pub(crate) fn at(fs: &'a FsInfo, extent_root: RootPtr, root_tree: RootPtr) -> FsRefGraph<'a> {
+        FsRefGraph {
+            fs,
+            cursor: ExtentCursor::at(fs, extent_root),
+            root_tree: Some(root_tree),
+            roots: HashMap::new(),
+        }
+    }
+
+    /// The graph of the filesystem's current state.
+    pub(crate) fn current(fs: &'a FsInfo) -> Result<FsRefGraph<'a>> {
+        Ok(FsRefGraph {
+            fs,
+            cursor: ExtentCursor::new(fs)?,
+            root_tree: None,
+            roots: HashMap::new(),
+        })
+    }
+
     fn root(&mut self, id: u64) -> Result<Option<RootPtr>> {
         if let Some(r) = self.roots.get(&id) {
             return Ok(*r);
         }
-        let r = self.fs.subvol_ptr(id)?;
+        let r = match &self.root_tree {
+            None => self.fs.subvol_ptr(id)?,
+            Some(rt) => match crate::tree::ctree::lookup_prev(
+                self.fs,
+                rt,
+                Key::new(id, ROOT_ITEM_KEY, u64::MAX),
+            )? {
+                Some((k, data)) if k.objectid == id && k.ty == ROOT_ITEM_KEY => {
+                    let r = ubtrfs_format::items::RootItem::parse(&data)
+                        .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
+                    Some(crate::io::root_tree::root_ptr_of(id, &r))
+                }
+                _ => None,
+            },
+        };
         self.roots.insert(id, r);
         Ok(r)
+    }
+
+    /// The root node's address of tree `id`, None when the tree does not exist.
+    pub(crate) fn root_block(&mut self, id: u64) -> Result<Option<u64>> {
+        Ok(self.root(id)?.map(|r| r.bytenr))
     }
 }
 
@@ -407,8 +456,15 @@ impl RefGraph for FsRefGraph<'_> {
             }
             let fe = FileExtentItem::parse(p.data()?)
                 .map_err(|e| Error::corrupt(format!("subvolume {root} {k}: {e}")))?;
-            if let FileExtentBody::Regular { disk_bytenr, .. } = fe.body {
-                if disk_bytenr == bytenr {
+            if let FileExtentBody::Regular {
+                disk_bytenr,
+                offset: extent_offset,
+                ..
+            } = fe.body
+            {
+                // The ref names (inode, file offset - extent offset): other items of
+                // the same extent at other positions belong to other refs.
+                if disk_bytenr == bytenr && k.offset.wrapping_sub(extent_offset) == offset {
                     found += 1;
                     let leaf = p.leaf().bytenr;
                     if out.last() != Some(&leaf) {

@@ -540,6 +540,10 @@ impl Trans {
         if inode.mode & 0o170000 != 0o100000 {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
         }
+        // Quota limits: new data is charged before anything changes (EDQUOT).
+        if !self.quota_reserved_by_caller {
+            self.qgroup_reserve(root, data.len() as u64)?;
+        }
         if data.is_empty() {
             return Ok(());
         }

@@ -482,6 +482,8 @@ impl Trans {
             if w.stage == Stage::DropReference {
                 let r = Self::ref_from(w, w.frames.last());
                 self.delayed.add(child, ns, false, r, -1);
+                // Still shared: everything below loses the dead tree unseen.
+                self.qgroup_trace_subtree(child, level - 1)?;
             }
             if let Some(top) = w.frames.last_mut() {
                 top.slot += 1;
@@ -539,6 +541,9 @@ impl Trans {
             None => RefKey::TreeRoot(w.id),
         };
         self.delayed.add(f.block.bytenr, ns, false, r, -1);
+        if f.refs > 1 {
+            self.qgroup_trace_subtree(f.block.bytenr, f.level())?;
+        }
         self.advance(w);
         Ok(())
     }

@@ -18,6 +18,7 @@ pub(crate) mod block_group;
 pub(crate) mod cow;
 pub(crate) mod extent_tree;
 pub(crate) mod free_space_tree;
+pub(crate) mod quota;
 pub(crate) mod space_info;
 
 use crate::alloc::block_group::{super_offset, DevSpace};
@@ -78,6 +79,18 @@ pub struct Trans {
     pub reflink_source: Option<Arc<std::fs::File>>,
     /// A reflink was refused by the host filesystem (data was copied instead).
     pub reflink_failed: bool,
+    /// The last commit's root tree and extent tree roots: the state quota
+    /// accounting compares with (its blocks stay intact until the next commit).
+    pub(crate) commit_view: (RootPtr, RootPtr),
+    /// Quota work waiting for the commit beyond the recorded extents.
+    pub(crate) quota_pending: quota::QuotaPending,
+    /// Bytes reserved against qgroup limits per subvolume in this transaction.
+    pub(crate) quota_reserved: HashMap<u64, u64>,
+    /// What the last commit's quota accounting did.
+    pub qgroup_stats: quota::QgroupStats,
+    /// The caller charges writes to qgroup limits itself, when it accepts them (a
+    /// mount with delayed allocation: EDQUOT must come at WRITE, not at the flush).
+    pub quota_reserved_by_caller: bool,
 }
 
 impl std::fmt::Debug for Trans {
@@ -171,6 +184,8 @@ impl Trans {
         drop(chunk_root);
         let mut t = Trans::bare(fs, chunk_tree_uuid);
         t.refuse_unfinished_work()?;
+        t.refuse_simple_quotas()?;
+        t.start_quota_records();
         t.load_devices()?;
         t.alloc.load_block_groups(&t.fs.info)?;
         Ok(t)
@@ -179,6 +194,7 @@ impl Trans {
     /// A write handle over a filesystem being created (mkfs fills in the rest).
     pub(crate) fn bare(fs: crate::fs::Filesystem, chunk_tree_uuid: [u8; 16]) -> Trans {
         let transid = fs.info.sb.generation + 1;
+        let commit_view = Self::view_of(&fs.info);
         Trans {
             fs,
             transid,
@@ -198,7 +214,40 @@ impl Trans {
             compress_force: false,
             reflink_source: None,
             reflink_failed: false,
+            commit_view,
+            quota_pending: quota::QuotaPending::default(),
+            quota_reserved: HashMap::new(),
+            qgroup_stats: quota::QgroupStats::default(),
+            quota_reserved_by_caller: false,
         }
+    }
+
+    /// The root tree and extent tree roots of a state.
+    fn view_of(info: &FsInfo) -> (RootPtr, RootPtr) {
+        let rt = info.root_tree_ptr();
+        let et = info.tree_ptr(EXTENT_TREE_OBJECTID).unwrap_or(RootPtr {
+            id: EXTENT_TREE_OBJECTID,
+            bytenr: 0,
+            level: 0,
+            generation: 0,
+        });
+        (rt, et)
+    }
+
+    /// Simple quotas (owner-based, kernel 6.7+) are not kept by this engine.
+    fn refuse_simple_quotas(&self) -> Result<()> {
+        let Some(ptr) = self.fs.info.tree_ptr(QUOTA_TREE_OBJECTID) else {
+            return Ok(());
+        };
+        let key = Key::new(0, QGROUP_STATUS_KEY, 0);
+        if let Some(item) = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)? {
+            let flags = ubtrfs_format::bytes::le64(item.data(), 16, "qgroup status")
+                .map_err(|e| Error::corrupt(format!("qgroup status item: {e}")))?;
+            if flags & crate::qgroup::STATUS_FLAG_SIMPLE_MODE != 0 {
+                return Err(Error::Unsupported("writing with simple quotas".into()));
+            }
+        }
+        Ok(())
     }
 
     /// The read side, once the transaction is done with (a read-only open that
@@ -370,30 +419,6 @@ impl Trans {
         Ok(())
     }
 
-    /// Quota accounting is not kept at commit yet: when quotas are on, flag the
-    /// numbers inconsistent (as the kernel does when it cannot account) so a rescan
-    /// fixes them, instead of leaving wrong numbers that look right.
-    fn mark_qgroups_inconsistent(&mut self) -> Result<()> {
-        if self.fs.info.tree_ptr(QUOTA_TREE_OBJECTID).is_none() {
-            return Ok(());
-        }
-        const STATUS_FLAG_INCONSISTENT: u64 = 1 << 2;
-        let key = Key::new(0, QGROUP_STATUS_KEY, 0);
-        let ptr = self.root_ptr(QUOTA_TREE_OBJECTID)?;
-        let Some(item) = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)? else {
-            return Ok(());
-        };
-        let flags = ubtrfs_format::bytes::le64(item.data(), 16, "qgroup status")
-            .map_err(|e| Error::corrupt(format!("qgroup status item: {e}")))?;
-        drop(item);
-        if flags & STATUS_FLAG_INCONSISTENT != 0 {
-            return Ok(());
-        }
-        self.update_item(QUOTA_TREE_OBJECTID, &key, |d| {
-            d[16..24].copy_from_slice(&(flags | STATUS_FLAG_INCONSISTENT).to_le_bytes())
-        })
-    }
-
     /// Creates an empty tree `id` and its ROOT_ITEM (the kernel's btrfs_create_tree):
     /// an empty leaf owned by `id`, written at commit. The caller picks an id that is
     /// free; items are then added with [`Trans::insert_item`].
@@ -457,7 +482,6 @@ impl Trans {
             // Nothing changed: like the kernel, an empty transaction writes nothing.
             return Ok(());
         }
-        self.mark_qgroups_inconsistent()?;
         // The superblock's generation must be the root tree root's: make sure the
         // root tree is part of every commit.
         let root_key = Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0);
@@ -470,6 +494,11 @@ impl Trans {
             }
             self.create_pending_chunks()?;
             self.run_delayed_refs()?;
+            if rounds == 1 {
+                // The subvolume trees' references are all in the extent tree now;
+                // nothing later in the commit changes a subvolume tree.
+                self.qgroup_commit()?;
+            }
             self.update_root_items()?;
             self.run_delayed_refs()?;
             self.write_dirty_block_groups()?;
@@ -485,6 +514,8 @@ impl Trans {
         // Durable: the pinned space is no longer referenced by any committed tree.
         self.alloc.unpin_all(self.fs.info.nodesize as u64)?;
         self.fs.info.sb.generation = self.transid;
+        self.commit_view = Self::view_of(&self.fs.info);
+        self.quota_reserved.clear();
         self.fs.clear_data_caches();
         if let Some(c) = self.file_extent_changes.as_mut() {
             c.clear();

@@ -1,0 +1,271 @@
+//! Quotas kept at every commit (issue 14), against the kernel:
+//! - after every ubtrfs operation with quotas on (put, rm, truncate, snapshot of a
+//!   subvolume and into itself, reflink copy across subvolumes, dedupe, subvolume
+//!   create and delete with its drop, qgroup create/assign/remove/limit, quota
+//!   enable after disable), every qgroup's referenced and exclusive bytes equal what
+//!   the kernel's `btrfs quota rescan -w` computes on a copy of the image, and
+//!   `btrfs check --readonly --qgroup-report` is clean with no INCONSISTENT flag;
+//! - `ubtrfs qgroup show` prints what `btrfs qgroup show` prints on the kernel's mount
+//!   of the same image (text with -pcre --raw and human sizes, and JSON);
+//! - the kernel then writes to the image (its own accounting going on from ours) and
+//!   the numbers stay equal to a rescan; a read-write ubtrfs mount keeps them too;
+//! - a limit gives EDQUOT (Disk quota exceeded) to `ubtrfs put` and on the mount.
+//!
+//! Needs root (loop devices, /dev/fuse); skipped with a line outside CI.
+
+use std::path::Path;
+use ubtrfs_sim::host::{btrfs_check, require_fuse, require_root, serial, sh, Ubtrfs};
+use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
+
+fn bin() -> Ubtrfs {
+    Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs")).with_limit(120)
+}
+
+fn ubtrfs(args: &[&str]) -> String {
+    bin().stdout(args)
+}
+
+/// `btrfs qgroup show --raw -pc` after the kernel's own rescan of a copy of `img`.
+fn kernel_rescan(img: &Path) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = dir.path().join("copy.img");
+    std::fs::copy(img, &copy).expect("copy image");
+    let k = KernelMount::new(&copy, "rw");
+    sh(&format!("btrfs quota rescan -w {} >/dev/null", k.q()));
+    let out = sh(&format!("btrfs qgroup show --raw -pc {}", k.q()));
+    k.umount();
+    out
+}
+
+/// The numbers ubtrfs keeps equal a kernel rescan, and btrfs check agrees.
+fn assert_exact(img: &Path, after: &str) {
+    let p = img.display().to_string();
+    let ours = ubtrfs(&["qgroup", "show", &p, "--raw", "-p", "-c"]);
+    let theirs = kernel_rescan(img);
+    assert_eq!(
+        ours, theirs,
+        "after {after}: ubtrfs's qgroup numbers (left) differ from a kernel rescan (right)"
+    );
+    let out = std::process::Command::new("btrfs")
+        .args(["check", "--readonly", "--qgroup-report", &p])
+        .output()
+        .expect("btrfs check");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success()
+            && !text.contains("are different")
+            && !text.to_lowercase().contains("inconsistent"),
+        "after {after}: btrfs check --qgroup-report:\n{text}"
+    );
+    btrfs_check(img, None).unwrap_or_else(|e| panic!("after {after}: {e}"));
+    let status = ubtrfs(&["quota", "status", &p]);
+    assert!(
+        status.contains("Inconsistent:            no"),
+        "after {after}: {status}"
+    );
+}
+
+#[test]
+fn qgroups_kept_exact_at_every_commit() {
+    if !require_root("qgroups_kept_exact_at_every_commit") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("q.img");
+    let p = img.display().to_string();
+    let file = dir.path().join("file");
+    std::fs::write(
+        &file,
+        (0..3_000_000u32)
+            .map(|i| (i * 7 + i / 4093) as u8)
+            .collect::<Vec<u8>>(),
+    )
+    .expect("write file");
+    let f = file.display().to_string();
+    mkfs_btrfs(&img, 512 << 20, &[]);
+    {
+        let k = KernelMount::new(&img, "rw");
+        sh(&format!(
+            "set -e; cd {m}
+            head -c 2000000 /dev/urandom > top
+            btrfs -q subvolume create sv
+            mkdir -p sv/d; for i in $(seq 1 300); do echo $i > sv/d/f$i; done
+            head -c 4000000 /dev/urandom > sv/big
+            cp --reflink=always sv/big sv/big2
+            btrfs -q subvolume snapshot sv snap
+            echo changed >> snap/big2
+            sync",
+            m = k.q()
+        ));
+        k.umount();
+    }
+    // Quotas enabled by ubtrfs on a kernel-made image.
+    ubtrfs(&["quota", "enable", &p]);
+    assert_exact(&img, "quota enable");
+    let steps: Vec<(&str, Vec<&str>)> = vec![
+        ("put", vec!["put", &p, &f, "/sv/new"]),
+        (
+            "rm of a file shared with a snapshot",
+            vec!["rm", &p, "/sv/big"],
+        ),
+        (
+            "truncate",
+            vec!["truncate", &p, "/snap/big2", "-s", "100000"],
+        ),
+        (
+            "snapshot",
+            vec!["subvolume", "snapshot", &p, "/sv", "/snap2"],
+        ),
+        (
+            "snapshot into itself",
+            vec!["subvolume", "snapshot", &p, "/snap2", "/snap2/inner"],
+        ),
+        (
+            "reflink across subvolumes",
+            vec!["cp", &p, "/sv/new", "/snap2/new-copy", "--reflink=always"],
+        ),
+        ("rm in a snapshot", vec!["rm", &p, "/snap2/d/f7"]),
+        ("dedupe", vec!["dedupe", &p, "-q"]),
+        ("qgroup create", vec!["qgroup", "create", &p, "1/100"]),
+        (
+            "qgroup assign",
+            vec!["qgroup", "assign", &p, "0/256", "1/100"],
+        ),
+        (
+            "qgroup assign 2",
+            vec!["qgroup", "assign", &p, "0/257", "1/100"],
+        ),
+        ("put under a level-1 qgroup", vec!["put", &p, &f, "/snap/x"]),
+        (
+            "snapshot of a subvolume in a level-1 qgroup",
+            vec!["subvolume", "snapshot", &p, "/snap", "/snap3"],
+        ),
+        (
+            "qgroup remove",
+            vec!["qgroup", "remove", &p, "0/257", "1/100"],
+        ),
+        (
+            "subvolume delete (dropped to the end)",
+            vec!["subvolume", "delete", &p, "/snap2/inner", "/snap2"],
+        ),
+        (
+            "subvolume create",
+            vec!["subvolume", "create", &p, "/fresh"],
+        ),
+        ("put into it", vec!["put", &p, &f, "/fresh/f"]),
+        ("quota rescan", vec!["quota", "rescan", &p]),
+    ];
+    for (what, args) in &steps {
+        ubtrfs(args);
+        assert_exact(&img, what);
+    }
+    ubtrfs(&["quota", "disable", &p]);
+    assert!(ubtrfs(&["quota", "status", &p]).contains("Enabled:                 no"));
+    ubtrfs(&["quota", "enable", &p]);
+    assert_exact(&img, "quota enable after disable");
+
+    // The table and JSON as btrfs-progs prints them on the kernel's mount.
+    ubtrfs(&["qgroup", "create", &p, "2/7"]);
+    ubtrfs(&["qgroup", "assign", &p, "0/256", "2/7"]);
+    ubtrfs(&["qgroup", "limit", &p, "10M", "0/257"]);
+    ubtrfs(&["qgroup", "limit", &p, "-e", "5G", "2/7"]);
+    let k = KernelMount::new(&img, "ro");
+    for args in [
+        vec!["-pcre", "--raw"],
+        vec!["-pcre"],
+        vec![],
+        vec!["-p"],
+        vec!["--sort=-rfer", "--raw"],
+    ] {
+        let want = sh(&format!("btrfs qgroup show {} {}", args.join(" "), k.q()));
+        let mut ua = vec!["qgroup", "show", &p];
+        ua.extend(args.iter().copied());
+        assert_eq!(ubtrfs(&ua), want, "qgroup show {args:?}");
+    }
+    let want = sh(&format!("btrfs --format json qgroup show -pcre {}", k.q()));
+    let got = ubtrfs(&["qgroup", "show", &p, "--format", "json"]);
+    let w: serde_json::Value = serde_json::from_str(&want).expect("progs json");
+    let g: serde_json::Value = serde_json::from_str(&got).expect("our json");
+    assert_eq!(g, w, "qgroup show --format json");
+    k.umount();
+
+    // The kernel goes on from our numbers, then ubtrfs from the kernel's.
+    {
+        let k = KernelMount::new(&img, "rw");
+        sh(&format!(
+            "set -e; cd {m}; rm -f sv/new; head -c 1000000 /dev/urandom > snap/k; btrfs -q subvolume snapshot snap ksnap; sync",
+            m = k.q()
+        ));
+        k.umount();
+    }
+    assert_exact(&img, "the kernel's writes after ubtrfs's");
+    ubtrfs(&["put", &p, &f, "/sv/after-kernel"]);
+    assert_exact(&img, "ubtrfs after the kernel");
+    // The kernel's snapshot inherited its source's limit (10M), as ubtrfs's do.
+    let o = bin().output(&["put", &p, &f, "/ksnap/after-kernel"]);
+    assert!(
+        !o.status.success(),
+        "a put past an inherited limit succeeded"
+    );
+    ubtrfs(&["subvolume", "snapshot", &p, "/snap", "/usnap"]);
+    let o = bin().output(&["put", &p, &f, "/usnap/after-kernel"]);
+    assert!(
+        !o.status.success(),
+        "a put past a limit inherited from ubtrfs's snapshot succeeded"
+    );
+    assert_exact(&img, "ubtrfs's snapshot of a subvolume with a limit");
+
+    // Limits: EDQUOT.
+    ubtrfs(&["qgroup", "limit", &p, "1M", "0/256"]);
+    let o = bin().output(&["put", &p, &f, "/sv/too-big"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        !o.status.success() && err.contains("Disk quota exceeded"),
+        "put past a limit: {} {err}",
+        o.status
+    );
+    ubtrfs(&["qgroup", "limit", &p, "none", "0/256"]);
+    assert_exact(&img, "a refused put");
+}
+
+#[test]
+fn qgroups_kept_on_the_mount() {
+    if !require_fuse("qgroups_kept_on_the_mount") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("m.img");
+    mkfs_btrfs(&img, 512 << 20, &[]);
+    {
+        let k = KernelMount::new(&img, "rw");
+        sh(&format!(
+            "set -e; cd {m}; btrfs quota enable .; btrfs -q subvolume create sv
+            head -c 3000000 /dev/urandom > sv/a; btrfs -q subvolume snapshot sv snap
+            btrfs quota rescan -w . >/dev/null; btrfs qgroup limit 2M 0/257 .; sync",
+            m = k.q()
+        ));
+        k.umount();
+    }
+    let fm = FuseMount::start(&bin(), &[&img], &["rw"]);
+    fm.run(
+        "set -e
+        head -c 1500000 /dev/urandom > sv/b
+        cp --reflink=auto sv/b snap/b-copy
+        rm sv/a
+        mkdir sv/d; for i in $(seq 1 200); do echo $i > sv/d/f$i; done
+        btrfs filesystem sync .
+        ! head -c 3000000 /dev/urandom > snap/too-big 2>err
+        grep -q 'Disk quota exceeded' err
+        rm -f snap/too-big err",
+        "a workload with quotas on the mount",
+    );
+    let mut fm = fm;
+    fm.unmount();
+    assert_exact(&img, "a ubtrfs mount's writes");
+}

@@ -1,0 +1,582 @@
+//! The quota tree written by a transaction: accounting at commit (the kernel's
+//! btrfs_qgroup_account_extents and btrfs_run_qgroups) and the quota commands
+//! (enable, disable, rescan, qgroup create/destroy/assign/remove/limit). The numbers
+//! and the rule come from qgroup/; this file reads the two states and writes items.
+//!
+//! At every commit with quotas on, each extent whose references changed in the
+//! transaction (recorded in `DelayedRefs::touched`) is looked up twice: the
+//! subvolumes reaching it in the last commit (its blocks are intact until this commit
+//! ends) and now, after the delayed refs ran; the difference updates every affected
+//! qgroup. Two changes move an extent's subvolumes without changing its references,
+//! and are handled as the kernel handles them:
+//! - a snapshot (always the first thing in its transaction: `create_snapshot`
+//!   commits first): the old state is taken as if the snapshot had existed in it,
+//!   sharing everything with its source, whose numbers it starts from (the kernel's
+//!   quick inherit); when the source is in a higher qgroup the commit recounts;
+//! - the cleaner dropping a deleted subvolume's reference to a shared block: every
+//!   extent below it is traced (`Trans::qgroup_trace_subtree`), as the kernel's
+//!   btrfs_qgroup_trace_subtree.
+//!
+//! Where the incremental rule cannot be exact (quotas just enabled, a relation added
+//! or removed, a rescan asked for), the commit recounts everything instead (the
+//! kernel would mark the numbers inconsistent and need a rescan). Either way the
+//! status item's generation follows every commit, so the kernel trusts the numbers.
+
+use super::Trans;
+use crate::backref::FsRefGraph;
+use crate::error::{Error, Result};
+use crate::qgroup::roots::RootFinder;
+use crate::qgroup::{
+    is_fs_tree, level_of, rescan, QgroupTable, LIMIT_MAX_EXCL, LIMIT_MAX_RFER,
+    STATUS_FLAG_INCONSISTENT, STATUS_FLAG_ON, STATUS_FLAG_RESCAN, STATUS_VERSION,
+};
+use crate::tree::ctree::{read_root, TreeIter};
+use crate::tree::tree_checker::Expect;
+use std::collections::BTreeMap;
+use ubtrfs_format::consts::*;
+use ubtrfs_format::items::{FileExtentBody, FileExtentItem, QgroupInfo, QgroupStatus};
+use ubtrfs_format::key::{fmt_qgroupid, Key};
+
+/// What the commit must do for quotas beyond the recorded extents.
+#[derive(Debug, Default)]
+pub(crate) struct QuotaPending {
+    /// Recount everything at commit.
+    pub rescan: bool,
+    /// A snapshot made in this transaction: (source, snapshot).
+    pub snapshot: Option<(u64, u64)>,
+}
+
+/// Counters of the last commit's accounting (for tests and the benchmark).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QgroupStats {
+    /// Extents accounted incrementally.
+    pub extents: u64,
+    /// Extent items looked up to find their subvolumes, both states.
+    pub lookups: u64,
+    /// The commit recounted everything instead.
+    pub rescanned: bool,
+}
+
+/// A limit of a qgroup, as `btrfs qgroup limit` sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QgroupLimitKind {
+    /// Referenced bytes.
+    Referenced,
+    /// Exclusive bytes.
+    Exclusive,
+}
+
+impl Trans {
+    /// Are quotas on (a quota tree exists)?
+    pub fn quotas_enabled(&self) -> bool {
+        self.fs.info.tree_ptr(QUOTA_TREE_OBJECTID).is_some()
+    }
+
+    /// Starts recording extents for the commit's accounting when quotas are on.
+    pub(crate) fn start_quota_records(&mut self) {
+        if self.quotas_enabled() && self.delayed.touched.is_none() {
+            self.delayed.touched = Some(BTreeMap::new());
+        }
+    }
+
+    fn quota_table(&self) -> Result<QgroupTable> {
+        let root = self.root_ptr(QUOTA_TREE_OBJECTID)?;
+        QgroupTable::load(&self.fs.info, &root)
+    }
+
+    /// The commit's quota work: account the recorded extents (or recount), write
+    /// changed QGROUP_INFO items and the status item. Runs after the subvolume trees'
+    /// delayed refs are in the extent tree and before the trees are written.
+    pub(crate) fn qgroup_commit(&mut self) -> Result<()> {
+        let records = self.delayed.touched.take().unwrap_or_default();
+        let pending = std::mem::take(&mut self.quota_pending);
+        if !self.quotas_enabled() {
+            self.delayed.touched = None;
+            return Ok(());
+        }
+        self.delayed.touched = Some(BTreeMap::new());
+        let mut table = self.quota_table()?;
+        let mut stats = QgroupStats::default();
+        let mut rescan = pending.rescan;
+        if let Some((src, _)) = pending.snapshot {
+            // The quick inherit is exact only for level 0.
+            if table.ancestors(src).len() > 1 {
+                rescan = true;
+            }
+        }
+        if rescan {
+            let sharing = rescan::compute_sharing(&self.fs.info)?;
+            table.set_from(&sharing);
+            table.status.flags &= !(STATUS_FLAG_INCONSISTENT | STATUS_FLAG_RESCAN);
+            table.status.rescan = u64::MAX;
+            stats.rescanned = true;
+        } else if table.status.flags & STATUS_FLAG_INCONSISTENT == 0 {
+            if let Some((src, dst)) = pending.snapshot {
+                // The old state as if the snapshot had been there, sharing all.
+                if let Some(s) = table.groups.get(&src).map(|g| g.info.clone()) {
+                    if let Some(d) = table.groups.get_mut(&dst) {
+                        d.info.rfer = s.rfer;
+                        d.info.rfer_cmpr = s.rfer_cmpr;
+                        d.info.excl = 0;
+                        d.info.excl_cmpr = 0;
+                        table.dirty.insert(dst);
+                    }
+                    if let Some(g) = table.groups.get_mut(&src) {
+                        g.info.excl = 0;
+                        g.info.excl_cmpr = 0;
+                        table.dirty.insert(src);
+                    }
+                }
+            }
+            let (old_rt, old_et) = self.commit_view;
+            let mut old = RootFinder::new(FsRefGraph::at(&self.fs.info, old_et, old_rt));
+            let mut new = RootFinder::new(FsRefGraph::current(&self.fs.info)?);
+            for (&bytenr, &(num_bytes, is_data)) in &records {
+                let mut o = old.roots(bytenr, is_data)?;
+                let n = new.roots(bytenr, is_data)?;
+                if let Some((src, dst)) = pending.snapshot {
+                    if o.contains(&src) && !o.contains(&dst) {
+                        o.push(dst);
+                        o.sort_unstable();
+                    }
+                }
+                if o != n {
+                    table.account(&o, &n, num_bytes);
+                }
+                stats.extents += 1;
+            }
+            stats.lookups = old.lookups + new.lookups;
+        }
+        self.qgroup_stats = stats;
+        self.write_qgroup_table(&table)
+    }
+
+    fn write_qgroup_table(&mut self, table: &QgroupTable) -> Result<()> {
+        let transid = self.transid;
+        for &q in &table.dirty {
+            let Some(g) = table.groups.get(&q) else {
+                continue;
+            };
+            let info = QgroupInfo {
+                generation: transid,
+                ..g.info.clone()
+            };
+            self.replace_item(
+                QUOTA_TREE_OBJECTID,
+                &Key::new(0, QGROUP_INFO_KEY, q),
+                &info.to_bytes(),
+            )?;
+        }
+        let status = QgroupStatus {
+            generation: transid,
+            ..table.status.clone()
+        };
+        self.replace_item(
+            QUOTA_TREE_OBJECTID,
+            &Key::new(0, QGROUP_STATUS_KEY, 0),
+            &status.to_bytes(),
+        )
+    }
+
+    /// Records every extent below tree block `bytenr` (itself included) for the
+    /// commit's accounting: their subvolumes change without their references (a
+    /// deleted subvolume's reference to a shared block is dropped above them).
+    pub(crate) fn qgroup_trace_subtree(&mut self, bytenr: u64, level: u8) -> Result<()> {
+        if self.delayed.touched.is_none() {
+            return Ok(());
+        }
+        let ns = self.fs.info.nodesize as u64;
+        let mut todo = vec![(bytenr, level)];
+        let mut seen = 0u64;
+        while let Some((b, l)) = todo.pop() {
+            seen += 1;
+            if seen > 1 << 32 {
+                return Err(Error::corrupt(format!(
+                    "tree block {bytenr}: subtree loops"
+                )));
+            }
+            self.delayed.trace(b, ns, false);
+            let blk = self.fs.info.read_tree_block(
+                b,
+                &Expect {
+                    level: Some(l),
+                    ..Default::default()
+                },
+            )?;
+            let v = blk.view();
+            for i in 0..blk.nritems() {
+                if l > 0 {
+                    let p = v
+                        .key_ptr(i)
+                        .map_err(|e| Error::corrupt(format!("tree block {b}: {e}")))?;
+                    todo.push((p.blockptr, l - 1));
+                    continue;
+                }
+                let k = v
+                    .item_key(i)
+                    .map_err(|e| Error::corrupt(format!("tree block {b}: {e}")))?;
+                if k.ty != EXTENT_DATA_KEY {
+                    continue;
+                }
+                let d = v
+                    .item_data(i)
+                    .map_err(|e| Error::corrupt(format!("tree block {b}: {e}")))?;
+                let fe = FileExtentItem::parse(d)
+                    .map_err(|e| Error::corrupt(format!("tree block {b} {k}: {e}")))?;
+                if let FileExtentBody::Regular {
+                    disk_bytenr,
+                    disk_num_bytes,
+                    ..
+                } = fe.body
+                {
+                    if disk_bytenr != 0 {
+                        self.delayed.trace(disk_bytenr, disk_num_bytes, true);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns quotas on (`btrfs quota enable`): the quota tree with a qgroup per
+    /// subvolume, counted at commit. Nothing happens when they are on already.
+    pub fn quota_enable(&mut self) -> Result<()> {
+        if self.quotas_enabled() {
+            return Ok(());
+        }
+        self.create_tree(QUOTA_TREE_OBJECTID)?;
+        let status = QgroupStatus {
+            version: STATUS_VERSION,
+            generation: self.transid,
+            flags: STATUS_FLAG_ON,
+            rescan: u64::MAX,
+            enable_gen: Some(0),
+        };
+        let mut items = vec![(Key::new(0, QGROUP_STATUS_KEY, 0), status.to_bytes())];
+        // The top level and every subvolume that has a name (a ROOT_REF), as the
+        // kernel's enable does.
+        let mut ids = vec![FS_TREE_OBJECTID];
+        let rt = self.fs.info.root_tree_ptr();
+        for item in TreeIter::new(
+            &self.fs.info,
+            &rt,
+            Key::new(FS_TREE_OBJECTID, ROOT_REF_KEY, 0),
+            Key::new(LAST_FREE_OBJECTID, ROOT_REF_KEY, u64::MAX),
+        )? {
+            let item = item?;
+            let k = item.key();
+            if k.ty == ROOT_REF_KEY && is_fs_tree(k.offset) {
+                ids.push(k.offset);
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        items.extend(self.qgroup_items(&ids));
+        items.sort_by_key(|a| a.0);
+        self.insert_items(QUOTA_TREE_OBJECTID, &items)?;
+        self.start_quota_records();
+        self.quota_pending.rescan = true;
+        Ok(())
+    }
+
+    fn qgroup_items(&self, ids: &[u64]) -> Vec<(Key, Vec<u8>)> {
+        let mut out = Vec::new();
+        let g = crate::qgroup::Qgroup::new();
+        for &id in ids {
+            let info = QgroupInfo {
+                generation: self.transid,
+                ..g.info.clone()
+            };
+            out.push((Key::new(0, QGROUP_INFO_KEY, id), info.to_bytes()));
+            out.push((Key::new(0, QGROUP_LIMIT_KEY, id), g.limit.to_bytes()));
+        }
+        out
+    }
+
+    /// Turns quotas off (`btrfs quota disable`): the quota tree goes.
+    pub fn quota_disable(&mut self) -> Result<()> {
+        if !self.quotas_enabled() {
+            return Ok(());
+        }
+        self.delete_tree(QUOTA_TREE_OBJECTID)?;
+        self.delayed.touched = None;
+        self.quota_pending = QuotaPending::default();
+        Ok(())
+    }
+
+    /// Recounts every qgroup at the next commit (`btrfs quota rescan`).
+    pub fn quota_rescan(&mut self) -> Result<()> {
+        self.require_quotas()?;
+        self.quota_pending.rescan = true;
+        // Something must be committed for the recount to run.
+        self.touch_quota_status()
+    }
+
+    fn touch_quota_status(&mut self) -> Result<()> {
+        self.update_item(
+            QUOTA_TREE_OBJECTID,
+            &Key::new(0, QGROUP_STATUS_KEY, 0),
+            |_| {},
+        )
+    }
+
+    fn require_quotas(&self) -> Result<()> {
+        if self.quotas_enabled() {
+            Ok(())
+        } else {
+            Err(Error::NotFound("quotas are not enabled".into()))
+        }
+    }
+
+    /// Adds the qgroup of a subvolume made in this transaction (the kernel's
+    /// btrfs_qgroup_inherit without an inherit list); `snapshot_of` names the source
+    /// of a snapshot, whose numbers it starts from at commit.
+    pub(crate) fn qgroup_new_subvolume(&mut self, id: u64, snapshot_of: Option<u64>) -> Result<()> {
+        if !self.quotas_enabled() {
+            return Ok(());
+        }
+        let mut items = self.qgroup_items(&[id]);
+        if let Some(src) = snapshot_of {
+            // A snapshot starts with its source's limits, as the kernel's inherit.
+            let key = Key::new(0, QGROUP_LIMIT_KEY, src);
+            let ptr = self.root_ptr(QUOTA_TREE_OBJECTID)?;
+            if let Some(item) = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)? {
+                let lim = item.data().to_vec();
+                for (k, d) in items.iter_mut() {
+                    if k.ty == QGROUP_LIMIT_KEY {
+                        *d = lim.clone();
+                    }
+                }
+            }
+        }
+        for (k, d) in items {
+            // A qgroup left by a deleted subvolume of the same id is reused.
+            self.delete_item(QUOTA_TREE_OBJECTID, &k)
+                .or_else(|e| match e {
+                    Error::NotFound(_) => Ok(()),
+                    e => Err(e),
+                })?;
+            self.insert_item(QUOTA_TREE_OBJECTID, &k, &d)?;
+        }
+        if let Some(src) = snapshot_of {
+            if self.quota_pending.snapshot.is_some() {
+                self.quota_pending.rescan = true;
+            }
+            self.quota_pending.snapshot = Some((src, id));
+        }
+        Ok(())
+    }
+
+    /// `btrfs qgroup create`: a new, empty qgroup (usually level > 0).
+    pub fn qgroup_create(&mut self, qgroupid: u64) -> Result<()> {
+        self.require_quotas()?;
+        if self.quota_table()?.groups.contains_key(&qgroupid) {
+            return Err(Error::Exists(fmt_qgroupid(qgroupid)));
+        }
+        let mut items = self.qgroup_items(&[qgroupid]);
+        items.sort_by_key(|a| a.0);
+        self.insert_items(QUOTA_TREE_OBJECTID, &items)
+    }
+
+    /// `btrfs qgroup destroy`: refused while it has members, and for the qgroup of
+    /// an existing subvolume (as the kernel refuses, EBUSY).
+    pub fn qgroup_destroy(&mut self, qgroupid: u64) -> Result<()> {
+        self.require_quotas()?;
+        let table = self.quota_table()?;
+        let Some(g) = table.groups.get(&qgroupid) else {
+            return Err(Error::NotFound(fmt_qgroupid(qgroupid)));
+        };
+        if !g.children.is_empty() {
+            return Err(Error::Busy(format!(
+                "qgroup {} has members",
+                fmt_qgroupid(qgroupid)
+            )));
+        }
+        if level_of(qgroupid) == 0 && self.fs.info.read_root_item(qgroupid)?.is_some() {
+            return Err(Error::Busy(format!(
+                "qgroup {} belongs to an existing subvolume",
+                fmt_qgroupid(qgroupid)
+            )));
+        }
+        for p in g.parents.clone() {
+            self.qgroup_relation(qgroupid, p, false)?;
+        }
+        for ty in [QGROUP_INFO_KEY, QGROUP_LIMIT_KEY] {
+            self.delete_item(QUOTA_TREE_OBJECTID, &Key::new(0, ty, qgroupid))
+                .or_else(|e| match e {
+                    Error::NotFound(_) => Ok(()),
+                    e => Err(e),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// `btrfs qgroup assign|remove SRC DST`: makes `child` a member of `parent` (or
+    /// no longer); the numbers of the parents are recounted at commit.
+    pub fn qgroup_relation(&mut self, child: u64, parent: u64, add: bool) -> Result<()> {
+        self.require_quotas()?;
+        if level_of(child) >= level_of(parent) {
+            return Err(Error::Invalid(format!(
+                "qgroup {} must be of a lower level than {}",
+                fmt_qgroupid(child),
+                fmt_qgroupid(parent)
+            )));
+        }
+        let table = self.quota_table()?;
+        for q in [child, parent] {
+            if !table.groups.contains_key(&q) {
+                return Err(Error::NotFound(format!("qgroup {}", fmt_qgroupid(q))));
+            }
+        }
+        let member = table.groups[&child].parents.contains(&parent);
+        if add {
+            if member {
+                return Err(Error::Exists(format!(
+                    "relation {} -> {}",
+                    fmt_qgroupid(child),
+                    fmt_qgroupid(parent)
+                )));
+            }
+            if table.ancestors(parent).contains(&child) {
+                return Err(Error::Invalid("a qgroup cannot contain itself".into()));
+            }
+            let mut items = vec![
+                (Key::new(child, QGROUP_RELATION_KEY, parent), Vec::new()),
+                (Key::new(parent, QGROUP_RELATION_KEY, child), Vec::new()),
+            ];
+            items.sort_by_key(|a| a.0);
+            self.insert_items(QUOTA_TREE_OBJECTID, &items)?;
+        } else {
+            if !member {
+                return Err(Error::NotFound(format!(
+                    "relation {} -> {}",
+                    fmt_qgroupid(child),
+                    fmt_qgroupid(parent)
+                )));
+            }
+            self.delete_item(
+                QUOTA_TREE_OBJECTID,
+                &Key::new(child, QGROUP_RELATION_KEY, parent),
+            )?;
+            self.delete_item(
+                QUOTA_TREE_OBJECTID,
+                &Key::new(parent, QGROUP_RELATION_KEY, child),
+            )?;
+        }
+        self.quota_pending.rescan = true;
+        Ok(())
+    }
+
+    /// `btrfs qgroup limit`: sets (Some) or clears (None) a limit of a qgroup.
+    pub fn qgroup_limit(
+        &mut self,
+        qgroupid: u64,
+        kind: QgroupLimitKind,
+        bytes: Option<u64>,
+    ) -> Result<()> {
+        self.require_quotas()?;
+        if !self.quota_table()?.groups.contains_key(&qgroupid) {
+            return Err(Error::NotFound(format!(
+                "qgroup {}",
+                fmt_qgroupid(qgroupid)
+            )));
+        }
+        let key = Key::new(0, QGROUP_LIMIT_KEY, qgroupid);
+        let ptr = self.root_ptr(QUOTA_TREE_OBJECTID)?;
+        let mut l = match crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)? {
+            Some(item) => match ubtrfs_format::items::parse_item(&key, item.data()) {
+                Ok(ubtrfs_format::items::Item::QgroupLimit(l)) => l,
+                _ => return Err(Error::corrupt(format!("quota tree item {key}: bad limit"))),
+            },
+            None => crate::qgroup::Qgroup::new().limit,
+        };
+        let (flag, field) = match kind {
+            QgroupLimitKind::Referenced => (LIMIT_MAX_RFER, &mut l.max_rfer),
+            QgroupLimitKind::Exclusive => (LIMIT_MAX_EXCL, &mut l.max_excl),
+        };
+        match bytes {
+            Some(b) => {
+                *field = b;
+                l.flags |= flag;
+            }
+            None => {
+                *field = 0;
+                l.flags &= !flag;
+            }
+        }
+        match self.delete_item(QUOTA_TREE_OBJECTID, &key) {
+            Ok(()) | Err(Error::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        self.insert_item(QUOTA_TREE_OBJECTID, &key, &l.to_bytes())
+    }
+
+    /// EDQUOT when adding `bytes` to subvolume `subvol` (referenced and exclusive
+    /// alike: new data is exclusive) would pass a limit of its qgroups, counting what
+    /// this transaction already added (the kernel's qgroup reservation).
+    pub fn qgroup_reserve(&mut self, subvol: u64, bytes: u64) -> Result<()> {
+        if !self.quotas_enabled() {
+            return Ok(());
+        }
+        let table = self.quota_table()?;
+        if !table.groups.values().any(|g| g.limit.flags != 0) {
+            return Ok(());
+        }
+        let pending = self.quota_reserved.get(&subvol).copied().unwrap_or(0);
+        let want = pending.saturating_add(bytes);
+        if let Some(q) = table.over_limit(subvol, want, want) {
+            return Err(Error::QuotaExceeded(fmt_qgroupid(q)));
+        }
+        self.quota_reserved.insert(subvol, want);
+        Ok(())
+    }
+
+    /// Deletes a tree that is not a subvolume (every block, then its ROOT_ITEM), as
+    /// the kernel's btrfs_del_root after emptying it.
+    pub(crate) fn delete_tree(&mut self, id: u64) -> Result<()> {
+        let ptr = self.root_ptr(id)?;
+        let top = read_root(&self.fs.info, &ptr)?;
+        let mut todo = vec![top];
+        let mut blocks = Vec::new();
+        while let Some(b) = todo.pop() {
+            blocks.push(b.bytenr);
+            if b.level() == 0 {
+                continue;
+            }
+            let v = b.view();
+            for i in 0..b.nritems() {
+                let p = v
+                    .key_ptr(i)
+                    .map_err(|e| Error::corrupt(format!("tree block {}: {e}", b.bytenr)))?;
+                todo.push(self.fs.info.read_tree_block(
+                    p.blockptr,
+                    &Expect {
+                        level: Some(b.level() - 1),
+                        generation: Some(p.generation),
+                        first_key: Some(p.key),
+                    },
+                )?);
+            }
+        }
+        for b in blocks {
+            self.free_tree_block(id, b, 0)?;
+        }
+        let key = match self.root_keys.get(&id) {
+            Some(k) => *k,
+            None => {
+                self.root_item(id)?;
+                *self
+                    .root_keys
+                    .get(&id)
+                    .ok_or_else(|| Error::corrupt(format!("root item of tree {id} not found")))?
+            }
+        };
+        self.delete_item(ROOT_TREE_OBJECTID, &key)?;
+        self.root_keys.remove(&id);
+        self.dirty_roots.remove(&id);
+        self.root_bytes_delta.remove(&id);
+        self.fs.forget_root(id);
+        self.fs.info.tree_roots.remove(&id);
+        Ok(())
+    }
+}
