@@ -14,7 +14,7 @@
 //! Needs root (loop devices, /dev/fuse); skipped with a line outside CI.
 
 use std::path::Path;
-use ubtrfs_sim::host::{btrfs_check, require_fuse, require_root, serial, sh, Ubtrfs};
+use ubtrfs_sim::host::{btrfs_check, require_fuse, require_root, serial, sh, ubtrfs_check, Ubtrfs};
 use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
 
 fn bin() -> Ubtrfs {
@@ -62,6 +62,7 @@ fn assert_exact(img: &Path, after: &str) {
         "after {after}: btrfs check --qgroup-report:\n{text}"
     );
     btrfs_check(img, None).unwrap_or_else(|e| panic!("after {after}: {e}"));
+    ubtrfs_check(img).unwrap_or_else(|e| panic!("after {after}: {e}"));
     let status = ubtrfs(&["quota", "status", &p]);
     assert!(
         status.contains("Inconsistent:            no"),
