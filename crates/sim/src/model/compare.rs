@@ -241,3 +241,53 @@ pub fn open_ro(dev: Arc<dyn Device>) -> Result<Filesystem, Error> {
         OpenOptions::default(),
     )?))
 }
+
+/// With quotas on: every qgroup's referenced and exclusive bytes equal a full recount
+/// of the filesystem (`subvolume du`'s, computed independently of the quota tree),
+/// through the relations for higher levels. Only meaningful when no deleted
+/// subvolume is half dropped (a recount leaves dead trees out, accounting keeps them
+/// until their drop ends). Ok when quotas are off.
+pub fn compare_quotas(fs: &Filesystem) -> Result<(), String> {
+    let Some(report) = fs.quotas().map_err(|e| format!("quota tree: {e}"))? else {
+        return Ok(());
+    };
+    if report.inconsistent() {
+        return Err("qgroups are marked inconsistent".into());
+    }
+    let sharing = ubtrfs_core::tools::subvol_du::compute_sharing(&fs.info)
+        .map_err(|e| format!("recount: {e}"))?;
+    let groups: BTreeMap<u64, &ubtrfs_core::QgroupEntry> =
+        report.qgroups.iter().map(|g| (g.qgroupid, g)).collect();
+    for g in &report.qgroups {
+        // The subvolumes under g.
+        let mut members = BTreeSet::new();
+        let mut todo = vec![g.qgroupid];
+        while let Some(q) = todo.pop() {
+            if q >> 48 == 0 {
+                members.insert(q);
+            }
+            if let Some(x) = groups.get(&q) {
+                todo.extend(x.children.iter().copied());
+            }
+        }
+        let (mut rfer, mut excl) = (0u64, 0u64);
+        for (set, bytes) in &sharing.by_set {
+            let inside = set.iter().filter(|r| members.contains(r)).count();
+            if inside > 0 {
+                rfer += bytes;
+                if inside == set.len() {
+                    excl += bytes;
+                }
+            }
+        }
+        if (g.referenced, g.exclusive) != (rfer, excl) {
+            return Err(format!(
+                "qgroup {}: referenced {} exclusive {}, a recount gives {rfer} {excl}",
+                ubtrfs_core::format::key::fmt_qgroupid(g.qgroupid),
+                g.referenced,
+                g.exclusive
+            ));
+        }
+    }
+    Ok(())
+}

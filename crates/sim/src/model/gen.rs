@@ -509,6 +509,8 @@ pub struct FsConfig {
     pub block_group_tree: bool,
     /// Compress file data on write.
     pub compress: Option<Compression>,
+    /// Quotas on from the start (every commit's accounting compared with a recount).
+    pub quotas: bool,
 }
 
 impl Default for FsConfig {
@@ -521,6 +523,7 @@ impl Default for FsConfig {
             csum: CsumType::Crc32c,
             block_group_tree: false,
             compress: None,
+            quotas: false,
         }
     }
 }
@@ -557,6 +560,8 @@ impl FsConfig {
             } else {
                 None
             },
+            // Not drawn from `r`: older seeds keep their configurations.
+            quotas: seed % 3 == 1,
         }
     }
 

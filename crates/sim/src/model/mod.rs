@@ -24,7 +24,9 @@ pub mod gen;
 pub mod op;
 pub mod run;
 
-pub use compare::{compare_node, compare_paths, compare_subtree, compare_tree, open_ro};
+pub use compare::{
+    compare_node, compare_paths, compare_quotas, compare_subtree, compare_tree, open_ro,
+};
 pub use gen::{gen_op, FsConfig};
 pub use op::{bulk_data, bulk_name, bulk_victims, link_name, write_data, Op};
 pub use run::{

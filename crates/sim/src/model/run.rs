@@ -20,8 +20,8 @@ use ubtrfs_core::{Error, FilePos, FsInfo, OpenOptions, Trans};
 
 use super::op::{bulk_data, bulk_name, bulk_victims, link_name};
 use super::{
-    compare_paths, compare_tree, gen_op, join, open_ro, show, write_data, FsConfig, Id, Model, Op,
-    FS_TREE, ROOT, TOP_DIR,
+    compare_paths, compare_quotas, compare_tree, gen_op, join, open_ro, show, write_data, FsConfig,
+    Id, Model, Op, FS_TREE, ROOT, TOP_DIR,
 };
 use crate::host::btrfs_check_image;
 use crate::rng::Rng;
@@ -334,6 +334,11 @@ impl Harness {
     pub fn mkfs(dev: Arc<dyn Device>, cfg: &FsConfig) -> Result<Harness, String> {
         let opts = cfg.mkfs_options();
         let mut t = make_filesystem(dev, &opts).map_err(|e| format!("mkfs: {e}"))?;
+        if cfg.quotas {
+            t.quota_enable()
+                .and_then(|()| t.commit())
+                .map_err(|e| format!("quota enable: {e}"))?;
+        }
         t.compress = cfg.compress.map(|c| (c, None));
         let mut ino_of = HashMap::new();
         ino_of.insert(ROOT, TOP_DIR);
@@ -556,6 +561,7 @@ fn run_seed_inner(
                     .map_err(|e| format!("open a copy after the commit: {e}"))?;
                 compare_tree(&fs, &h.model)
                     .map_err(|e| format!("copy of the device after the commit: {e}"))?;
+                compare_quotas(&fs).map_err(|e| format!("quotas after the commit: {e}"))?;
                 if !last && r.chance(1, 3) {
                     // Continue on a handle opened from disk.
                     h.reopen(dev.clone())?;
@@ -608,7 +614,9 @@ pub fn replay(fsc: &FsConfig, steps: &[Step], btrfs_check: bool) -> Result<(), S
         h.commit()?;
         let fs =
             open_ro(mem.copy("copy")).map_err(|e| format!("open a copy after the commit: {e}"))?;
-        compare_tree(&fs, &h.model).map_err(|e| format!("copy of the device after the commit: {e}"))
+        compare_tree(&fs, &h.model)
+            .map_err(|e| format!("copy of the device after the commit: {e}"))?;
+        compare_quotas(&fs).map_err(|e| format!("quotas after the commit: {e}"))
     };
     for s in steps {
         match s {
