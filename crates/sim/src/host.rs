@@ -358,11 +358,11 @@ pub fn btrfs_check(path: &Path, super_copy: Option<usize>) -> Result<String, Str
     if !out.status.success() || text.lines().any(bad) {
         return Err(format!("btrfs check failed ({}):\n{text}", out.status));
     }
-    // ubtrfs's own check also runs here when UBTRFS_CHECK_EVERY_IMAGE=1: it is
-    // stricter (it reads every copy of every block), and one test image still shows a
-    // second DUP copy that it rejects and btrfs check never reads (README, "How it
-    // is tested", open findings); once that is understood it becomes the default.
-    if super_copy.is_none() && std::env::var_os("UBTRFS_CHECK_EVERY_IMAGE").is_some() {
+    // Whatever btrfs check passes, ubtrfs's own check must pass too (when the
+    // primary superblock is good; `super_copy` cases damaged it on purpose). It reads
+    // every copy of every block, which btrfs check does not: that is how it found
+    // tree blocks allocated over superblock copies (fixed in alloc/block_group.rs).
+    if super_copy.is_none() {
         ubtrfs_check(path)?;
     }
     Ok(text)
