@@ -8,7 +8,9 @@
 //!   and `snap` either absent or complete (every file as at that commit);
 //! - let the cleaner resume on it and finish: the dead tree's ROOT_ITEM and
 //!   ORPHAN_ITEM gone, `sv` intact, and (a sample, with root) `btrfs check` clean,
-//!   which proves every reference the half-done drop left was consistent.
+//!   which proves every reference the half-done drop left was consistent;
+//! - with quotas on from the start: every qgroup equal to a recount once the drop
+//!   finished (the snapshot's accounting and each drop step's, cut anywhere).
 //!
 //! `UBTRFS_CI`/`CI`: the `btrfs check` sample may not be skipped.
 
@@ -20,7 +22,7 @@ use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::{Device, Filesystem, FsInfo, MemDevice, NewInode, OpenOptions, Trans};
 use ubtrfs_sim::fault_dev::{allowed_points, RecordingDevice};
 use ubtrfs_sim::host::{btrfs_check_image, panic_message, require_root, write_sparse};
-use ubtrfs_sim::model::{write_data, FsConfig, Harness};
+use ubtrfs_sim::model::{compare_quotas, write_data, FsConfig, Harness};
 
 /// Files: name -> contents.
 type Files = BTreeMap<String, Vec<u8>>;
@@ -87,6 +89,9 @@ fn run_workload() -> (Arc<RecordingDevice>, Vec<Commit>) {
     let dev: Arc<dyn Device> = rec.clone();
     let mut h = Harness::mkfs(dev, &fsc).unwrap_or_else(|e| panic!("mkfs: {e}"));
     let t = &mut h.t;
+    // Quotas on: every commit accounts the snapshot and the drop's steps.
+    t.quota_enable().expect("quota enable");
+    t.commit().expect("commit");
     let mut commits = Vec::new();
     let mut sv = Files::new();
     let mut snap: Option<Files> = None;
@@ -208,6 +213,8 @@ fn verify(img: Vec<u8>, commits: &[Commit], ok: &[usize]) -> Result<Vec<u8>, Str
             "generation {generation}: sv changed by the cleaner"
         ));
     }
+    // The drop, resumed from wherever the cut left it, ends at exact numbers.
+    compare_quotas(&t.fs).map_err(|e| format!("generation {generation}: after the drop: {e}"))?;
     drop(t);
     let mut out = vec![0u8; dev.size() as usize];
     dev.read_at(0, &mut out).map_err(|e| e.to_string())?;
