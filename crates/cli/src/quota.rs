@@ -19,6 +19,7 @@ pub enum QuotaCmd {
     /// Turn quotas on, like `btrfs quota enable` + `btrfs quota rescan -w`: a qgroup
     /// per subvolume, counted before the command returns.
     Enable {
+        /// Image file, or a directory of a mounted filesystem (ubtrfs or kernel).
         image: PathBuf,
         /// Simple quotas (not supported: refused).
         #[arg(short = 's', long)]
@@ -161,7 +162,87 @@ pub fn pretty_size(bytes: u64) -> String {
     format!("{shown:.2}{}", UNITS[i])
 }
 
+/// A mounted directory given instead of an image: the quota ioctls go to the mount
+/// (a ubtrfs mount, or the kernel's), which makes and commits the change.
+fn mounted(p: &std::path::Path) -> Option<std::fs::File> {
+    if !p.is_dir() {
+        return None;
+    }
+    std::fs::File::open(p).ok()
+}
+
+/// The image behind a mounted directory (the mount's source), read after a commit
+/// of the mount (BTRFS_IOC_SYNC), for the commands that print.
+fn image_of_mount(dir: &std::path::Path) -> Result<PathBuf> {
+    let canon = dir
+        .canonicalize()
+        .with_context(|| dir.display().to_string())?;
+    let (fstype, src) = ubtrfs_fuse::mount_source(&canon)
+        .ok_or_else(|| anyhow::anyhow!("{}: not on a mounted filesystem", dir.display()))?;
+    if !(fstype == "btrfs" || fstype == "fuse.ubtrfs" || fstype == "fuse") {
+        bail!("{}: a {fstype} mount, not btrfs or ubtrfs", dir.display());
+    }
+    let f = std::fs::File::open(dir).with_context(|| dir.display().to_string())?;
+    ubtrfs_fuse::subvol_ops::client::sync(&f)
+        .with_context(|| format!("{}: committing before reading", dir.display()))?;
+    Ok(PathBuf::from(src))
+}
+
+fn on_mount(what: &str, r: std::io::Result<()>) -> Result<()> {
+    r.with_context(|| what.to_string())
+}
+
 pub fn run_quota(cmd: QuotaCmd, out: &mut dyn Write) -> Result<()> {
+    let cmd = match cmd {
+        QuotaCmd::Enable { image, simple } if !simple => {
+            if let Some(f) = mounted(&image) {
+                return on_mount(
+                    "quota enable",
+                    ubtrfs_fuse::quota_ops::client::quota_ctl(&f, true),
+                );
+            }
+            QuotaCmd::Enable { image, simple }
+        }
+        QuotaCmd::Disable { image } => {
+            if let Some(f) = mounted(&image) {
+                return on_mount(
+                    "quota disable",
+                    ubtrfs_fuse::quota_ops::client::quota_ctl(&f, false),
+                );
+            }
+            QuotaCmd::Disable { image }
+        }
+        QuotaCmd::Rescan {
+            image,
+            wait,
+            status,
+        } if !status => {
+            if let Some(f) = mounted(&image) {
+                on_mount("quota rescan", ubtrfs_fuse::quota_ops::client::rescan(&f))?;
+                writeln!(out, "quota rescan started")?;
+                return Ok(());
+            }
+            QuotaCmd::Rescan {
+                image,
+                wait,
+                status,
+            }
+        }
+        QuotaCmd::Rescan {
+            image,
+            wait,
+            status,
+        } if image.is_dir() => QuotaCmd::Rescan {
+            image: image_of_mount(&image)?,
+            wait,
+            status,
+        },
+        QuotaCmd::Status { image, format } if image.is_dir() => QuotaCmd::Status {
+            image: image_of_mount(&image)?,
+            format,
+        },
+        c => c,
+    };
     match cmd {
         QuotaCmd::Enable { image, simple } => {
             if simple {
@@ -246,8 +327,56 @@ fn open_ro(image: &std::path::Path) -> Result<Filesystem> {
 }
 
 pub fn run_qgroup(cmd: QgroupCmd, out: &mut dyn Write) -> Result<()> {
+    use ubtrfs_fuse::quota_ops::client;
+    match &cmd {
+        QgroupCmd::Create { image, qgroupid } | QgroupCmd::Destroy { image, qgroupid } => {
+            if let Some(f) = mounted(image) {
+                let create = matches!(cmd, QgroupCmd::Create { .. });
+                let q = parse_qgroupid(qgroupid)?;
+                return on_mount(
+                    "qgroup create/destroy",
+                    client::qgroup_create(&f, q, create),
+                );
+            }
+        }
+        QgroupCmd::Assign { image, src, dst } | QgroupCmd::Remove { image, src, dst } => {
+            if let Some(f) = mounted(image) {
+                let assign = matches!(cmd, QgroupCmd::Assign { .. });
+                let (s, d) = (parse_qgroupid(src)?, parse_qgroupid(dst)?);
+                return on_mount(
+                    "qgroup assign/remove",
+                    client::qgroup_assign(&f, s, d, assign),
+                );
+            }
+        }
+        QgroupCmd::Limit {
+            image,
+            size,
+            qgroupid,
+            exclusive,
+            ..
+        } => {
+            if let Some(f) = mounted(image) {
+                let q = parse_qgroupid(qgroupid)?;
+                let b = parse_size(size)?;
+                let canon = image.canonicalize().unwrap_or_else(|_| image.clone());
+                let fuse = ubtrfs_fuse::mount_source(&canon)
+                    .is_some_and(|(t, _)| t == "fuse" || t.starts_with("fuse."));
+                return on_mount(
+                    "qgroup limit",
+                    client::qgroup_limit(&f, q, *exclusive, b, fuse),
+                );
+            }
+        }
+        QgroupCmd::Show(_) => {}
+    }
     match cmd {
-        QgroupCmd::Show(a) => return show(a, out),
+        QgroupCmd::Show(mut a) => {
+            if a.image.is_dir() {
+                a.image = image_of_mount(&a.image)?;
+            }
+            return show(a, out);
+        }
         QgroupCmd::Create { image, qgroupid } => {
             let q = parse_qgroupid(&qgroupid)?;
             let mut t = open_rw(&image)?;

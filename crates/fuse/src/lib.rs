@@ -28,6 +28,7 @@ mod channel;
 mod ino;
 mod nodes;
 mod ops;
+pub mod quota_ops;
 mod reply;
 mod session;
 mod statfs;
@@ -171,6 +172,36 @@ pub fn mount_dev(canon: &Path) -> Option<String> {
         (f.len() > 4 && unescape_mountinfo(f[4]) == want)
             .then(|| String::from_utf8_lossy(f[2]).into_owned())
     })
+}
+
+/// The filesystem type and source (the image, for a ubtrfs mount) of the mount
+/// that holds `path` (a canonical path: its nearest mount point at or above it).
+pub fn mount_source(path: &Path) -> Option<(String, String)> {
+    use std::os::unix::ffi::OsStrExt;
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
+    let mut best: Option<(usize, String, String)> = None;
+    for line in info.split(|&b| b == b'\n') {
+        let f: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+        let Some(dash) = f.iter().position(|x| *x == b"-") else {
+            continue;
+        };
+        if f.len() < 5 || f.len() < dash + 3 {
+            continue;
+        }
+        let mp = unescape_mountinfo(f[4]);
+        let mp = Path::new(std::ffi::OsStr::from_bytes(&mp));
+        if !path.starts_with(mp) {
+            continue;
+        }
+        let depth = mp.as_os_str().len();
+        // The deepest mount point wins; for equal ones the last (topmost) mount.
+        if best.as_ref().is_none_or(|b| depth >= b.0) {
+            let fstype = String::from_utf8_lossy(f[dash + 1]).into_owned();
+            let src = String::from_utf8_lossy(&unescape_mountinfo(f[dash + 2])).into_owned();
+            best = Some((depth, fstype, src));
+        }
+    }
+    best.map(|(_, t, s)| (t, s))
 }
 
 /// Undoes mountinfo's octal escapes (`\040` for a space).

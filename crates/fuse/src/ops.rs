@@ -262,7 +262,7 @@ impl Ops {
         }
     }
 
-    fn node(&self, nodeid: u64) -> Result<NodeKey, i32> {
+    pub(crate) fn node(&self, nodeid: u64) -> Result<NodeKey, i32> {
         self.nodes.get(nodeid).ok_or(errno::ESTALE)
     }
 
@@ -848,6 +848,17 @@ impl Ops {
             return reply.ok(&o.buf);
         }
         let input = a.rest().get(..in_size as usize).unwrap_or_default();
+        if crate::quota_ops::is_quota_ioctl(cmd) {
+            return match self.quota_ioctl(h, cmd, input) {
+                Ok(data) => {
+                    let n = data.len().min(out_size as usize);
+                    let mut o = Out::with_capacity(16);
+                    o.i32(0).u32(0).u32(0).u32(0);
+                    reply.ok_parts(&[&o.buf, &data[..n]]);
+                }
+                Err(e) => reply.error(e),
+            };
+        }
         if crate::subvol_ops::is_subvol_ioctl(cmd) {
             let ch = reply.channel();
             match self.subvol_ioctl(h, cmd, input, ch) {

@@ -264,4 +264,10 @@ pub mod client {
         let mut a = vol_args_v2(0, 0, name)?;
         ioctl(dir, super::BTRFS_IOC_SNAP_DESTROY_V2, &mut a)
     }
+
+    /// BTRFS_IOC_SYNC (`btrfs filesystem sync`): the mount commits.
+    pub fn sync(f: &File) -> io::Result<()> {
+        // `_IO(0x94, 8)`: no argument.
+        ioctl(f, 0x9408, &mut [])
+    }
 }
