@@ -9,7 +9,9 @@
 //!   of the same image (text with -pcre --raw and human sizes, and JSON);
 //! - the kernel then writes to the image (its own accounting going on from ours) and
 //!   the numbers stay equal to a rescan; a read-write ubtrfs mount keeps them too;
-//! - a limit gives EDQUOT (Disk quota exceeded) to `ubtrfs put` and on the mount.
+//! - a limit gives EDQUOT (Disk quota exceeded) to `ubtrfs put` and on the mount;
+//! - numbers the kernel left inconsistent (`qgroup assign --no-rescan`) are recounted
+//!   at ubtrfs's first commit.
 //!
 //! Needs root (loop devices, /dev/fuse); skipped with a line outside CI.
 
@@ -248,7 +250,10 @@ fn qgroups_kept_on_the_mount() {
         sh(&format!(
             "set -e; cd {m}; btrfs quota enable .; btrfs -q subvolume create sv
             head -c 3000000 /dev/urandom > sv/a; btrfs -q subvolume snapshot sv snap
-            btrfs quota rescan -w . >/dev/null; btrfs qgroup limit 2M 0/257 .; sync",
+            btrfs quota rescan -w . >/dev/null; btrfs qgroup limit 2M 0/257 .
+            btrfs qgroup create 1/100 .; btrfs qgroup assign --no-rescan 0/256 1/100 .
+            btrfs quota status . 2>/dev/null | grep -q 'Inconsistent: *yes' || btrfs qgroup show . >/dev/null
+            sync",
             m = k.q()
         ));
         k.umount();

@@ -150,6 +150,9 @@ pub fn live_fs_roots(fs: &FsInfo) -> Result<Vec<(u64, RootItem)>> {
         }
         let r = RootItem::parse(it.data())
             .map_err(|e| Error::corrupt(format!("root tree {k}: {e}")))?;
+        // Inside a commit the ROOT_ITEMs are written last: a tree moved in this
+        // transaction has its current root in the cache.
+        let r = fs.tree_roots.get(&k.objectid).cloned().unwrap_or(r);
         // Deleted subvolumes (refs 0, being dropped) no longer count.
         if r.refs == 0 || r.flags & ROOT_SUBVOL_DEAD != 0 {
             continue;

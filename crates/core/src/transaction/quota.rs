@@ -97,7 +97,11 @@ impl Trans {
         self.delayed.touched = Some(BTreeMap::new());
         let mut table = self.quota_table()?;
         let mut stats = QgroupStats::default();
-        let mut rescan = pending.rescan;
+        // A rescan the kernel left running (its numbers half rebuilt), or numbers
+        // marked inconsistent: the recount replaces them (the kernel would wait for
+        // a `quota rescan`).
+        let mut rescan = pending.rescan
+            || table.status.flags & (STATUS_FLAG_RESCAN | STATUS_FLAG_INCONSISTENT) != 0;
         if let Some((src, _)) = pending.snapshot {
             // The quick inherit is exact only for level 0.
             if table.ancestors(src).len() > 1 {
@@ -110,7 +114,7 @@ impl Trans {
             table.status.flags &= !(STATUS_FLAG_INCONSISTENT | STATUS_FLAG_RESCAN);
             table.status.rescan = u64::MAX;
             stats.rescanned = true;
-        } else if table.status.flags & STATUS_FLAG_INCONSISTENT == 0 {
+        } else {
             if let Some((src, dst)) = pending.snapshot {
                 // The old state as if the snapshot had been there, sharing all.
                 if let Some(s) = table.groups.get(&src).map(|g| g.info.clone()) {
