@@ -44,7 +44,8 @@ pub struct MkfsArgs {
     /// Metadata profile: dup or single.
     #[arg(long, short = 'm', default_value = "dup")]
     pub metadata: String,
-    /// Features, comma separated: block-group-tree, ^no-holes.
+    /// Features, comma separated: block-group-tree, ^no-holes, quota (qgroups on,
+    /// counted, as mkfs.btrfs -O quota).
     #[arg(long, short = 'O')]
     pub features: Option<String>,
     /// Copy this directory's contents into the new filesystem.
@@ -142,9 +143,13 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
     if a.shrink && a.rootdir.is_none() {
         bail!("--shrink needs --rootdir");
     }
+    let mut quota = false;
     if let Some(f) = &a.features {
         for feat in f.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match feat {
+                // mkfs.btrfs's runtime feature: quotas on, every subvolume counted.
+                "quota" => quota = true,
+                "^quota" => quota = false,
                 "block-group-tree" | "bgt" => opts.block_group_tree = true,
                 "^block-group-tree" => opts.block_group_tree = false,
                 "no-holes" | "extref" | "skinny-metadata" | "free-space-tree" => {}
@@ -233,6 +238,11 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         set_times(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, &md)?;
         c.finish();
         t.commit()?;
+        if quota {
+            t.quota_enable()?;
+            t.commit()?;
+            quota = false;
+        }
         if a.shrink {
             let end = t.shrink_to_fit()?;
             t.commit()?;
@@ -247,6 +257,10 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
             }
             return Ok(());
         }
+    }
+    if quota {
+        t.quota_enable()?;
+        t.commit()?;
     }
     if !a.quiet {
         let sb = &t.fs.info.sb;

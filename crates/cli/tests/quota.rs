@@ -107,6 +107,19 @@ fn qgroups_kept_exact_at_every_commit() {
         ));
         k.umount();
     }
+    // mkfs -O quota with --rootdir and a subvolume: counted at mkfs.
+    {
+        let src = dir.path().join("src");
+        std::fs::create_dir_all(src.join("sv/d")).expect("mkdir");
+        std::fs::copy(&file, src.join("a")).expect("copy");
+        std::fs::copy(&file, src.join("sv/d/b")).expect("copy");
+        let mk = dir.path().join("mkfs.img");
+        let (mks, srcs) = (mk.display().to_string(), src.display().to_string());
+        ubtrfs(&[
+            "mkfs", "-q", "--size", "256M", "-O", "quota", "-r", &srcs, "--subvol", "sv", &mks,
+        ]);
+        assert_exact(&mk, "mkfs -O quota --rootdir");
+    }
     // Quotas enabled by ubtrfs on a kernel-made image.
     ubtrfs(&["quota", "enable", &p]);
     assert_exact(&img, "quota enable");
