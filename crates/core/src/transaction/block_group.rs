@@ -18,19 +18,80 @@ impl Trans {
                 "shrinking a multi-device filesystem".into(),
             ));
         }
-        let (&devid, ds) = self.alloc.dev_space.iter_mut().next().expect("one device");
-        let end = ds.used.iter().map(|(s, l)| s + l).max().unwrap_or(1 << 20);
-        let end = end.next_multiple_of(self.fs.info.sectorsize as u64);
-        ds.total_bytes = end;
-        self.fs.info.sb.total_bytes = end;
-        self.fs.info.sb.dev_item.total_bytes = end;
+        let Some((&devid, _)) = self.alloc.dev_space.iter().next() else {
+            return Err(Error::corrupt("no device"));
+        };
+        let end = self.device_used_end(devid)?.max(1 << 20);
+        self.resize_device(devid, end)
+    }
+
+    /// Where device `devid`'s last device extent ends.
+    pub fn device_used_end(&self, devid: u64) -> Result<u64> {
+        let ds = self
+            .alloc
+            .dev_space
+            .get(&devid)
+            .ok_or_else(|| Error::NotFound(format!("device {devid}")))?;
+        Ok(ds.used.iter().map(|(s, l)| s + l).max().unwrap_or(0))
+    }
+
+    /// Size of device `devid` as the filesystem records it.
+    pub fn device_size(&self, devid: u64) -> Result<u64> {
+        self.alloc
+            .dev_space
+            .get(&devid)
+            .map(|d| d.total_bytes)
+            .ok_or_else(|| Error::NotFound(format!("device {devid}")))
+    }
+
+    /// Sets the size of device `devid` (the kernel's btrfs_grow_device and, where
+    /// nothing lies beyond the new end, btrfs_shrink_device): the DEV_ITEM, the
+    /// superblock's total and the device's own superblock item; returns the size,
+    /// rounded down to the sector size. A shrink over device extents is refused
+    /// (it needs relocation). Growing a file or block device to the size, and
+    /// cutting a file after the commit, are the caller's. Commit afterwards.
+    pub fn resize_device(&mut self, devid: u64, new_bytes: u64) -> Result<u64> {
+        let new = new_bytes / self.fs.info.sectorsize as u64 * self.fs.info.sectorsize as u64;
+        // The kernel's floor: room for the first superblock's reserved megabyte.
+        if new < 1 << 20 {
+            return Err(Error::Invalid(format!("new size {new} is too small")));
+        }
+        let used_end = self.device_used_end(devid)?;
+        if new < used_end {
+            return Err(Error::Unsupported(format!(
+                "shrinking device {devid} to {new} bytes: chunks are allocated up to \
+                 {used_end}; moving them (balance) is not supported yet"
+            )));
+        }
+        let dev = self
+            .fs
+            .info
+            .devices
+            .get(&devid)
+            .ok_or_else(|| Error::NotFound(format!("device {devid} is not open")))?;
+        if new > dev.size() {
+            return Err(Error::Invalid(format!(
+                "device {devid} ({}) has {} bytes, fewer than {new}",
+                dev.name(),
+                dev.size()
+            )));
+        }
+        let old = self.device_size(devid)?;
+        if let Some(ds) = self.alloc.dev_space.get_mut(&devid) {
+            ds.total_bytes = new;
+        }
+        let sb = &mut self.fs.info.sb;
+        sb.total_bytes = sb.total_bytes.saturating_sub(old).saturating_add(new);
+        if sb.dev_item.devid == devid {
+            sb.dev_item.total_bytes = new;
+        }
         let key = Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid);
         self.update_item(CHUNK_TREE_OBJECTID, &key, |d| {
             if d.len() >= 16 {
-                d[8..16].copy_from_slice(&end.to_le_bytes());
+                d[8..16].copy_from_slice(&new.to_le_bytes());
             }
         })?;
-        Ok(end)
+        Ok(new)
     }
 
     /// Inserts the items of chunks allocated in this transaction.
