@@ -6,7 +6,12 @@
 //! - a leaf holding a directory's DIR_INDEX items;
 //! - a level-1 node of the subvolume tree;
 //! - the root tree root (a backup root in the superblock is intact);
-//! - a data sector (its checksum no longer matches).
+//! - a data sector (its checksum no longer matches);
+//! - a stale leaf (a lost write): after a later commit added entries to /, the
+//!   rewritten leaf holding them is replaced by its older version, checksum valid,
+//!   in both copies ("parent transid verify failed"; btrfs restore reads the older
+//!   copy, the kernel gives EIO) and in one copy (the other copy is read: nothing
+//!   lost).
 //!
 //! For each: ubtrfs restores every file, directory and symlink that btrfs restore
 //! restores, at the same path with the same bytes, and every file the kernel mount
@@ -99,6 +104,105 @@ fn wipe_block(img: &Path, logical: u64) {
         n += 1;
     }
     assert_eq!(n, 2, "two copies of {logical}: {map}");
+}
+
+/// Physical offsets of every copy of tree block `logical`.
+fn copies(img: &Path, logical: u64) -> Vec<u64> {
+    let map = sh(&format!(
+        "btrfs-map-logical -l {logical} {}",
+        shell_quote(img)
+    ));
+    let v: Vec<u64> = map
+        .lines()
+        .filter_map(|line| {
+            line.split_whitespace()
+                .skip_while(|w| *w != "physical")
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .collect();
+    assert!(!v.is_empty(), "no copy of {logical}: {map}");
+    v
+}
+
+/// A lost write: the older block `old_logical` of image `old` (an earlier state of
+/// the same filesystem) is written over the first `n` copies of block `logical` of
+/// `img`, with its header's address changed to `logical` and its checksum (crc32c)
+/// recomputed: the block is intact but older than its parent expects ("parent
+/// transid verify failed").
+fn write_stale(old: &Path, old_logical: u64, img: &Path, logical: u64, n: usize) {
+    use std::os::unix::fs::FileExt;
+    let mut data = vec![0u8; 4096];
+    let from = std::fs::File::open(old).expect("open old image");
+    from.read_exact_at(&mut data, copies(old, old_logical)[0])
+        .expect("read old block");
+    data[48..56].copy_from_slice(&logical.to_le_bytes());
+    let c = ubtrfs_format::csum::CsumType::Crc32c.compute(&data[32..]);
+    data[..32].copy_from_slice(&c);
+    let to = std::fs::OpenOptions::new()
+        .write(true)
+        .open(img)
+        .expect("open image");
+    for p in copies(img, logical).into_iter().take(n) {
+        to.write_all_at(&data, p).expect("write stale block");
+    }
+}
+
+/// The leaves of the fs tree: (address, generation, first key, the leaf's dump).
+fn leaves(img: &Path) -> Vec<(u64, u64, String, String)> {
+    let dump = sh(&format!(
+        "btrfs inspect-internal dump-tree -t 5 {}",
+        shell_quote(img)
+    ));
+    let mut v: Vec<(u64, u64, String, String)> = Vec::new();
+    let mut in_leaf = false;
+    for line in dump.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        if w.first() == Some(&"leaf") && w.get(2) == Some(&"items") {
+            let gen = w
+                .iter()
+                .skip_while(|x| **x != "generation")
+                .nth(1)
+                .and_then(|g| g.parse().ok())
+                .unwrap_or(0);
+            v.push((w[1].parse().unwrap_or(0), gen, String::new(), String::new()));
+            in_leaf = true;
+        } else if w.first() == Some(&"node") {
+            in_leaf = false;
+        } else if in_leaf {
+            if let Some(l) = v.last_mut() {
+                if l.2.is_empty() && line.contains("item 0 key ") {
+                    l.2 = line
+                        .split("key ")
+                        .nth(1)
+                        .and_then(|k| k.split(')').next())
+                        .unwrap_or("")
+                        .to_string();
+                }
+                l.3.push_str(line);
+                l.3.push('\n');
+            }
+        }
+    }
+    v
+}
+
+/// A leaf of `newer` (written in a later commit than `older`'s) holding `needle`
+/// whose first key is that of a leaf of `older` with other contents: (its address,
+/// the older leaf's address).
+fn rewritten_leaf(older: &Path, newer: &Path, needles: &[&str]) -> (u64, u64) {
+    let old = leaves(older);
+    let new = leaves(newer);
+    let old_gen = old.iter().map(|l| l.1).max().unwrap_or(0);
+    for n in &new {
+        if n.1 <= old_gen || !needles.iter().all(|x| n.3.contains(x)) {
+            continue;
+        }
+        if let Some(o) = old.iter().find(|o| o.2 == n.2 && o.3 != n.3) {
+            return (n.0, o.0);
+        }
+    }
+    panic!("no leaf holding {needles:?} was rewritten between the two images");
 }
 
 /// The first leaf of tree `tree` holding a key (`objectid` `ty` ...), and the first
@@ -240,19 +344,52 @@ fn extract_salvages_past_damage() {
             * 4096
     };
 
+    // A later commit of the same filesystem: new entries in /. Its rewritten leaf
+    // holding them, replaced by the older leaf, is a lost write.
+    let newer = dir.path().join("newer.img");
+    std::fs::copy(&base, &newer).expect("copy");
+    kernel_writes(
+        &newer,
+        "for i in 0 1 2 3 4; do echo new $i > new$i; done; sync",
+        "newer",
+    );
+    let (full_newer, code, err) = ubtrfs_extract(&newer, &dir.path().join("full-newer"));
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(full_newer.len(), full.len() + 5);
+    // The leaf holding the new entries' DIR_INDEX items.
+    let (stale_at, older_leaf) = rewritten_leaf(&base, &newer, &["(256 DIR_INDEX ", "name: new0"]);
+    let (base2, base3) = (base.clone(), base.clone());
+
     type Damage = Box<dyn Fn(&Path)>;
-    let cases: Vec<(&str, Damage)> = vec![
+    let cases: Vec<(&str, &Path, Damage)> = vec![
+        (
+            "stale leaf",
+            &newer,
+            Box::new(move |img| write_stale(&base2, older_leaf, img, stale_at, 2)),
+        ),
+        (
+            "stale leaf in one copy",
+            &newer,
+            Box::new(move |img| write_stale(&base3, older_leaf, img, stale_at, 1)),
+        ),
         (
             "directory index leaf",
+            &base,
             Box::new(move |img| wipe_block(img, dir_leaf)),
         ),
-        ("level-1 node", Box::new(move |img| wipe_block(img, node))),
+        (
+            "level-1 node",
+            &base,
+            Box::new(move |img| wipe_block(img, node)),
+        ),
         (
             "root tree root",
+            &base,
             Box::new(move |img| wipe_block(img, root_tree)),
         ),
         (
             "data sector",
+            &base,
             Box::new(move |img| {
                 let map = sh(&format!(
                     "btrfs-map-logical -l {} {} 2>&1",
@@ -273,13 +410,31 @@ fn extract_salvages_past_damage() {
             }),
         ),
     ];
-    for (name, damage) in cases {
+    for (name, source, damage) in cases {
         let case = dir.path().join(name.replace(' ', "-"));
         std::fs::create_dir_all(&case).expect("mkdir");
         let img = case.join("img");
-        std::fs::copy(&base, &img).expect("copy");
+        std::fs::copy(source, &img).expect("copy");
         damage(&img);
         let (ours, code, err) = ubtrfs_extract(&img, &case.join("ubtrfs"));
+        if name == "stale leaf in one copy" {
+            // The other DUP copy is intact: nothing lost, the bad copy named.
+            assert_eq!(code, Some(0), "{name}: exit status\n{err}");
+            assert!(
+                err.contains("stale block") && err.contains("used copy 2"),
+                "{err}"
+            );
+            assert_eq!(ours, full_newer, "{name}");
+            let restore = btrfs_restore(&img, &case.join("restore"));
+            covers(&format!("{name}: btrfs restore"), &restore, &ours);
+            eprintln!(
+                "{name}: ubtrfs {} entries, btrfs restore {}, undamaged {}",
+                ours.len(),
+                restore.len(),
+                full_newer.len()
+            );
+            continue;
+        }
         assert_eq!(code, Some(3), "{name}: exit status\n{err}");
         assert!(
             err.contains("ubtrfs: lost:") || err.contains("ubtrfs: damaged:"),
@@ -301,6 +456,15 @@ fn extract_salvages_past_damage() {
             // Written as found: everything but those bytes equals the original.
             assert_eq!(ours.len(), full.len(), "{name}");
             assert!(err.contains("written as found"), "{err}");
+        }
+        if name == "stale leaf" {
+            // The older copy is read; the entries it lacks come back through their
+            // back references.
+            assert!(err.contains("stale copy of generation"), "{err}");
+            for i in 0..5 {
+                assert!(ours.contains_key(&format!("new{i}")), "new{i}\n{err}");
+            }
+            assert_eq!(ours, full_newer, "{name}");
         }
         if name == "directory index leaf" {
             assert!(err.contains("recovered"), "{err}");

@@ -447,9 +447,41 @@ impl FsInfo {
                     e => format!("tree block {bytenr}: {e}"),
                 };
                 let fsid = self.sb.metadata_fsid();
+                if let Some((data, found)) = self.stale_copy(bytenr, expect) {
+                    // An intact older version (a lost write): read as found, as
+                    // btrfs-progs does when it ignores a transid failure. Still a
+                    // loss: what changed in it since generation `found` is gone.
+                    let msg = format!(
+                        "{msg}; read the stale copy of generation {found} instead (what \
+                         changed after it is lost)"
+                    );
+                    return Ok(s.keep_stale(TreeBlock { bytenr, data }, expect, msg));
+                }
                 Ok(s.lose(bytenr, expect, msg, self.nodesize as usize, &fsid))
             }
         }
+    }
+
+    /// The newest copy of `bytenr` that fails only the generation its parent
+    /// expects, being older (a lost write left the previous contents): checksum,
+    /// header, structure, level and first key intact. None when there is none.
+    fn stale_copy(&self, bytenr: u64, expect: &Expect) -> Option<(Vec<u8>, u64)> {
+        let want = expect.generation?;
+        let any_gen = Expect {
+            generation: None,
+            ..*expect
+        };
+        let mut best: Option<(Vec<u8>, u64)> = None;
+        for m in 0..self.num_mirrors(bytenr).ok()? {
+            let Ok(data) = self.read_tree_block_copy(bytenr, m, &any_gen) else {
+                continue;
+            };
+            let g = ubtrfs_format::tree::BlockView::new(&data).generation();
+            if g < want && best.as_ref().is_none_or(|(_, bg)| g > *bg) {
+                best = Some((data, g));
+            }
+        }
+        best
     }
 
     /// Blocks a salvage open could not read (the first 100,000) and how many in all.

@@ -10,6 +10,11 @@
 //! checksum fails in every copy is given out as found (zeros where no copy could be
 //! read at all) and logged too.
 //!
+//! A block whose copies are all intact but older than its parent expects (a lost
+//! write left the previous contents) is read as that older copy, as btrfs-progs
+//! does when it ignores a transid failure, and logged as lost all the same: its
+//! key range shows an older state.
+//!
 //! Stand-ins exist only in memory, at addresses no chunk maps (from
 //! [`STAND_IN_BASE`] up). A salvage open is never written to: the transaction
 //! refuses it.
@@ -125,6 +130,35 @@ impl Salvage {
             top = b;
         }
         top
+    }
+
+    /// Logs block `b` as lost (once) although an older intact copy of it is read
+    /// in its place (a stale block: the write of its newer contents was lost), and
+    /// returns that copy. Its address stays mapped to it for the whole open.
+    pub(crate) fn keep_stale(
+        &self,
+        b: TreeBlock,
+        expect: &Expect,
+        error: String,
+    ) -> Arc<TreeBlock> {
+        let b = Arc::new(b);
+        let Ok(mut s) = self.state.lock() else {
+            return b;
+        };
+        if let Some(old) = s.stand_ins.get(&b.bytenr) {
+            return old.clone();
+        }
+        s.lost_count += 1;
+        if s.lost.len() < LOST_BLOCKS_MAX {
+            s.lost.push(LostBlock {
+                bytenr: b.bytenr,
+                level: expect.level,
+                first_key: expect.first_key,
+                error,
+            });
+        }
+        s.stand_ins.insert(b.bytenr, b.clone());
+        b
     }
 
     /// Logs file data no copy gives intact; the reader gets the bytes as found.
