@@ -344,13 +344,14 @@ fn extract_salvages_past_damage() {
             * 4096
     };
 
-    // A later commit of the same filesystem: new entries in /. Its rewritten leaf
+    // Later commits of the same filesystem (five: older generations are in no
+    // backup root): new entries in /. The last rewritten leaf
     // holding them, replaced by the older leaf, is a lost write.
     let newer = dir.path().join("newer.img");
     std::fs::copy(&base, &newer).expect("copy");
     kernel_writes(
         &newer,
-        "for i in 0 1 2 3 4; do echo new $i > new$i; done; sync",
+        "for i in 0 1 2 3 4; do echo new $i > new$i; sync; done",
         "newer",
     );
     let (full_newer, code, err) = ubtrfs_extract(&newer, &dir.path().join("full-newer"));
@@ -359,6 +360,8 @@ fn extract_salvages_past_damage() {
     // The leaf holding the new entries' DIR_INDEX items.
     let (stale_at, older_leaf) = rewritten_leaf(&base, &newer, &["(256 DIR_INDEX ", "name: new0"]);
     let (base2, base3) = (base.clone(), base.clone());
+
+    older_generations(&newer, &dir.path().join("generations"));
 
     type Damage = Box<dyn Fn(&Path)>;
     let cases: Vec<(&str, &Path, Damage)> = vec![
@@ -475,4 +478,101 @@ fn extract_salvages_past_damage() {
             );
         }
     }
+}
+
+/// `ubtrfs rescue find-root` prints what `btrfs-find-root` prints (with and without
+/// -a), and `extract --generation G` of the oldest generation no backup root holds
+/// restores what `btrfs restore -t` of the block btrfs-find-root names for G does.
+fn older_generations(img: &Path, work: &Path) {
+    std::fs::create_dir_all(work).expect("mkdir");
+    let i = img.to_str().expect("utf-8");
+    for all in [false, true] {
+        let a: &[&str] = if all { &["-a"] } else { &[] };
+        let o = Command::new("btrfs-find-root")
+            .args(a)
+            .arg(img)
+            .output()
+            .expect("btrfs-find-root");
+        let theirs =
+            String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+        let mut args = vec!["rescue", "find-root", i];
+        args.extend(a);
+        let ours = UBTRFS.output(&args);
+        assert_eq!(ours.status.code(), Some(0));
+        assert_eq!(
+            String::from_utf8_lossy(&ours.stdout),
+            theirs,
+            "find-root {a:?}"
+        );
+    }
+    let o = Command::new("btrfs-find-root")
+        .arg("-a")
+        .arg(img)
+        .output()
+        .expect("btrfs-find-root");
+    let text =
+        String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    let backups = sh(&format!(
+        "btrfs inspect-internal dump-super -f {} | awk '$1 == \"backup_tree_root:\" {{print $4}}'",
+        shell_quote(img)
+    ));
+    let backups: Vec<u64> = backups
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    // "Well block B(gen: G level: L) seems good, ..."
+    let (bytenr, generation) = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("Well block ")?;
+            let (b, rest) = rest.split_once("(gen: ")?;
+            let (g, _) = rest.split_once(' ')?;
+            Some((b.parse::<u64>().ok()?, g.parse::<u64>().ok()?))
+        })
+        .filter(|(_, g)| !backups.contains(g))
+        .min_by_key(|(_, g)| *g)
+        .unwrap_or_else(|| panic!("a generation no backup root holds:\n{text}\n{backups:?}"));
+    let restore_dir = work.join("restore");
+    std::fs::create_dir_all(&restore_dir).expect("mkdir");
+    let _ = Command::new("btrfs")
+        .args([
+            "restore",
+            "-i",
+            "-s",
+            "-x",
+            "-m",
+            "-S",
+            "-t",
+            &bytenr.to_string(),
+        ])
+        .arg(img)
+        .arg(&restore_dir)
+        .output();
+    let restore = tree(&restore_dir);
+    let dest = work.join("ubtrfs");
+    let o = UBTRFS.output(&[
+        "extract",
+        i,
+        dest.to_str().expect("utf-8"),
+        "--generation",
+        &generation.to_string(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(matches!(o.status.code(), Some(0 | 3)), "{err}");
+    assert!(
+        err.contains(&format!("reading the root tree at {bytenr}")),
+        "{err}"
+    );
+    let ours = tree(&dest);
+    covers(
+        &format!("generation {generation}: btrfs restore -t"),
+        &restore,
+        &ours,
+    );
+    eprintln!(
+        "generation {generation} (root tree {bytenr}, no backup root): ubtrfs {} entries, \
+         btrfs restore -t {}",
+        ours.len(),
+        restore.len()
+    );
 }
