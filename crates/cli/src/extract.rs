@@ -291,6 +291,11 @@ fn extract_dir(ctx: &mut Ctx<'_>, dir: Node, path: &Path) -> Result<()> {
         ctx.note_losses(e.node.root, &|| format!("the inode of {}", p.display()));
         match got {
             Ok((st, inode)) => extract_one(ctx, e.node, &st, inode.as_ref(), &p)?,
+            Err(err) if !ctx.opts.strict && !e.node.is_placeholder() => {
+                ctx.done.insert((e.node.root, e.node.ino));
+                let err = err.context(format!("subvolume {} inode {}", e.node.root, e.node.ino));
+                without_inode(ctx, &e, &p, err)?;
+            }
             Err(err) => {
                 ctx.done.insert((e.node.root, e.node.ino));
                 let err = err.context(format!("subvolume {} inode {}", e.node.root, e.node.ino));
@@ -299,6 +304,70 @@ fn extract_dir(ctx: &mut Ctx<'_>, dir: Node, path: &Path) -> Result<()> {
         }
     }
     ctx.ancestors.pop();
+    Ok(())
+}
+
+/// Largest file size asked for when an inode's own size is lost (its extents say).
+const SIZE_UNKNOWN: u64 = 1 << 62;
+
+/// An entry whose inode item is lost (as `btrfs restore` does, from what the
+/// directory entry says it is): a regular file gets the data its extent items
+/// still describe, its size the end of the last one; a directory is created and
+/// walked (its entries may be intact). Owner, mode and times are lost with the
+/// inode: the entry is counted and reported as lost all the same.
+fn without_inode(
+    ctx: &mut Ctx<'_>,
+    e: &ubtrfs_core::DirEntry,
+    p: &Path,
+    err: anyhow::Error,
+) -> Result<()> {
+    use ubtrfs_core::format::{FT_DIR, FT_REG_FILE};
+    let kind = match e.ty {
+        FT_REG_FILE => "file",
+        FT_DIR => "directory",
+        _ => return ctx.lose_entry(p, err),
+    };
+    ctx.lose_entry(
+        p,
+        err.context(format!(
+            "its inode item is lost: the {kind} is restored from its directory entry, \
+             without owner, mode and times"
+        )),
+    )?;
+    if ctx.opts.dry_run {
+        ctx.bar.suspend(|| println!("{}", p.display()));
+        return Ok(());
+    }
+    ctx.summary.entries += 1;
+    if e.ty == FT_DIR {
+        match fs::create_dir(p) {
+            Ok(()) => {}
+            Err(x) if x.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => {}
+            Err(x) => return ctx.lose_entry(p, anyhow::Error::from(x).context("mkdir")),
+        }
+        ctx.dir_paths
+            .insert((e.node.root, e.node.ino), p.to_path_buf());
+        return extract_dir(ctx, e.node, p);
+    }
+    let ranges = ctx.fs.data_ranges(e.node, SIZE_UNKNOWN);
+    ctx.note_losses(e.node.root, &|| format!("the data of {}", p.display()));
+    let size = ranges
+        .as_ref()
+        .ok()
+        .and_then(|r| r.last().map(|r| r.1))
+        .unwrap_or(0);
+    let inode = InodeItem {
+        size,
+        mode: S_IFREG | 0o600,
+        nlink: 1,
+        ..Default::default()
+    };
+    let st = ctx.fs.stat_of(e.node, &inode);
+    let r = write_file(ctx, e.node, &st, Some(&inode), p);
+    ctx.note_losses(e.node.root, &|| format!("the data of {}", p.display()));
+    if let Err(x) = r {
+        ctx.lose_entry(p, x)?;
+    }
     Ok(())
 }
 

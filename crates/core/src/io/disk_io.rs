@@ -33,6 +33,10 @@ pub struct OpenOptions {
     /// Read the root tree from this block instead of the superblock's (an older
     /// generation, as `btrfs restore -t` and `btrfs-find-root` use). Read-only.
     pub tree_root: Option<u64>,
+    /// With `salvage`: file data failing its checksums in every copy is given out
+    /// as found (and logged), as `extract` wants; false: an error (EIO), as the
+    /// kernel and the read-only mount give.
+    pub data_as_found: bool,
 }
 
 impl Default for OpenOptions {
@@ -43,6 +47,7 @@ impl Default for OpenOptions {
             writable: false,
             salvage: false,
             tree_root: None,
+            data_as_found: true,
         }
     }
 }
@@ -501,9 +506,13 @@ impl FsInfo {
     /// reader goes on with the bytes found.
     pub(crate) fn salvage_bad_data(&self, msg: String) -> bool {
         match &self.salvage {
-            Some(s) => {
+            Some(s) if self.opts.data_as_found => {
                 s.bad_data(msg);
                 true
+            }
+            Some(_) => {
+                crate::io::salvage::touched();
+                false
             }
             None => false,
         }

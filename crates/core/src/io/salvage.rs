@@ -34,6 +34,26 @@ pub(crate) const STAND_IN_BASE: u64 = 1 << 62;
 /// keeps the first ones, the count goes on).
 const LOST_BLOCKS_MAX: usize = 100_000;
 
+thread_local! {
+    /// Lost blocks (their stand-ins or stale copies) this thread has read, and
+    /// data it was refused: see [`losses_met_by_this_thread`].
+    static TOUCHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a lost block or refused data met by this thread.
+pub(crate) fn touched() {
+    TOUCHED.with(|t| t.set(t.get() + 1));
+}
+
+/// How many times this thread has read a lost block's stand-in (or its stale copy)
+/// or been refused damaged data in a salvage open. A reader compares the number
+/// before and after a request to tell whether the answer rests on lost metadata:
+/// the read-only mount answers a file read that met one with EIO, as the kernel
+/// would, while listings go on with what is left.
+pub fn losses_met_by_this_thread() -> u64 {
+    TOUCHED.with(|t| t.get())
+}
+
 /// A tree block that could not be read from any copy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LostBlock {
@@ -76,7 +96,11 @@ impl Salvage {
     /// A stand-in made earlier for `bytenr` (a lost block read again, or a made-up
     /// child address).
     pub(crate) fn stand_in(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {
-        self.state.lock().ok()?.stand_ins.get(&bytenr).cloned()
+        let b = self.state.lock().ok()?.stand_ins.get(&bytenr).cloned();
+        if b.is_some() {
+            touched();
+        }
+        b
     }
 
     /// Logs block `bytenr` as lost (once) and returns its stand-in.
@@ -88,6 +112,7 @@ impl Salvage {
         nodesize: usize,
         fsid: &[u8; 16],
     ) -> Arc<TreeBlock> {
+        touched();
         let Ok(mut s) = self.state.lock() else {
             return Arc::new(empty_leaf(bytenr, 0, nodesize, fsid));
         };
@@ -141,6 +166,7 @@ impl Salvage {
         expect: &Expect,
         error: String,
     ) -> Arc<TreeBlock> {
+        touched();
         let b = Arc::new(b);
         let Ok(mut s) = self.state.lock() else {
             return b;
