@@ -427,9 +427,18 @@ impl LossLog {
         let t = Arc::clone(&l);
         let _ = std::thread::Builder::new()
             .name("ubtrfs-losses".into())
-            .spawn(move || loop {
-                t.flush();
-                std::thread::sleep(std::time::Duration::from_secs(1));
+            .spawn(move || {
+                // The session's signal thread alone takes SIGINT/SIGTERM/SIGHUP.
+                use nix::sys::signal::{SigSet, Signal};
+                let mut sigs = SigSet::empty();
+                for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+                    sigs.add(s);
+                }
+                let _ = sigs.thread_block();
+                loop {
+                    t.flush();
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
             });
         l
     }

@@ -84,6 +84,9 @@ struct State {
 #[derive(Default)]
 pub(crate) struct Salvage {
     state: Mutex<State>,
+    /// Whether any stand-in exists: every block read asks, most opens never lose
+    /// one, and the answer then needs no lock.
+    any: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Salvage {
@@ -96,6 +99,9 @@ impl Salvage {
     /// A stand-in made earlier for `bytenr` (a lost block read again, or a made-up
     /// child address).
     pub(crate) fn stand_in(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {
+        if !self.any.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
         let b = self.state.lock().ok()?.stand_ins.get(&bytenr).cloned();
         if b.is_some() {
             touched();
@@ -120,6 +126,7 @@ impl Salvage {
             return b.clone();
         }
         s.lost_count += 1;
+        self.any.store(true, std::sync::atomic::Ordering::Release);
         if s.lost.len() < LOST_BLOCKS_MAX {
             s.lost.push(LostBlock {
                 bytenr,
@@ -175,6 +182,7 @@ impl Salvage {
             return old.clone();
         }
         s.lost_count += 1;
+        self.any.store(true, std::sync::atomic::Ordering::Release);
         if s.lost.len() < LOST_BLOCKS_MAX {
             s.lost.push(LostBlock {
                 bytenr: b.bytenr,
