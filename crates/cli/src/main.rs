@@ -322,6 +322,19 @@ fn open_with(img: &Image, salvage: bool, tree_root: Option<u64>) -> Result<Files
     Ok(fs)
 }
 
+/// [`open_with`] salvaging, at root tree `tree_root`, its warnings kept back.
+fn open_quiet(img: &Image, tree_root: Option<u64>) -> Result<Filesystem> {
+    let mut paths: Vec<PathBuf> = img.image.split(',').map(PathBuf::from).collect();
+    paths.extend(img.devices.iter().cloned());
+    let opts = OpenOptions {
+        verify_data_csum: !img.no_csum,
+        salvage: true,
+        tree_root,
+        ..Default::default()
+    };
+    Ok(Filesystem::open_replayed(&paths, opts)?)
+}
+
 /// Something was lost: the run went on and restored the rest (exit status 3).
 #[derive(Debug)]
 struct Incomplete;
@@ -638,21 +651,51 @@ fn run(cli: Cli) -> Result<()> {
                 None => tree_root,
             };
             let fs = open_with(&img, !strict, tree_root)?;
-            let opts = extract::ExtractOptions { strict, dry_run };
+            let older_img = img.clone();
+            let opts = extract::ExtractOptions {
+                strict,
+                dry_run,
+                // Reading an older commit on purpose: no older still.
+                open_older: tree_root.is_none().then(|| {
+                    Box::new(move |b: u64| open_quiet(&older_img, Some(b))) as extract::OpenOlder
+                }),
+            };
             let r = extract::extract(&fs, &path, &dest, &opts);
             flush_warnings(&fs);
             let s = r?;
             if s.lost_anything() || s.recovered > 0 {
                 eprintln!(
                     "ubtrfs: salvage: {} entries restored ({} through back references, {} in \
-                     lost+found), {} not restored; {} tree blocks lost, {} data ranges \
-                     damaged (written as found)",
+                     lost+found, {} from older generations), {} not restored; {} tree blocks \
+                     lost, {} data ranges damaged (written as found)",
                     s.entries,
                     s.recovered,
                     s.in_lost_found,
+                    s.from_older,
                     s.lost_entries,
                     s.lost_blocks,
                     s.damaged_data
+                );
+            }
+            if s.lost_blocks > 0 && tree_root.is_none() {
+                // Older commits may still hold what was lost.
+                let gens: Vec<String> = fs
+                    .info
+                    .sb
+                    .backup_roots
+                    .iter()
+                    .filter(|b| b.tree_root != 0 && b.tree_root_gen < fs.info.sb.generation)
+                    .map(|b| b.tree_root_gen.to_string())
+                    .collect();
+                eprintln!(
+                    "ubtrfs: hint: older generations may hold what was lost (backup roots: {}; \
+                     `ubtrfs rescue find-root` lists more): `ubtrfs extract --generation GEN` \
+                     into another directory",
+                    if gens.is_empty() {
+                        "none".to_string()
+                    } else {
+                        gens.join(", ")
+                    }
                 );
             }
             if s.failures > 0 {

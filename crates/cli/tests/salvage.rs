@@ -5,7 +5,8 @@
 //! copy of it in every metadata copy (both DUP copies zeroed) or in its data:
 //! - a leaf holding a directory's DIR_INDEX items;
 //! - a leaf holding a big file's extent items;
-//! - a level-1 node of the subvolume tree;
+//! - a level-1 node of the subvolume tree (the last commit rewrote it: its older
+//!   version, under a backup root, gives back all of the undamaged image's entries);
 //! - the root tree root (a backup root in the superblock is intact);
 //! - a data sector (its checksum no longer matches);
 //! - a stale leaf (a lost write): after a later commit added entries to /, the
@@ -534,6 +535,12 @@ fn extract_salvages_past_damage() {
             // Written as found: everything but those bytes equals the original.
             assert_eq!(ours.len(), full.len(), "{name}");
             assert!(err.contains("written as found"), "{err}");
+        }
+        if name == "level-1 node" {
+            // The node's older version (the last commit rewrote it) is intact:
+            // the older generation of a backup root gives back what it held.
+            assert!(err.contains("from generation"), "{err}");
+            covers(&format!("{name}: the undamaged image"), &full, &ours);
         }
         if name == "stale leaf" {
             // The older copy is read; the entries it lacks come back through their
