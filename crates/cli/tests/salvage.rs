@@ -535,6 +535,19 @@ fn extract_salvages_past_damage() {
             // Written as found: everything but those bytes equals the original.
             assert_eq!(ours.len(), full.len(), "{name}");
             assert!(err.contains("written as found"), "{err}");
+            // cat salvages the same way (exit 3); --strict stops (exit 1).
+            let i = img.to_str().expect("utf-8");
+            let o = UBTRFS.output(&["cat", i, "/big"]);
+            assert_eq!(
+                o.status.code(),
+                Some(3),
+                "{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            assert_eq!(Some(&format!("f:{}", sha(&o.stdout))), ours.get("big"));
+            assert!(String::from_utf8_lossy(&o.stderr).contains("ubtrfs: damaged:"));
+            let o = UBTRFS.output(&["cat", i, "/big", "--strict"]);
+            assert_eq!(o.status.code(), Some(1));
         }
         if name == "level-1 node" {
             // The node's older version (the last commit rewrote it) is intact:
