@@ -24,7 +24,9 @@ Mount options (-o, comma separated, repeatable):
                         read-only with a warning, as mount(8) does for write-protected media.
                         A tree log (fsyncs before a crash) is replayed: into the image
                         read-write, in memory only read-only (the kernel writes it even
-                        on an ro mount unless nologreplay)
+                        on an ro mount unless nologreplay). Read-only, a damaged tree
+                        block does not stop the mount: listings show what is left,
+                        reads that need the block get EIO, each loss is logged once
   commit=SECS           interval of periodic commits (default 30, as the kernel)
   notreelog             fsync commits the transaction instead of writing the tree log
   compress=ALG[:LEVEL]  compress new data: zlib, lzo, zstd (the kernel's give-up rule)
