@@ -664,6 +664,25 @@ fn older_generations(img: &Path, work: &Path) {
         &restore,
         &ours,
     );
+    // ls reads the same commit (or names the block of it lost since, when the
+    // top directory was in it: blocks of old commits get reused).
+    let o = UBTRFS.output(&["ls", i, "/", "--generation", &generation.to_string()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if matches!(o.status.code(), Some(0 | 3)) {
+        let top: Vec<String> = String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        let mut want: Vec<String> = ours
+            .keys()
+            .filter(|p| !p.contains('/') && *p != "lost+found")
+            .cloned()
+            .collect();
+        want.sort();
+        assert_eq!(top, want, "ls --generation {generation}");
+    } else {
+        assert!(err.contains("lost: tree block"), "{err}");
+    }
     eprintln!(
         "generation {generation} (root tree {bytenr}, no backup root): ubtrfs {} entries, \
          btrfs restore -t {}",

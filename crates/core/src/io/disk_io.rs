@@ -343,6 +343,10 @@ impl FsInfo {
         self.sb.root = bytenr;
         self.sb.root_level = level;
         self.sb.generation = generation;
+        // A tree log continues the superblock's own commit, not an older one: it
+        // is not replayed over another root tree.
+        self.sb.log_root = 0;
+        self.sb.log_root_level = 0;
     }
 
     /// A filesystem being created (mkfs): nothing is read from the devices.
