@@ -56,8 +56,9 @@ pub fn find_roots(
         let mut at = start;
         while at < start + length {
             let n = step.min(start + length - at) as usize;
-            if info.read_logical(at, &mut buf[..n], 0).is_err() {
-                // A device error: go block by block below, each block on its own.
+            // A device error: every block of the piece is read on its own below.
+            let piece_ok = info.read_logical(at, &mut buf[..n], 0).is_ok();
+            if !piece_ok {
                 buf[..n].fill(0);
             }
             for off in (0..n).step_by(nodesize as usize) {
@@ -65,7 +66,7 @@ pub fn find_roots(
                 let here = &buf[off..off + nodesize as usize];
                 let block: &[u8] = if good(info, here, bytenr, &fsid) {
                     here
-                } else if other_copy(info, bytenr, &fsid, &mut other) {
+                } else if other_copy(info, bytenr, &fsid, &mut other, usize::from(piece_ok)) {
                     &other
                 } else {
                     continue;
@@ -111,10 +112,11 @@ fn listed(best: BTreeMap<u64, (u8, Vec<u64>)>) -> Vec<RootCandidate> {
     v
 }
 
-/// Reads into `buf` the first copy of `bytenr` after the first that is intact.
-fn other_copy(info: &FsInfo, bytenr: u64, fsid: &[u8; 16], buf: &mut [u8]) -> bool {
+/// Reads into `buf` the first intact copy of `bytenr` from copy `from` on.
+fn other_copy(info: &FsInfo, bytenr: u64, fsid: &[u8; 16], buf: &mut [u8], from: usize) -> bool {
     let mirrors = info.num_mirrors(bytenr).unwrap_or(1);
-    (1..mirrors).any(|m| info.read_logical(bytenr, buf, m).is_ok() && good(info, buf, bytenr, fsid))
+    (from..mirrors)
+        .any(|m| info.read_logical(bytenr, buf, m).is_ok() && good(info, buf, bytenr, fsid))
 }
 
 /// Whether `block` read at `bytenr` is an intact tree block of this filesystem.
