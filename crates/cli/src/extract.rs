@@ -11,6 +11,9 @@
 //! in a lost block): each is restored under its parent's path through its
 //! INODE_REF/INODE_EXTREF, or in `lost+found/<subvolume>/<inode>` when no name
 //! leads anywhere. Subvolumes no path reaches go to `lost+found/<subvolume>` too.
+//! Then the older generations of the superblock's backup roots are walked, newest
+//! first, for what is still missing: entries restored at their path there, and
+//! what lost+found holds moved to the name that generation gives it.
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -43,6 +46,9 @@ pub struct Summary {
     pub recovered: u64,
     /// Of those, the ones without a usable name (in lost+found).
     pub in_lost_found: u64,
+    /// Entries restored from an older generation (a backup root) because the
+    /// current one lost them.
+    pub from_older: u64,
 }
 
 impl Summary {
@@ -58,7 +64,13 @@ pub struct ExtractOptions {
     pub strict: bool,
     /// List what would be restored, write nothing.
     pub dry_run: bool,
+    /// Opens the image again at an older root tree (a backup root's block), to fill
+    /// in what the current one lost; None: older generations are not tried.
+    pub open_older: Option<OpenOlder>,
 }
+
+/// See [`ExtractOptions::open_older`].
+pub type OpenOlder = Box<dyn Fn(u64) -> Result<Filesystem>>;
 
 struct Ctx<'a> {
     fs: &'a Filesystem,
@@ -79,6 +91,14 @@ struct Ctx<'a> {
     dir_paths: HashMap<(u64, u64), PathBuf>,
     /// After the walk: entries restored now are counted as recovered.
     recovering: bool,
+    /// Inodes put in lost+found (no name found): an older generation that names
+    /// them moves them to their path.
+    /// (Where, whether it was made without its inode: a directory whose own item
+    /// is lost, made to hold the children that name it.)
+    in_lost_found: HashMap<(u64, u64), (PathBuf, bool)>,
+    /// Walking an older generation (this generation): only what is not restored
+    /// yet is restored; its own losses are not reported (it is older by design).
+    filling: Option<u64>,
 }
 
 /// The root directory inode of a subvolume, as in the core's consts.
@@ -103,6 +123,9 @@ impl Ctx<'_> {
     /// Reports the tree blocks and data lost since the last call, once each, as
     /// affecting `what` (a path and the kind of read) in subvolume `subvol`.
     fn note_losses(&mut self, subvol: u64, what: &dyn Fn() -> String) {
+        if self.filling.is_some() {
+            return;
+        }
         let (_, blocks) = self.fs.info.lost_blocks();
         let (_, data) = self.fs.info.damaged_data();
         if (blocks, data) == self.lost_reported {
@@ -208,6 +231,7 @@ pub fn extract(fs: &Filesystem, src: &str, dest: &Path, opts: &ExtractOptions) -
             lost_entries: 0,
             recovered: 0,
             in_lost_found: 0,
+            from_older: 0,
         },
         warned: HashMap::new(),
         lost_reported: (0, 0),
@@ -215,6 +239,8 @@ pub fn extract(fs: &Filesystem, src: &str, dest: &Path, opts: &ExtractOptions) -
         done: HashSet::new(),
         dir_paths: HashMap::new(),
         recovering: false,
+        in_lost_found: HashMap::new(),
+        filling: None,
     };
     // Losses met while opening (chunk and root trees) and finding the start.
     ctx.note_losses(node.root, &|| format!("the way to {src}"));
@@ -239,6 +265,10 @@ pub fn extract(fs: &Filesystem, src: &str, dest: &Path, opts: &ExtractOptions) -
     if !opts.strict && (src == "/" || src.is_empty()) {
         ctx.recovering = true;
         recover_unreached(&mut ctx)?;
+        if ctx.summary.lost_blocks > 0 {
+            ctx.recovering = false;
+            fill_from_older(&mut ctx)?;
+        }
     }
     ctx.bar.finish_and_clear();
     for (kind, n) in &ctx.warned {
@@ -279,6 +309,51 @@ fn extract_dir(ctx: &mut Ctx<'_>, dir: Node, path: &Path) -> Result<()> {
     };
     for e in entries {
         let p = path.join(OsStr::from_bytes(&e.name));
+        if ctx.filling.is_some() && !ctx.opts.dry_run && fs::symlink_metadata(&p).is_err() {
+            // In lost+found for want of a name: this generation names it.
+            if let Some((from, made)) = ctx.in_lost_found.remove(&(e.node.root, e.node.ino)) {
+                if fs::rename(&from, &p).is_ok() {
+                    if made {
+                        // Its own owner, mode and times, from this generation.
+                        if let Ok((st, _)) = stat_and_inode(ctx.fs, e.node) {
+                            apply_meta(ctx, e.node, &st, &p)?;
+                        }
+                    }
+                    ctx.bar.suspend(|| {
+                        eprintln!(
+                            "ubtrfs: recovered: {} is {} in generation {}",
+                            from.display(),
+                            p.display(),
+                            ctx.filling.unwrap_or(0)
+                        )
+                    });
+                    for v in ctx.dir_paths.values_mut() {
+                        if let Ok(rest) = v.strip_prefix(&from) {
+                            *v = p.join(rest);
+                        }
+                    }
+                    for (v, _) in ctx.in_lost_found.values_mut() {
+                        if let Ok(rest) = v.strip_prefix(&from) {
+                            *v = p.join(rest);
+                        }
+                    }
+                }
+            }
+        }
+        if ctx.filling.is_some() && ctx.done.contains(&(e.node.root, e.node.ino)) {
+            // An older generation: only what is missing is restored; directories
+            // restored already are walked for it (where they went), in the
+            // subvolumes that lost blocks.
+            if let Some(d) = ctx.dir_paths.get(&(e.node.root, e.node.ino)).cloned() {
+                if ctx.damaged.contains(&e.node.root) || e.node.ino == FIRST_FREE_OBJECTID_CLI {
+                    extract_dir(ctx, e.node, &d)?;
+                }
+            }
+            continue;
+        }
+        if ctx.filling.is_some() && fs::symlink_metadata(&p).is_ok() {
+            continue;
+        }
         if ctx.done.contains(&(e.node.root, e.node.ino)) && !e.node.is_placeholder() {
             // Reached twice: a hard link is linked again (extract_one); anything else
             // (a directory, or an inode salvage reached by two ways) is not.
@@ -291,6 +366,11 @@ fn extract_dir(ctx: &mut Ctx<'_>, dir: Node, path: &Path) -> Result<()> {
         ctx.note_losses(e.node.root, &|| format!("the inode of {}", p.display()));
         match got {
             Ok((st, inode)) => extract_one(ctx, e.node, &st, inode.as_ref(), &p)?,
+            Err(err) if !ctx.opts.strict && !e.node.is_placeholder() => {
+                ctx.done.insert((e.node.root, e.node.ino));
+                let err = err.context(format!("subvolume {} inode {}", e.node.root, e.node.ino));
+                without_inode(ctx, &e, &p, err)?;
+            }
             Err(err) => {
                 ctx.done.insert((e.node.root, e.node.ino));
                 let err = err.context(format!("subvolume {} inode {}", e.node.root, e.node.ino));
@@ -299,6 +379,70 @@ fn extract_dir(ctx: &mut Ctx<'_>, dir: Node, path: &Path) -> Result<()> {
         }
     }
     ctx.ancestors.pop();
+    Ok(())
+}
+
+/// Largest file size asked for when an inode's own size is lost (its extents say).
+const SIZE_UNKNOWN: u64 = 1 << 62;
+
+/// An entry whose inode item is lost (as `btrfs restore` does, from what the
+/// directory entry says it is): a regular file gets the data its extent items
+/// still describe, its size the end of the last one; a directory is created and
+/// walked (its entries may be intact). Owner, mode and times are lost with the
+/// inode: the entry is counted and reported as lost all the same.
+fn without_inode(
+    ctx: &mut Ctx<'_>,
+    e: &ubtrfs_core::DirEntry,
+    p: &Path,
+    err: anyhow::Error,
+) -> Result<()> {
+    use ubtrfs_core::format::{FT_DIR, FT_REG_FILE};
+    let kind = match e.ty {
+        FT_REG_FILE => "file",
+        FT_DIR => "directory",
+        _ => return ctx.lose_entry(p, err),
+    };
+    ctx.lose_entry(
+        p,
+        err.context(format!(
+            "its inode item is lost: the {kind} is restored from its directory entry, \
+             without owner, mode and times"
+        )),
+    )?;
+    if ctx.opts.dry_run {
+        ctx.bar.suspend(|| println!("{}", p.display()));
+        return Ok(());
+    }
+    ctx.summary.entries += 1;
+    if e.ty == FT_DIR {
+        match fs::create_dir(p) {
+            Ok(()) => {}
+            Err(x) if x.kind() == std::io::ErrorKind::AlreadyExists && p.is_dir() => {}
+            Err(x) => return ctx.lose_entry(p, anyhow::Error::from(x).context("mkdir")),
+        }
+        ctx.dir_paths
+            .insert((e.node.root, e.node.ino), p.to_path_buf());
+        return extract_dir(ctx, e.node, p);
+    }
+    let ranges = ctx.fs.data_ranges(e.node, SIZE_UNKNOWN);
+    ctx.note_losses(e.node.root, &|| format!("the data of {}", p.display()));
+    let size = ranges
+        .as_ref()
+        .ok()
+        .and_then(|r| r.last().map(|r| r.1))
+        .unwrap_or(0);
+    let inode = InodeItem {
+        size,
+        mode: S_IFREG | 0o600,
+        nlink: 1,
+        ..Default::default()
+    };
+    let st = ctx.fs.stat_of(e.node, &inode);
+    let r = write_file(ctx, e.node, &st, Some(&inode), p);
+    ctx.note_losses(e.node.root, &|| format!("the data of {}", p.display()));
+    if let Err(x) = r {
+        ctx.lose_entry(p, x)?;
+    }
     Ok(())
 }
 
@@ -348,6 +492,104 @@ fn recover_unreached(ctx: &mut Ctx<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// After blocks were lost: the backup roots of older generations, newest first,
+/// are walked for entries not restored yet (what the lost blocks held when that
+/// commit was made, if its blocks are intact still), each restored at its path
+/// there and reported. Their data is checked against that commit's checksums.
+fn fill_from_older(ctx: &mut Ctx<'_>) -> Result<()> {
+    let Some(open) = &ctx.opts.open_older else {
+        return Ok(());
+    };
+    let sb = &ctx.fs.info.sb;
+    let mut older: Vec<(u64, u64)> = sb
+        .backup_roots
+        .iter()
+        .filter(|b| b.tree_root != 0 && b.tree_root_gen < sb.generation && b.tree_root != sb.root)
+        .map(|b| (b.tree_root_gen, b.tree_root))
+        .collect();
+    older.sort_unstable_by(|a, b| b.cmp(a));
+    older.dedup();
+    for (generation, bytenr) in older {
+        let old = match open(bytenr) {
+            Ok(f) => f,
+            Err(e) => {
+                ctx.bar.suspend(|| {
+                    eprintln!(
+                        "ubtrfs: warning: generation {generation} (backup root {bytenr}): {e:#}"
+                    )
+                });
+                continue;
+            }
+        };
+        let _ = old.info.take_warnings();
+        let before = ctx.summary.from_older;
+        let mut octx = Ctx {
+            fs: &old,
+            opts: ctx.opts,
+            dest: ctx.dest.clone(),
+            ancestors: Vec::new(),
+            links: std::mem::take(&mut ctx.links),
+            bar: ctx.bar.clone(),
+            summary: std::mem::replace(&mut ctx.summary, empty_summary()),
+            warned: std::mem::take(&mut ctx.warned),
+            lost_reported: (0, 0),
+            damaged: std::mem::take(&mut ctx.damaged),
+            done: std::mem::take(&mut ctx.done),
+            dir_paths: std::mem::take(&mut ctx.dir_paths),
+            recovering: false,
+            in_lost_found: std::mem::take(&mut ctx.in_lost_found),
+            filling: Some(generation),
+        };
+        let root = Node::new(
+            ubtrfs_core::format::FS_TREE_OBJECTID,
+            FIRST_FREE_OBJECTID_CLI,
+        );
+        let dest = octx.dest.clone();
+        let r = extract_dir(&mut octx, root, &dest);
+        ctx.links = octx.links;
+        ctx.summary = octx.summary;
+        ctx.warned = octx.warned;
+        ctx.damaged = octx.damaged;
+        ctx.done = octx.done;
+        ctx.dir_paths = octx.dir_paths;
+        ctx.in_lost_found = octx.in_lost_found;
+        r?;
+        if !ctx.opts.dry_run {
+            // What older generations named leaves lost+found empty: not kept.
+            let lf = ctx.dest.join("lost+found");
+            if let Ok(rd) = fs::read_dir(&lf) {
+                for d in rd.flatten() {
+                    let _ = fs::remove_dir(d.path());
+                }
+            }
+            let _ = fs::remove_dir(&lf);
+        }
+        if ctx.summary.from_older > before {
+            ctx.bar.suspend(|| {
+                eprintln!(
+                    "ubtrfs: recovered: {} entries from generation {generation} (backup root \
+                     {bytenr})",
+                    ctx.summary.from_older - before
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
+fn empty_summary() -> Summary {
+    Summary {
+        entries: 0,
+        failures: 0,
+        lost_blocks: 0,
+        damaged_data: 0,
+        lost_entries: 0,
+        recovered: 0,
+        in_lost_found: 0,
+        from_older: 0,
+    }
 }
 
 /// Where an unnamed inode (or with `ino` None, a subvolume's root) goes.
@@ -411,6 +653,8 @@ fn recover_inode(ctx: &mut Ctx<'_>, node: Node, depth: usize) -> Result<Option<P
                         }
                         ctx.dir_paths
                             .insert((lost_dir.root, lost_dir.ino), d.clone());
+                        ctx.in_lost_found
+                            .insert((lost_dir.root, lost_dir.ino), (d.clone(), true));
                         ctx.done.insert((lost_dir.root, lost_dir.ino));
                         extract_dir(ctx, lost_dir, &d)?;
                         if ctx.done.contains(&(node.root, node.ino)) {
@@ -459,10 +703,24 @@ fn extract_one(
     ctx.summary.entries += 1;
     ctx.bar.inc(1);
     ctx.done.insert((node.root, node.ino));
+    if let Some(g) = ctx.filling {
+        ctx.summary.from_older += 1;
+        ctx.bar.suspend(|| {
+            eprintln!(
+                "ubtrfs: recovered: subvolume {} inode {} from generation {g} (lost in the \
+                 current one; older contents): {}",
+                node.root,
+                node.ino,
+                p.display()
+            )
+        });
+    }
     if ctx.recovering {
         ctx.summary.recovered += 1;
         if p.starts_with(ctx.dest.join("lost+found")) {
             ctx.summary.in_lost_found += 1;
+            ctx.in_lost_found
+                .insert((node.root, node.ino), (p.to_path_buf(), false));
         }
     }
     let kind = st.mode & S_IFMT;

@@ -15,7 +15,7 @@ mod subvol_edit;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use ubtrfs_core::mode::{S_IFBLK, S_IFCHR, S_IFLNK, S_IFMT};
 use ubtrfs_core::DirEntry;
@@ -140,12 +140,22 @@ enum Cmd {
         recursive: bool,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
+        /// Read the root tree from this block (an older generation).
+        #[arg(long, short = 't', value_name = "BYTENR")]
+        tree_root: Option<u64>,
+        /// Read the root tree of this generation (see `extract --generation`).
+        #[arg(long, value_name = "GEN", conflicts_with = "tree_root")]
+        generation: Option<u64>,
     },
     /// Write a file's contents to stdout.
     Cat {
         #[command(flatten)]
         img: Image,
         path: String,
+        /// Stop at the first damaged block or checksum failure (default: lost ranges
+        /// read as zeros, damaged data as found, each loss reported, exit 3).
+        #[arg(long)]
+        strict: bool,
     },
     /// Show every stat(2) field the kernel reports for a path.
     Stat {
@@ -177,6 +187,10 @@ enum Cmd {
         /// `btrfs restore -t`; `btrfs-find-root` lists candidates).
         #[arg(long, short = 't', value_name = "BYTENR")]
         tree_root: Option<u64>,
+        /// Read the root tree of this generation (from a backup root, else found by
+        /// scanning the metadata as `btrfs-find-root` does).
+        #[arg(long, value_name = "GEN", conflicts_with = "tree_root")]
+        generation: Option<u64>,
     },
     /// Filesystem-wide commands.
     Filesystem {
@@ -249,6 +263,18 @@ enum SubvolCmd {
 
 #[derive(Subcommand)]
 enum RescueCmd {
+    /// List the blocks that may be root tree roots of older generations, newest
+    /// first, like `btrfs-find-root` (for `extract -t BYTENR` or `--generation`).
+    FindRoot {
+        #[command(flatten)]
+        img: Image,
+        /// Print every generation, the superblock's too (btrfs-find-root -a).
+        #[arg(short = 'a')]
+        all: bool,
+        /// Tree to look for (default 1, the root tree).
+        #[arg(short = 'o', long, default_value_t = 1)]
+        objectid: u64,
+    },
     /// Clear the tree log (superblock log_root and log_root_level), like `btrfs rescue
     /// zero-log`: what was fsynced after the last commit is lost.
     ZeroLog {
@@ -307,6 +333,19 @@ fn open_with(img: &Image, salvage: bool, tree_root: Option<u64>) -> Result<Files
     Ok(fs)
 }
 
+/// [`open_with`] salvaging, at root tree `tree_root`, its warnings kept back.
+fn open_quiet(img: &Image, tree_root: Option<u64>) -> Result<Filesystem> {
+    let mut paths: Vec<PathBuf> = img.image.split(',').map(PathBuf::from).collect();
+    paths.extend(img.devices.iter().cloned());
+    let opts = OpenOptions {
+        verify_data_csum: !img.no_csum,
+        salvage: true,
+        tree_root,
+        ..Default::default()
+    };
+    Ok(Filesystem::open_replayed(&paths, opts)?)
+}
+
 /// Something was lost: the run went on and restored the rest (exit status 3).
 #[derive(Debug)]
 struct Incomplete;
@@ -321,6 +360,86 @@ impl std::error::Error for Incomplete {}
 
 /// After a salvaging read: one line per lost tree block and damaged data range;
 /// whether there were any.
+/// The root tree root of generation `generation`: a backup root of the superblock,
+/// else the block a scan of the metadata finds (as `btrfs-find-root`).
+fn root_of_generation(img: &Image, generation: u64) -> Result<u64> {
+    let fs = open_with(img, true, None)?;
+    let sb = on_disk_super(img)?;
+    if generation == sb.generation {
+        return Ok(sb.root);
+    }
+    if let Some(b) = sb
+        .backup_roots
+        .iter()
+        .find(|b| b.tree_root_gen == generation && b.tree_root != 0)
+    {
+        return Ok(b.tree_root);
+    }
+    let found = ubtrfs_core::tools::find_root::find_roots(
+        &fs.info,
+        ubtrfs_core::format::consts::ROOT_TREE_OBJECTID,
+        sb.generation,
+        None,
+    )?;
+    match found.iter().find(|c| c.generation == generation) {
+        Some(c) => Ok(c.bytenr),
+        None => bail!(
+            "no root tree root of generation {generation} found (backup roots: {}; \
+             `ubtrfs rescue find-root` lists what the metadata holds)",
+            sb.backup_roots
+                .iter()
+                .map(|b| b.tree_root_gen.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+/// The newest valid superblock of the image's first device, as written (a salvage
+/// open may have moved its root to a backup).
+fn on_disk_super(img: &Image) -> Result<ubtrfs_core::format::superblock::SuperBlock> {
+    let first = img.image.split(',').next().unwrap_or(&img.image);
+    let dev = ubtrfs_core::FileDevice::open(Path::new(first), false)
+        .with_context(|| format!("opening {first}"))?;
+    Ok(ubtrfs_core::read_best_super(&dev)?.0)
+}
+
+/// `rescue find-root`: btrfs-find-root's lines.
+fn cmd_find_root(img: &Image, all: bool, objectid: u64, out: &mut dyn Write) -> Result<()> {
+    let fs = open_with(img, true, None)?;
+    let sb = on_disk_super(img)?;
+    // Without -a the scan ends at the superblock's own root, as btrfs-find-root's.
+    let stop = (!all).then_some((sb.generation, sb.root_level));
+    let found = ubtrfs_core::tools::find_root::find_roots(&fs.info, objectid, sb.generation, stop)?;
+    writeln!(out, "Superblock thinks the generation is {}", sb.generation)?;
+    writeln!(out, "Superblock thinks the level is {}", sb.root_level)?;
+    for c in found {
+        if c.generation == sb.generation && c.level == sb.root_level {
+            if all {
+                writeln!(
+                    out,
+                    "Well block {}(gen: {} level: {}) seems good, and it matches superblock",
+                    c.bytenr, c.generation, c.level
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "Found tree root at {} gen {} level {}",
+                    c.bytenr, c.generation, c.level
+                )?;
+            }
+        } else {
+            writeln!(
+                out,
+                "Well block {}(gen: {} level: {}) seems good, but generation/level doesn't \
+                 match, want gen: {} level: {}",
+                c.bytenr, c.generation, c.level, sb.generation, sb.root_level
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn print_losses(fs: &Filesystem) -> bool {
     let (lost, blocks) = fs.info.lost_blocks();
     let (bad, data) = fs.info.damaged_data();
@@ -492,9 +611,15 @@ fn run(cli: Cli) -> Result<()> {
             long,
             recursive,
             format,
+            tree_root,
+            generation,
         } => {
+            let tree_root = match generation {
+                Some(g) => Some(root_of_generation(&img, g)?),
+                None => tree_root,
+            };
             // Salvaging: a damaged block does not stop the listing (exit 3).
-            let fs = open_with(&img, true, None)?;
+            let fs = open_with(&img, true, tree_root)?;
             let r = cmd_ls(&fs, &path, long, recursive, format, &mut out);
             out.flush()?;
             flush_warnings(&fs);
@@ -504,13 +629,19 @@ fn run(cli: Cli) -> Result<()> {
                 return Err(anyhow::Error::new(Incomplete));
             }
         }
-        Cmd::Cat { img, path } => {
-            // Strict: a file's damaged bytes are an error, not output (extract
-            // salvages them).
-            let fs = open(&img)?;
+        Cmd::Cat { img, path, strict } => {
+            // Salvaging unless --strict: ranges whose extent items are in a lost
+            // block read as zeros, data failing its checksums in every copy is
+            // written as found; each loss is reported and the exit status is 3.
+            let fs = open_with(&img, !strict, None)?;
             let r = cmd_cat(&fs, &path, &mut out);
+            out.flush()?;
             flush_warnings(&fs);
+            let lost = print_losses(&fs);
             r?;
+            if lost {
+                return Err(anyhow::Error::new(Incomplete));
+            }
         }
         Cmd::Stat { img, path, format } => {
             let fs = open(&img)?;
@@ -524,23 +655,58 @@ fn run(cli: Cli) -> Result<()> {
             dry_run,
             ignore_errors: _,
             tree_root,
+            generation,
         } => {
+            let tree_root = match generation {
+                Some(g) => Some(root_of_generation(&img, g)?),
+                None => tree_root,
+            };
             let fs = open_with(&img, !strict, tree_root)?;
-            let opts = extract::ExtractOptions { strict, dry_run };
+            let older_img = img.clone();
+            let opts = extract::ExtractOptions {
+                strict,
+                dry_run,
+                // Reading an older commit on purpose: no older still.
+                open_older: tree_root.is_none().then(|| {
+                    Box::new(move |b: u64| open_quiet(&older_img, Some(b))) as extract::OpenOlder
+                }),
+            };
             let r = extract::extract(&fs, &path, &dest, &opts);
             flush_warnings(&fs);
             let s = r?;
             if s.lost_anything() || s.recovered > 0 {
                 eprintln!(
                     "ubtrfs: salvage: {} entries restored ({} through back references, {} in \
-                     lost+found), {} not restored; {} tree blocks lost, {} data ranges \
-                     damaged (written as found)",
+                     lost+found, {} from older generations), {} not restored; {} tree blocks \
+                     lost, {} data ranges damaged (written as found)",
                     s.entries,
                     s.recovered,
                     s.in_lost_found,
+                    s.from_older,
                     s.lost_entries,
                     s.lost_blocks,
                     s.damaged_data
+                );
+            }
+            if s.lost_blocks > 0 && tree_root.is_none() {
+                // Older commits may still hold what was lost.
+                let gens: Vec<String> = fs
+                    .info
+                    .sb
+                    .backup_roots
+                    .iter()
+                    .filter(|b| b.tree_root != 0 && b.tree_root_gen < fs.info.sb.generation)
+                    .map(|b| b.tree_root_gen.to_string())
+                    .collect();
+                eprintln!(
+                    "ubtrfs: hint: older generations may hold what was lost (backup roots: {}; \
+                     `ubtrfs rescue find-root` lists more): `ubtrfs extract --generation GEN` \
+                     into another directory",
+                    if gens.is_empty() {
+                        "none".to_string()
+                    } else {
+                        gens.join(", ")
+                    }
                 );
             }
             if s.failures > 0 {
@@ -584,6 +750,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Quota { cmd } => quota::run_quota(cmd, &mut out)?,
         Cmd::Qgroup { cmd } => quota::run_qgroup(cmd, &mut out)?,
         Cmd::Mount(args) => mount::run(args)?,
+        Cmd::Rescue {
+            cmd: RescueCmd::FindRoot { img, all, objectid },
+        } => cmd_find_root(&img, all, objectid, &mut out)?,
         Cmd::Rescue {
             cmd: RescueCmd::ZeroLog { image },
         } => {

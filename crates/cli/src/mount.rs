@@ -24,7 +24,9 @@ Mount options (-o, comma separated, repeatable):
                         read-only with a warning, as mount(8) does for write-protected media.
                         A tree log (fsyncs before a crash) is replayed: into the image
                         read-write, in memory only read-only (the kernel writes it even
-                        on an ro mount unless nologreplay)
+                        on an ro mount unless nologreplay). Read-only, a damaged tree
+                        block does not stop the mount: listings show what is left,
+                        reads that need the block get EIO, each loss is logged once
   commit=SECS           interval of periodic commits (default 30, as the kernel)
   notreelog             fsync commits the transaction instead of writing the tree log
   compress=ALG[:LEVEL]  compress new data: zlib, lzo, zstd (the kernel's give-up rule)
@@ -235,6 +237,14 @@ pub fn run(args: MountArgs) -> Result<()> {
         }
         None => {
             _locks = lock_shared(&paths)?;
+            // Salvaging (see loss_logger): a damaged tree block reads as empty, so
+            // listings go on; a file read that needs one gets EIO (ops.rs), and
+            // so does data failing its checksums in every copy, as on the kernel.
+            let opts = OpenOptions {
+                salvage: true,
+                data_as_found: false,
+                ..opts
+            };
             // A tree log is replayed in memory only: a read-only mount never writes.
             let fs = Filesystem::open_replayed(&paths, opts)
                 .with_context(|| format!("cannot open {}", args.image))?;
@@ -301,6 +311,10 @@ pub fn run(args: MountArgs) -> Result<()> {
         Engine::ReadWrite(w) => Some(Arc::clone(w)),
         Engine::ReadOnly(_) => None,
     };
+    let losses = match &engine {
+        Engine::ReadOnly(fs) => Some(LossLog::start(Arc::clone(fs))),
+        Engine::ReadWrite(_) => None,
+    };
     let session = ubtrfs_fuse::mount(engine, &mnt, &cfg)
         .with_context(|| format!("cannot mount on {}", args.mountpoint.display()))?;
     let committer = writer
@@ -318,6 +332,9 @@ pub fn run(args: MountArgs) -> Result<()> {
     let served = session
         .run()
         .with_context(|| format!("serving {}", args.mountpoint.display()));
+    if let Some(l) = &losses {
+        l.flush();
+    }
     if let Some(w) = writer {
         // Unmounted (fusermount3 -u, umount, a signal): the last commit.
         w.stop();
@@ -395,6 +412,58 @@ fn write_protected(e: &anyhow::Error) -> bool {
 
 /// Opens the devices for the write engine: refuses devices the kernel has mounted,
 /// takes exclusive locks, validates what writing needs.
+/// Reports each tree block the read-only mount finds lost, once, on stderr (the
+/// log file with log=, the terminal with -f): checked once a second for the life
+/// of the server, and when it ends.
+struct LossLog {
+    fs: Arc<Filesystem>,
+    said: std::sync::Mutex<usize>,
+}
+
+impl LossLog {
+    fn start(fs: Arc<Filesystem>) -> Arc<LossLog> {
+        let l = Arc::new(LossLog {
+            fs,
+            said: std::sync::Mutex::new(0),
+        });
+        let t = Arc::clone(&l);
+        let _ = std::thread::Builder::new()
+            .name("ubtrfs-losses".into())
+            .spawn(move || {
+                // The session's signal thread alone takes SIGINT/SIGTERM/SIGHUP.
+                use nix::sys::signal::{SigSet, Signal};
+                let mut sigs = SigSet::empty();
+                for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+                    sigs.add(s);
+                }
+                let _ = sigs.thread_block();
+                loop {
+                    t.flush();
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            });
+        l
+    }
+
+    fn flush(&self) {
+        let Ok(mut said) = self.said.lock() else {
+            return;
+        };
+        let (lost, _) = self.fs.info.lost_blocks();
+        for b in lost.iter().skip(*said) {
+            let from = b
+                .first_key
+                .map_or(String::new(), |k| format!(", keys from {k}"));
+            eprintln!(
+                "ubtrfs: lost: tree block {}{from}: {} (listings show what is left; reads \
+                 that need it get EIO)",
+                b.bytenr, b.error
+            );
+        }
+        *said = lost.len().max(*said);
+    }
+}
+
 fn open_writable(paths: &[PathBuf], opts: &OpenOptions) -> Result<Trans> {
     let mut locks = Vec::new();
     for p in paths {

@@ -1,5 +1,6 @@
 //! Damaged images: a flipped data sector is an I/O error naming the file, offset and
-//! both checksums; a damaged metadata copy is worked around with a warning naming the
+//! both checksums for `cat --strict` (plain `cat` gives the bytes as found, reports
+//! them and exits 3); a damaged metadata copy is worked around with a warning naming the
 //! copy; a wrecked superblock or tree root is a one-line error, never a panic.
 
 use std::fs::{File, OpenOptions};
@@ -54,8 +55,18 @@ fn data_checksum_mismatch_names_file_offset_and_checksums() {
         (physical(&fs, l, 0), l)
     };
     flip(&img, disk + 100);
-    let (ok, out, err) = UBTRFS.run(&["cat", img.to_str().unwrap(), path]);
-    assert!(!ok, "cat of a corrupted file must fail");
+    // cat salvages: every byte, the damaged sector as found, the damage reported,
+    // exit 3. --strict: a one-line error and no success.
+    let o = UBTRFS.output(&["cat", img.to_str().unwrap(), path]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert_eq!(o.stdout.len(), 1 << 20);
+    assert!(
+        err.contains("ubtrfs: damaged:") && err.contains(&second_sector.to_string()),
+        "{err}"
+    );
+    let (ok, out, err) = UBTRFS.run(&["cat", "--strict", img.to_str().unwrap(), path]);
+    assert!(!ok, "cat --strict of a corrupted file must fail");
     assert!(out.len() < 1 << 20, "no partial file reported as success");
     let line = err.trim();
     assert_eq!(line.lines().count(), 1, "one-line error: {err}");
@@ -113,9 +124,9 @@ fn both_metadata_copies_bad_is_one_line_error() {
     };
     flip(&img, p0 + 200);
     flip(&img, p1 + 200);
-    // ls salvages: the lost block is one line naming it, then the error that
-    // stopped it (the top directory is in that block); `cat` and the other readers:
-    // one line.
+    // ls and cat salvage: the lost block is one line naming it, then the error
+    // that stopped it (the top directory is in that block); `cat --strict` and the
+    // other readers: one line.
     let o = UBTRFS.output(&["ls", img.to_str().unwrap(), "/"]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
@@ -126,6 +137,14 @@ fn both_metadata_copies_bad_is_one_line_error() {
     );
     assert!(err.contains("checksum mismatch"), "{err}");
     let (ok, _, err) = UBTRFS.run(&["cat", img.to_str().unwrap(), "/dir1/dir2/size-1m"]);
+    assert!(!ok);
+    assert_eq!(err.trim().lines().count(), 2, "{err}");
+    let (ok, _, err) = UBTRFS.run(&[
+        "cat",
+        "--strict",
+        img.to_str().unwrap(),
+        "/dir1/dir2/size-1m",
+    ]);
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
     assert!(err.contains(&format!("tree block {root_bytenr}")), "{err}");

@@ -105,7 +105,7 @@ pub fn mount(engine: Engine, mountpoint: &Path, cfg: &Config) -> std::io::Result
     let cfg = &cfg;
     // Fail before mounting if the root cannot be read.
     engine
-        .read(|fs| fs.stat(cfg.root))
+        .read(|fs| ops::stat_salvaged(fs, cfg.root))
         .map_err(|e| std::io::Error::other(format!("cannot read the root directory: {e}")))?;
     let ops = Ops::new(
         engine,

@@ -356,7 +356,7 @@ impl Ops {
     }
 
     fn stat_attr(&self, node: Node) -> Result<(Stat, Attr), Error> {
-        let st = self.engine.read_node(node, |fs| fs.stat(node))?;
+        let st = self.engine.read_node(node, |fs| stat_salvaged(fs, node))?;
         let a = self.attr(node, &st);
         Ok((st, a))
     }
@@ -455,7 +455,12 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
-        match self.engine.read_metadata(|fs| fs.readlink(node)) {
+        let before = ubtrfs_core::losses_met_by_this_thread();
+        match self
+            .engine
+            .read_metadata(|fs| fs.readlink(node))
+            .and_then(|t| lost_since(before, "its target").map(|()| t))
+        {
             Ok(t) => reply.ok(&t),
             Err(e) => {
                 self.log_error(h.nodeid, node, "readlink", &e);
@@ -543,9 +548,14 @@ impl Ops {
         };
         // One engine call for the whole request: one extent walk, one checksum
         // lookup and one device read per extent piece, however large the request.
-        match self.engine.read_node(f.node, |fs| {
-            fs.read_inode(f.node, &f.inode, offset, size as usize)
-        }) {
+        let before = ubtrfs_core::losses_met_by_this_thread();
+        match self
+            .engine
+            .read_node(f.node, |fs| {
+                fs.read_inode(f.node, &f.inode, offset, size as usize)
+            })
+            .and_then(|d| lost_since(before, "the extent items of this range").map(|()| d))
+        {
             Ok(data) => reply.ok(&data),
             Err(e) => {
                 self.log_error(f.nodeid, f.node, &format!("read at offset {offset}"), &e);
@@ -688,7 +698,7 @@ impl Ops {
                     // again here deadlocks once a writer queues between the two (the
                     // RwLock then blocks new readers), as fstests' generic/013 (fsstress)
                     // showed with readdirplus against writes and the commit timer.
-                    match fs.stat(e.node).map(|st| self.attr(e.node, &st)) {
+                    match stat_salvaged(fs, e.node).map(|st| self.attr(e.node, &st)) {
                         Ok(attr) => {
                             let id = self.nodes.intern(
                                 NodeKey::new(e.node, e.location),
@@ -995,5 +1005,48 @@ fn dtype(ft: u8) -> u32 {
         FT_SOCK => 12,
         FT_SYMLINK => 10,
         _ => 0,
+    }
+}
+
+/// A read-only mount opened with salvage reads a lost tree block as empty: a file
+/// read (or readlink) that met one since `before` (on this thread) would return
+/// holes or zeros where data was, so it fails with EIO, as the kernel's read does;
+/// listings and stat go on with what is left.
+fn lost_since(before: u64, what: &str) -> ubtrfs_core::Result<()> {
+    if ubtrfs_core::losses_met_by_this_thread() == before {
+        return Ok(());
+    }
+    Err(Error::corrupt(format!(
+        "{what}: in a lost tree block, or damaged in every copy (see the lost-block log)"
+    )))
+}
+
+/// `fs.stat(node)`; in a salvage open (the read-only mount), a subvolume's root
+/// directory whose inode item is lost is shown as a stand-in
+/// (a directory, mode 0755, owned by root, times zero) so that what is left of
+/// its entries can still be listed, as `extract` restores them.
+pub(crate) fn stat_salvaged(fs: &ubtrfs_core::Filesystem, node: Node) -> Result<Stat, Error> {
+    match fs.stat(node) {
+        Err(_) if fs.info.opts.salvage && node.ino == ubtrfs_core::format::FIRST_FREE_OBJECTID => {
+            Ok(Stat {
+                subvol: node.root,
+                ino: node.ino,
+                mode: ubtrfs_core::mode::S_IFDIR | 0o755,
+                nlink: 1,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                size: 0,
+                blocks: 0,
+                blksize: fs.info.sectorsize,
+                atime: Default::default(),
+                mtime: Default::default(),
+                ctime: Default::default(),
+                crtime: Default::default(),
+                generation: 0,
+                flags: 0,
+            })
+        }
+        r => r,
     }
 }

@@ -33,6 +33,10 @@ pub struct OpenOptions {
     /// Read the root tree from this block instead of the superblock's (an older
     /// generation, as `btrfs restore -t` and `btrfs-find-root` use). Read-only.
     pub tree_root: Option<u64>,
+    /// With `salvage`: file data failing its checksums in every copy is given out
+    /// as found (and logged), as `extract` wants; false: an error (EIO), as the
+    /// kernel and the read-only mount give.
+    pub data_as_found: bool,
 }
 
 impl Default for OpenOptions {
@@ -43,6 +47,7 @@ impl Default for OpenOptions {
             writable: false,
             salvage: false,
             tree_root: None,
+            data_as_found: true,
         }
     }
 }
@@ -338,6 +343,10 @@ impl FsInfo {
         self.sb.root = bytenr;
         self.sb.root_level = level;
         self.sb.generation = generation;
+        // A tree log continues the superblock's own commit, not an older one: it
+        // is not replayed over another root tree.
+        self.sb.log_root = 0;
+        self.sb.log_root_level = 0;
     }
 
     /// A filesystem being created (mkfs): nothing is read from the devices.
@@ -447,9 +456,41 @@ impl FsInfo {
                     e => format!("tree block {bytenr}: {e}"),
                 };
                 let fsid = self.sb.metadata_fsid();
+                if let Some((data, found)) = self.stale_copy(bytenr, expect) {
+                    // An intact older version (a lost write): read as found, as
+                    // btrfs-progs does when it ignores a transid failure. Still a
+                    // loss: what changed in it since generation `found` is gone.
+                    let msg = format!(
+                        "{msg}; read the stale copy of generation {found} instead (what \
+                         changed after it is lost)"
+                    );
+                    return Ok(s.keep_stale(TreeBlock { bytenr, data }, expect, msg));
+                }
                 Ok(s.lose(bytenr, expect, msg, self.nodesize as usize, &fsid))
             }
         }
+    }
+
+    /// The newest copy of `bytenr` that fails only the generation its parent
+    /// expects, being older (a lost write left the previous contents): checksum,
+    /// header, structure, level and first key intact. None when there is none.
+    fn stale_copy(&self, bytenr: u64, expect: &Expect) -> Option<(Vec<u8>, u64)> {
+        let want = expect.generation?;
+        let any_gen = Expect {
+            generation: None,
+            ..*expect
+        };
+        let mut best: Option<(Vec<u8>, u64)> = None;
+        for m in 0..self.num_mirrors(bytenr).ok()? {
+            let Ok(data) = self.read_tree_block_copy(bytenr, m, &any_gen) else {
+                continue;
+            };
+            let g = ubtrfs_format::tree::BlockView::new(&data).generation();
+            if g < want && best.as_ref().is_none_or(|(_, bg)| g > *bg) {
+                best = Some((data, g));
+            }
+        }
+        best
     }
 
     /// Blocks a salvage open could not read (the first 100,000) and how many in all.
@@ -469,9 +510,13 @@ impl FsInfo {
     /// reader goes on with the bytes found.
     pub(crate) fn salvage_bad_data(&self, msg: String) -> bool {
         match &self.salvage {
-            Some(s) => {
+            Some(s) if self.opts.data_as_found => {
                 s.bad_data(msg);
                 true
+            }
+            Some(_) => {
+                crate::io::salvage::touched();
+                false
             }
             None => false,
         }

@@ -10,6 +10,11 @@
 //! checksum fails in every copy is given out as found (zeros where no copy could be
 //! read at all) and logged too.
 //!
+//! A block whose copies are all intact but older than its parent expects (a lost
+//! write left the previous contents) is read as that older copy, as btrfs-progs
+//! does when it ignores a transid failure, and logged as lost all the same: its
+//! key range shows an older state.
+//!
 //! Stand-ins exist only in memory, at addresses no chunk maps (from
 //! [`STAND_IN_BASE`] up). A salvage open is never written to: the transaction
 //! refuses it.
@@ -28,6 +33,26 @@ pub(crate) const STAND_IN_BASE: u64 = 1 << 62;
 /// Most distinct lost blocks recorded (a wiped device loses every block; the log
 /// keeps the first ones, the count goes on).
 const LOST_BLOCKS_MAX: usize = 100_000;
+
+thread_local! {
+    /// Lost blocks (their stand-ins or stale copies) this thread has read, and
+    /// data it was refused: see [`losses_met_by_this_thread`].
+    static TOUCHED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts a lost block or refused data met by this thread.
+pub(crate) fn touched() {
+    TOUCHED.with(|t| t.set(t.get() + 1));
+}
+
+/// How many times this thread has read a lost block's stand-in (or its stale copy)
+/// or been refused damaged data in a salvage open. A reader compares the number
+/// before and after a request to tell whether the answer rests on lost metadata:
+/// the read-only mount answers a file read that met one with EIO, as the kernel
+/// would, while listings go on with what is left.
+pub fn losses_met_by_this_thread() -> u64 {
+    TOUCHED.with(|t| t.get())
+}
 
 /// A tree block that could not be read from any copy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -59,6 +84,9 @@ struct State {
 #[derive(Default)]
 pub(crate) struct Salvage {
     state: Mutex<State>,
+    /// Whether any stand-in exists: every block read asks, most opens never lose
+    /// one, and the answer then needs no lock.
+    any: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Salvage {
@@ -71,7 +99,14 @@ impl Salvage {
     /// A stand-in made earlier for `bytenr` (a lost block read again, or a made-up
     /// child address).
     pub(crate) fn stand_in(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {
-        self.state.lock().ok()?.stand_ins.get(&bytenr).cloned()
+        if !self.any.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let b = self.state.lock().ok()?.stand_ins.get(&bytenr).cloned();
+        if b.is_some() {
+            touched();
+        }
+        b
     }
 
     /// Logs block `bytenr` as lost (once) and returns its stand-in.
@@ -83,6 +118,7 @@ impl Salvage {
         nodesize: usize,
         fsid: &[u8; 16],
     ) -> Arc<TreeBlock> {
+        touched();
         let Ok(mut s) = self.state.lock() else {
             return Arc::new(empty_leaf(bytenr, 0, nodesize, fsid));
         };
@@ -90,6 +126,7 @@ impl Salvage {
             return b.clone();
         }
         s.lost_count += 1;
+        self.any.store(true, std::sync::atomic::Ordering::Release);
         if s.lost.len() < LOST_BLOCKS_MAX {
             s.lost.push(LostBlock {
                 bytenr,
@@ -125,6 +162,37 @@ impl Salvage {
             top = b;
         }
         top
+    }
+
+    /// Logs block `b` as lost (once) although an older intact copy of it is read
+    /// in its place (a stale block: the write of its newer contents was lost), and
+    /// returns that copy. Its address stays mapped to it for the whole open.
+    pub(crate) fn keep_stale(
+        &self,
+        b: TreeBlock,
+        expect: &Expect,
+        error: String,
+    ) -> Arc<TreeBlock> {
+        touched();
+        let b = Arc::new(b);
+        let Ok(mut s) = self.state.lock() else {
+            return b;
+        };
+        if let Some(old) = s.stand_ins.get(&b.bytenr) {
+            return old.clone();
+        }
+        s.lost_count += 1;
+        self.any.store(true, std::sync::atomic::Ordering::Release);
+        if s.lost.len() < LOST_BLOCKS_MAX {
+            s.lost.push(LostBlock {
+                bytenr: b.bytenr,
+                level: expect.level,
+                first_key: expect.first_key,
+                error,
+            });
+        }
+        s.stand_ins.insert(b.bytenr, b.clone());
+        b
     }
 
     /// Logs file data no copy gives intact; the reader gets the bytes as found.

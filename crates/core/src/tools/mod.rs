@@ -1,5 +1,5 @@
 //! Tools built on the engine, as btrfs-progs builds its commands on kernel-shared/:
-//! the dump-super/dump-tree printer, fiemap, dedupe, `filesystem du`, `subvolume du` and mkfs.
+//! the dump-super/dump-tree printer, fiemap, find-root, dedupe, `filesystem du`, `subvolume du` and mkfs.
 //!
 //! Architecture invariant: nothing outside `tools/` imports from it; the engine does not
 //! know its tools exist.
@@ -7,6 +7,7 @@
 pub mod dedupe;
 pub mod du;
 pub mod fiemap;
+pub mod find_root;
 pub mod mkfs;
 pub mod print_tree;
 pub mod subvol_du;
