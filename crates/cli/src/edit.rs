@@ -72,6 +72,72 @@ pub struct MkfsArgs {
     pub quiet: bool,
 }
 
+/// `ubtrfs filesystem resize IMAGE [DEVID:][+|-]SIZE|max`: the new size is set in
+/// the filesystem and the image file follows it (grown before the commit, cut after
+/// it, so a crash leaves a file at least as large as the filesystem says).
+pub fn resize(image: &Path, spec: &str, out: &mut dyn std::io::Write) -> Result<()> {
+    let (devid, amount) = match spec.split_once(':') {
+        Some((d, a)) => (
+            d.parse::<u64>()
+                .with_context(|| format!("device id {d:?}"))?,
+            a,
+        ),
+        None => (1, spec),
+    };
+    let mut t = open_rw(image)?;
+    let old = t.device_size(devid)?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(image)
+        .with_context(|| image.display().to_string())?;
+    let is_file = file.metadata()?.file_type().is_file();
+    let new = if amount == "max" {
+        if is_file {
+            bail!("resize max: {} is a file, give a size", image.display());
+        }
+        u64::MAX
+    } else if let Some(d) = amount.strip_prefix('+') {
+        old.checked_add(parse_size(d)?)
+            .ok_or_else(|| anyhow::anyhow!("size overflows"))?
+    } else if let Some(d) = amount.strip_prefix('-') {
+        old.checked_sub(parse_size(d)?)
+            .ok_or_else(|| anyhow::anyhow!("cannot shrink below zero"))?
+    } else {
+        parse_size(amount)?
+    };
+    let new = if new == u64::MAX {
+        t.fs.info
+            .devices
+            .get(&devid)
+            .map(|d| d.size())
+            .ok_or_else(|| anyhow::anyhow!("device {devid} is not open"))?
+    } else {
+        new
+    };
+    if is_file && new > file.metadata()?.len() {
+        // The device must hold the new size before the filesystem says so.
+        file.set_len(new)
+            .with_context(|| format!("growing {}", image.display()))?;
+        drop(t);
+        t = open_rw(image)?;
+    }
+    let set = t.resize_device(devid, new)?;
+    t.commit()?;
+    drop(t);
+    if is_file && set < file.metadata()?.len() {
+        file.set_len(set)
+            .with_context(|| format!("cutting {} to {set}", image.display()))?;
+    }
+    writeln!(
+        out,
+        "Resize device id {devid} ({}) from {} to {}",
+        image.display(),
+        crate::quota::pretty_size(old),
+        crate::quota::pretty_size(set)
+    )?;
+    Ok(())
+}
+
 pub fn parse_size(s: &str) -> Result<u64> {
     let s = s.trim();
     let (num, mult) = match s.chars().last().map(|c| c.to_ascii_uppercase()) {

@@ -235,6 +235,14 @@ enum Cmd {
 enum FsCmd {
     /// Disk usage with exclusive and shared bytes, like `btrfs filesystem du`.
     Du(share::DuArgs),
+    /// Grow or shrink a device of the filesystem, like `btrfs filesystem resize`:
+    /// [DEVID:][+|-]SIZE[KMGTPE] or [DEVID:]max. An image file grows or is cut to
+    /// the size; a shrink over allocated chunks is refused (balance is not supported).
+    Resize {
+        image: PathBuf,
+        #[arg(allow_hyphen_values = true)]
+        size: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -764,6 +772,9 @@ fn run(cli: Cli) -> Result<()> {
                 z.log_root, z.log_root_level
             );
         }
+        Cmd::Filesystem {
+            cmd: FsCmd::Resize { image, size },
+        } => edit::resize(&image, &size, &mut out)?,
         Cmd::Filesystem { cmd: FsCmd::Du(a) } => {
             let fs = open(&a.img)?;
             let r = share::cmd_du(&fs, &a, &mut out);
