@@ -10,6 +10,8 @@ use super::blocks::{RefKind, Walk, DATA_LEVEL};
 use super::Findings;
 use crate::error::Result;
 use crate::fs::Filesystem;
+use crate::qgroup::is_fs_tree;
+use crate::qgroup::rescan::Sets;
 use crate::tree::ctree::TreeIter;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use ubtrfs_format::consts::*;
@@ -19,45 +21,6 @@ use ubtrfs_format::key::{fmt_qgroupid, Key};
 const QGROUP_STATUS_FLAG_RESCAN: u64 = 1 << 1;
 const QGROUP_STATUS_FLAG_INCONSISTENT: u64 = 1 << 2;
 const QGROUP_STATUS_FLAG_SIMPLE_MODE: u64 = 1 << 3;
-
-#[derive(Default)]
-struct Sets {
-    sets: Vec<Vec<u64>>,
-    ids: HashMap<Vec<u64>, u32>,
-    unions: HashMap<(u32, u32), u32>,
-}
-
-impl Sets {
-    fn intern(&mut self, v: Vec<u64>) -> u32 {
-        if let Some(&i) = self.ids.get(&v) {
-            return i;
-        }
-        let i = self.sets.len() as u32;
-        self.sets.push(v.clone());
-        self.ids.insert(v, i);
-        i
-    }
-    fn union(&mut self, a: u32, b: u32) -> u32 {
-        if a == b {
-            return a;
-        }
-        let key = (a.min(b), a.max(b));
-        if let Some(&u) = self.unions.get(&key) {
-            return u;
-        }
-        let mut v: Vec<u64> = self.sets[a as usize].clone();
-        v.extend_from_slice(&self.sets[b as usize]);
-        v.sort_unstable();
-        v.dedup();
-        let u = self.intern(v);
-        self.unions.insert(key, u);
-        u
-    }
-}
-
-fn is_subvol(id: u64) -> bool {
-    id == FS_TREE_OBJECTID || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id)
-}
 
 pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> Option<String> {
     let Some(ptr) = fs.info.tree_ptr(QUOTA_TREE_OBJECTID) else {
@@ -123,7 +86,7 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
         let r = walk.refs[i];
         let from = if r.from == 0 {
             match r.kind {
-                RefKind::Tree(id) if is_subvol(id) => sets.intern(vec![id]),
+                RefKind::Tree(id) if is_fs_tree(id) => sets.intern(vec![id]),
                 _ => empty,
             }
         } else {

@@ -26,17 +26,20 @@ use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{FileExtentBody, FileExtentItem, RootItem};
 use ubtrfs_format::key::Key;
 
-type SetId = u32;
+/// An interned set of subvolumes.
+pub(crate) type SetId = u32;
 
+/// Sets of subvolumes, interned: snapshots make most blocks share the same few
+/// sets, so a block holds one small id, and unions are memoised.
 #[derive(Default)]
-struct Sets {
-    sets: Vec<Vec<u64>>,
+pub(crate) struct Sets {
+    pub(crate) sets: Vec<Vec<u64>>,
     ids: HashMap<Vec<u64>, SetId>,
     unions: HashMap<(SetId, SetId), SetId>,
 }
 
 impl Sets {
-    fn intern(&mut self, s: Vec<u64>) -> SetId {
+    pub(crate) fn intern(&mut self, s: Vec<u64>) -> SetId {
         if let Some(&id) = self.ids.get(&s) {
             return id;
         }
@@ -45,7 +48,7 @@ impl Sets {
         self.ids.insert(s, id);
         id
     }
-    fn union(&mut self, a: SetId, b: SetId) -> SetId {
+    pub(crate) fn union(&mut self, a: SetId, b: SetId) -> SetId {
         if a == b {
             return a;
         }
@@ -216,32 +219,11 @@ pub fn compute_sharing(fs: &FsInfo) -> Result<Sharing> {
                 }
                 continue;
             }
-            for i in 0..b.nritems() {
-                let k = v
-                    .item_key(i)
-                    .map_err(|e| Error::corrupt(format!("tree block {bytenr}: {e}")))?;
-                if k.ty != EXTENT_DATA_KEY {
-                    continue;
-                }
-                let d = v
-                    .item_data(i)
-                    .map_err(|e| Error::corrupt(format!("tree block {bytenr}: {e}")))?;
-                let fe = FileExtentItem::parse(d)
-                    .map_err(|e| Error::corrupt(format!("tree block {bytenr} {k}: {e}")))?;
-                if let FileExtentBody::Regular {
-                    disk_bytenr,
-                    disk_num_bytes,
-                    ..
-                } = fe.body
-                {
-                    if disk_bytenr == 0 {
-                        continue;
-                    }
-                    match data.get_mut(&disk_bytenr) {
-                        Some(x) => x.1 = sets.union(x.1, set),
-                        None => {
-                            data.insert(disk_bytenr, (disk_num_bytes, set));
-                        }
+            for (disk_bytenr, disk_num_bytes) in leaf_data_extents(&b)? {
+                match data.get_mut(&disk_bytenr) {
+                    Some(x) => x.1 = sets.union(x.1, set),
+                    None => {
+                        data.insert(disk_bytenr, (disk_num_bytes, set));
                     }
                 }
             }
@@ -263,4 +245,36 @@ pub fn compute_sharing(fs: &FsInfo) -> Result<Sharing> {
         tree_blocks,
         data_extents,
     })
+}
+
+/// The data extents a leaf's file extent items point at: (disk bytenr, on-disk
+/// length), holes and inline extents left out.
+pub(crate) fn leaf_data_extents(b: &crate::tree::TreeBlock) -> Result<Vec<(u64, u64)>> {
+    let v = b.view();
+    let bytenr = b.bytenr;
+    let mut out = Vec::new();
+    for i in 0..b.nritems() {
+        let k = v
+            .item_key(i)
+            .map_err(|e| Error::corrupt(format!("tree block {bytenr}: {e}")))?;
+        if k.ty != EXTENT_DATA_KEY {
+            continue;
+        }
+        let d = v
+            .item_data(i)
+            .map_err(|e| Error::corrupt(format!("tree block {bytenr}: {e}")))?;
+        let fe = FileExtentItem::parse(d)
+            .map_err(|e| Error::corrupt(format!("tree block {bytenr} {k}: {e}")))?;
+        if let FileExtentBody::Regular {
+            disk_bytenr,
+            disk_num_bytes,
+            ..
+        } = fe.body
+        {
+            if disk_bytenr != 0 {
+                out.push((disk_bytenr, disk_num_bytes));
+            }
+        }
+    }
+    Ok(out)
 }

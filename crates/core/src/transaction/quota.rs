@@ -27,14 +27,14 @@ use crate::backref::FsRefGraph;
 use crate::error::{Error, Result};
 use crate::qgroup::roots::RootFinder;
 use crate::qgroup::{
-    is_fs_tree, level_of, rescan, QgroupTable, LIMIT_MAX_EXCL, LIMIT_MAX_RFER,
-    STATUS_FLAG_INCONSISTENT, STATUS_FLAG_ON, STATUS_FLAG_RESCAN, STATUS_VERSION,
+    is_fs_tree, level_of, rescan, rescan::leaf_data_extents, QgroupTable, LIMIT_MAX_EXCL,
+    LIMIT_MAX_RFER, STATUS_FLAG_INCONSISTENT, STATUS_FLAG_ON, STATUS_FLAG_RESCAN, STATUS_VERSION,
 };
 use crate::tree::ctree::{read_root, TreeIter};
 use crate::tree::tree_checker::Expect;
 use std::collections::BTreeMap;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{FileExtentBody, FileExtentItem, QgroupInfo, QgroupStatus};
+use ubtrfs_format::items::{QgroupInfo, QgroupStatus};
 use ubtrfs_format::key::{fmt_qgroupid, Key};
 
 /// What the commit must do for quotas beyond the recorded extents.
@@ -207,36 +207,18 @@ impl Trans {
                     ..Default::default()
                 },
             )?;
-            let v = blk.view();
-            for i in 0..blk.nritems() {
-                if l > 0 {
+            if l > 0 {
+                let v = blk.view();
+                for i in 0..blk.nritems() {
                     let p = v
                         .key_ptr(i)
                         .map_err(|e| Error::corrupt(format!("tree block {b}: {e}")))?;
                     todo.push((p.blockptr, l - 1));
-                    continue;
                 }
-                let k = v
-                    .item_key(i)
-                    .map_err(|e| Error::corrupt(format!("tree block {b}: {e}")))?;
-                if k.ty != EXTENT_DATA_KEY {
-                    continue;
-                }
-                let d = v
-                    .item_data(i)
-                    .map_err(|e| Error::corrupt(format!("tree block {b}: {e}")))?;
-                let fe = FileExtentItem::parse(d)
-                    .map_err(|e| Error::corrupt(format!("tree block {b} {k}: {e}")))?;
-                if let FileExtentBody::Regular {
-                    disk_bytenr,
-                    disk_num_bytes,
-                    ..
-                } = fe.body
-                {
-                    if disk_bytenr != 0 {
-                        self.delayed.trace(disk_bytenr, disk_num_bytes, true);
-                    }
-                }
+                continue;
+            }
+            for (disk_bytenr, disk_num_bytes) in leaf_data_extents(&blk)? {
+                self.delayed.trace(disk_bytenr, disk_num_bytes, true);
             }
         }
         Ok(())
