@@ -103,6 +103,9 @@ pub fn run(a: CheckArgs, out: &mut dyn Write) -> Result<()> {
                 None => eprintln!("[{}/8] {phase}", i + 1),
             }
         }
+        for n in &report.notes {
+            eprintln!("note: {n}");
+        }
         print_text(&report, out)?;
     } else {
         json::write(out, &to_json(&report))?;
@@ -175,6 +178,7 @@ fn to_json(r: &CheckReport) -> serde_json::Value {
         "data_bytes_referenced": s.data_bytes_referenced,
         "tree_blocks": s.tree_blocks,
         "data_bytes_verified": s.data_bytes_verified,
+        "notes": r.notes,
         "skipped": r.skipped.iter().map(|(p, w)| json!({"phase": p, "reason": w})).collect::<Vec<_>>(),
     })
 }

@@ -95,10 +95,6 @@ const KNOWN_DIFFERENCES: &[(&str, &str)] = &[
         "n4-top-node-csum-one-copy",
         "one copy bad: ubtrfs checks every copy, btrfs check the first good one",
     ),
-    (
-        "super-mirror-csum",
-        "btrfs check verifies only the superblock it opens; ubtrfs every copy",
-    ),
 ];
 
 /// The kernel's workload: every item type. The last step keeps a file open after

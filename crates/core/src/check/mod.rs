@@ -115,6 +115,10 @@ pub struct CheckReport {
     pub stats: CheckStats,
     /// Phases that did not run, with why (e.g. quotas not enabled).
     pub skipped: Vec<(&'static str, String)>,
+    /// Found, but not a problem: what a power cut during a commit leaves and the
+    /// kernel rewrites at its next commit (a superblock copy stale or torn). btrfs
+    /// check does not look at them at all.
+    pub notes: Vec<String>,
 }
 
 impl CheckReport {
@@ -178,6 +182,11 @@ impl Findings {
 
     pub(crate) fn stats(&mut self) -> &mut CheckStats {
         &mut self.report.stats
+    }
+
+    /// Records something found that is not a problem (see [`CheckReport::notes`]).
+    pub(crate) fn note(&mut self, message: String) {
+        self.report.notes.push(message);
     }
 
     fn skip(&mut self, phase: &'static str, why: String) {

@@ -1,5 +1,8 @@
 //! Superblocks: every copy on every device has the magic, a good checksum, this
-//! filesystem's fsid, the primary's generation and its own device's devid.
+//! filesystem's fsid, the primary's generation and its own device's devid. A copy
+//! other than the primary that is torn or an older generation is a note, not a
+//! problem: a power cut during a commit's superblock writes leaves exactly that, the
+//! kernel mounts from the primary and rewrites every copy at its next commit.
 
 use super::Findings;
 use crate::io::disk_io::{hex, FsInfo};
@@ -41,17 +44,18 @@ pub(super) fn check_supers(fs: &FsInfo, f: &mut Findings) {
                 continue;
             }
             if let Err((stored, found)) = sb.verify_csum() {
-                f.add(
-                    "super-csum",
-                    None,
-                    None,
-                    None,
-                    format!(
-                        "{at}: checksum mismatch (stored {}, computed {})",
-                        hex(&stored),
-                        hex(&found)
-                    ),
+                let msg = format!(
+                    "{at}: checksum mismatch (stored {}, computed {})",
+                    hex(&stored),
+                    hex(&found)
                 );
+                if i == 0 {
+                    f.add("super-csum", None, None, None, msg);
+                } else {
+                    // A copy torn by a power cut while the commit wrote it: the
+                    // primary is good and the next commit rewrites every copy.
+                    f.note(format!("{msg} (torn by an interrupted commit?)"));
+                }
                 continue;
             }
             if let Err(e) = sb.check(off) {
@@ -67,7 +71,13 @@ pub(super) fn check_supers(fs: &FsInfo, f: &mut Findings) {
                     format!("{at}: fsid differs from the filesystem's"),
                 );
             }
-            if sb.generation != fs.sb.generation {
+            if i > 0 && sb.generation < fs.sb.generation {
+                // Not yet rewritten when a commit was cut short.
+                f.note(format!(
+                    "{at}: generation {} behind the filesystem's {} (left by an interrupted commit)",
+                    sb.generation, fs.sb.generation
+                ));
+            } else if sb.generation != fs.sb.generation {
                 f.add(
                     "super-mirror",
                     None,
