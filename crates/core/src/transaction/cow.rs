@@ -334,6 +334,10 @@ impl Trans {
     /// Records a file extent item change for the tree log (see
     /// `Trans::file_extent_changes`); every item change passes here.
     fn note_change(&mut self, root_id: u64, key: &Key) {
+        if root_id == QUOTA_TREE_OBJECTID {
+            // Limits or numbers change: qgroup_reserve reads the quota tree again.
+            self.quota_limits = None;
+        }
         if key.ty != EXTENT_DATA_KEY || !Self::is_shareable(root_id) {
             return;
         }

@@ -86,6 +86,9 @@ pub struct Trans {
     pub(crate) quota_pending: quota::QuotaPending,
     /// Bytes reserved against qgroup limits per subvolume in this transaction.
     pub(crate) quota_reserved: HashMap<u64, u64>,
+    /// The quota tree as `qgroup_reserve` last read it (None when it has not, or
+    /// when an item of the quota tree changed since): every WRITE on a mount asks.
+    pub(crate) quota_limits: Option<Arc<crate::qgroup::QgroupTable>>,
     /// What the last commit's quota accounting did.
     pub qgroup_stats: quota::QgroupStats,
     /// The caller charges writes to qgroup limits itself, when it accepts them (a
@@ -217,6 +220,7 @@ impl Trans {
             commit_view,
             quota_pending: quota::QuotaPending::default(),
             quota_reserved: HashMap::new(),
+            quota_limits: None,
             qgroup_stats: quota::QgroupStats::default(),
             quota_reserved_by_caller: false,
         }

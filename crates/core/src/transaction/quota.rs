@@ -30,7 +30,7 @@ use crate::qgroup::{
     is_fs_tree, level_of, rescan, rescan::leaf_data_extents, QgroupTable, LIMIT_MAX_EXCL,
     LIMIT_MAX_RFER, STATUS_FLAG_INCONSISTENT, STATUS_FLAG_ON, STATUS_FLAG_RESCAN, STATUS_VERSION,
 };
-use crate::tree::ctree::{read_root, TreeIter};
+use crate::tree::ctree::{tree_block_addrs, TreeIter};
 use crate::tree::tree_checker::Expect;
 use std::collections::BTreeMap;
 use ubtrfs_format::consts::*;
@@ -285,6 +285,7 @@ impl Trans {
             return Ok(());
         }
         self.delete_tree(QUOTA_TREE_OBJECTID)?;
+        self.quota_limits = None;
         self.delayed.touched = None;
         self.quota_pending = QuotaPending::default();
         Ok(())
@@ -504,7 +505,14 @@ impl Trans {
         if !self.quotas_enabled() {
             return Ok(());
         }
-        let table = self.quota_table()?;
+        let table = match &self.quota_limits {
+            Some(t) => t.clone(),
+            None => {
+                let t = std::sync::Arc::new(self.quota_table()?);
+                self.quota_limits = Some(t.clone());
+                t
+            }
+        };
         if !table.groups.values().any(|g| g.limit.flags != 0) {
             return Ok(());
         }
@@ -521,29 +529,7 @@ impl Trans {
     /// the kernel's btrfs_del_root after emptying it.
     pub(crate) fn delete_tree(&mut self, id: u64) -> Result<()> {
         let ptr = self.root_ptr(id)?;
-        let top = read_root(&self.fs.info, &ptr)?;
-        let mut todo = vec![top];
-        let mut blocks = Vec::new();
-        while let Some(b) = todo.pop() {
-            blocks.push(b.bytenr);
-            if b.level() == 0 {
-                continue;
-            }
-            let v = b.view();
-            for i in 0..b.nritems() {
-                let p = v
-                    .key_ptr(i)
-                    .map_err(|e| Error::corrupt(format!("tree block {}: {e}", b.bytenr)))?;
-                todo.push(self.fs.info.read_tree_block(
-                    p.blockptr,
-                    &Expect {
-                        level: Some(b.level() - 1),
-                        generation: Some(p.generation),
-                        first_key: Some(p.key),
-                    },
-                )?);
-            }
-        }
+        let blocks = tree_block_addrs(&self.fs.info, &ptr)?;
         for b in blocks {
             self.free_tree_block(id, b, 0)?;
         }

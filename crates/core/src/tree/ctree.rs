@@ -401,3 +401,20 @@ impl Iterator for TreeIter<'_> {
         self.next_item().transpose()
     }
 }
+
+/// The address of every block of a tree (nodes and leaves), each read and verified
+/// against its parent pointer.
+pub(crate) fn tree_block_addrs(fs: &dyn BlockSource, root: &RootPtr) -> Result<Vec<u64>> {
+    let mut out = Vec::new();
+    let mut stack = vec![read_root(fs, root)?];
+    while let Some(b) = stack.pop() {
+        out.push(b.bytenr);
+        if b.level() == 0 {
+            continue;
+        }
+        for slot in 0..b.nritems() {
+            stack.push(read_child(fs, &b, slot)?);
+        }
+    }
+    Ok(out)
+}

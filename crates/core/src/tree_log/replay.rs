@@ -149,7 +149,10 @@ impl Trans {
         };
         drop(top);
         let mut blocks = Vec::new();
-        self.collect_blocks(&log_root, &mut blocks)?;
+        blocks.extend(crate::tree::ctree::tree_block_addrs(
+            &self.fs.info,
+            &log_root,
+        )?);
         let mut logs = Vec::new();
         let mut roots = Vec::new();
         for item in TreeIter::new(&self.fs.info, &log_root, Key::MIN, Key::MAX)? {
@@ -170,7 +173,7 @@ impl Trans {
                 level: r.level,
                 generation: r.generation,
             };
-            self.collect_blocks(&ptr, &mut blocks)?;
+            blocks.extend(crate::tree::ctree::tree_block_addrs(&self.fs.info, &ptr)?);
             let mut items = BTreeMap::new();
             for item in TreeIter::new(&self.fs.info, &ptr, Key::MIN, Key::MAX)? {
                 let item = item?;
@@ -240,34 +243,6 @@ impl Trans {
         }
         self.next_ino.clear();
         Ok(stats)
-    }
-
-    /// Every block of a tree (nodes and leaves), by address.
-    fn collect_blocks(&self, root: &RootPtr, out: &mut Vec<u64>) -> Result<()> {
-        let top = crate::tree::ctree::read_root(&self.fs.info, root)?;
-        let mut stack = vec![top];
-        while let Some(b) = stack.pop() {
-            out.push(b.bytenr);
-            if b.level() == 0 {
-                continue;
-            }
-            let v = b.view();
-            for slot in 0..b.nritems() {
-                let p = v
-                    .key_ptr(slot)
-                    .map_err(|e| Error::corrupt(format!("tree block {}: {e}", b.bytenr)))?;
-                let child = self.fs.info.read_tree_block(
-                    p.blockptr,
-                    &Expect {
-                        level: Some(b.level() - 1),
-                        generation: Some(p.generation),
-                        first_key: Some(p.key),
-                    },
-                )?;
-                stack.push(child);
-            }
-        }
-        Ok(())
     }
 
     /// Refuses log items this replay does not handle, before anything changes.
