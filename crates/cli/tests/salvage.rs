@@ -558,7 +558,7 @@ fn extract_salvages_past_damage() {
         if name == "stale leaf" {
             // The older copy is read; the entries it lacks come back through their
             // back references.
-            assert!(err.contains("stale copy of generation"), "{err}");
+            assert!(err.contains("read the copy of generation"), "{err}");
             for i in 0..5 {
                 assert!(ours.contains_key(&format!("new{i}")), "new{i}\n{err}");
             }
@@ -659,6 +659,8 @@ fn older_generations(img: &Path, work: &Path) {
         "{err}"
     );
     let ours = tree(&dest);
+    let said: Vec<&str> = err.lines().filter(|l| !l.contains("recovered:")).collect();
+    eprintln!("extract --generation {generation} said:\n{}", said.join("\n"));
     covers(
         &format!("generation {generation}: btrfs restore -t"),
         &restore,

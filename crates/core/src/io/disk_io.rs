@@ -89,6 +89,9 @@ pub struct FsInfo {
     pub(crate) dirty: Mutex<HashMap<u64, Arc<TreeBlock>>>,
     /// With [`OpenOptions::salvage`]: the lost blocks and their stand-ins.
     salvage: Option<Salvage>,
+    /// The superblock's generation as found on disk, before an older root tree
+    /// was chosen to be read: no intact block is newer than it.
+    generation_on_disk: u64,
 }
 
 /// Reads and validates every superblock copy on a device; returns the newest valid one
@@ -245,6 +248,7 @@ impl FsInfo {
             .ok_or_else(|| Error::Unsupported(format!("csum type {}", sb.csum_type_raw)))?;
         let salvage = opts.salvage.then(Salvage::default);
         let mut fs = FsInfo {
+            generation_on_disk: sb.generation,
             nodesize: sb.nodesize,
             sectorsize: sb.sectorsize,
             csum_type,
@@ -358,6 +362,7 @@ impl FsInfo {
     ) -> FsInfo {
         let csum_type = sb.csum_type().unwrap_or(CsumType::Crc32c);
         FsInfo {
+            generation_on_disk: sb.generation,
             nodesize: sb.nodesize,
             sectorsize: sb.sectorsize,
             csum_type,
@@ -379,7 +384,7 @@ impl FsInfo {
             nodesize: self.nodesize,
             sectorsize: self.sectorsize,
             csum_size: self.csum_type.size(),
-            super_generation: self.sb.generation,
+            super_generation: self.sb.generation.max(self.generation_on_disk),
             fsid: self.sb.metadata_fsid(),
         }
     }
@@ -460,9 +465,17 @@ impl FsInfo {
                     // An intact older version (a lost write): read as found, as
                     // btrfs-progs does when it ignores a transid failure. Still a
                     // loss: what changed in it since generation `found` is gone.
+                    // A newer one is what reading an older commit meets when a
+                    // later commit reused the block: its keys still start where
+                    // the parent says, so it holds that part of the tree as the
+                    // later commit left it (what `btrfs restore -t` reads too).
+                    let what = if expect.generation.is_some_and(|g| found < g) {
+                        "what changed after it is lost"
+                    } else {
+                        "a later commit's version of this part of the tree"
+                    };
                     let msg = format!(
-                        "{msg}; read the stale copy of generation {found} instead (what \
-                         changed after it is lost)"
+                        "{msg}; read the copy of generation {found} found there instead ({what})"
                     );
                     return Ok(s.keep_stale(TreeBlock { bytenr, data }, expect, msg));
                 }
@@ -471,26 +484,35 @@ impl FsInfo {
         }
     }
 
-    /// The newest copy of `bytenr` that fails only the generation its parent
-    /// expects, being older (a lost write left the previous contents): checksum,
-    /// header, structure, level and first key intact. None when there is none.
+    /// A copy of `bytenr` that fails only the generation its parent expects:
+    /// checksum, header, structure, level and first key intact. An older one (a
+    /// lost write left the previous contents; the newest such) is preferred; a
+    /// newer one (a later commit reused the address; the oldest such) is taken
+    /// only when the parent names the first key it must start with. None when
+    /// there is neither.
     fn stale_copy(&self, bytenr: u64, expect: &Expect) -> Option<(Vec<u8>, u64)> {
         let want = expect.generation?;
         let any_gen = Expect {
             generation: None,
             ..*expect
         };
-        let mut best: Option<(Vec<u8>, u64)> = None;
+        let mut older: Option<(Vec<u8>, u64)> = None;
+        let mut newer: Option<(Vec<u8>, u64)> = None;
         for m in 0..self.num_mirrors(bytenr).ok()? {
             let Ok(data) = self.read_tree_block_copy(bytenr, m, &any_gen) else {
                 continue;
             };
             let g = ubtrfs_format::tree::BlockView::new(&data).generation();
-            if g < want && best.as_ref().is_none_or(|(_, bg)| g > *bg) {
-                best = Some((data, g));
+            if g < want && older.as_ref().is_none_or(|(_, bg)| g > *bg) {
+                older = Some((data, g));
+            } else if g > want
+                && expect.first_key.is_some()
+                && newer.as_ref().is_none_or(|(_, bg)| g < *bg)
+            {
+                newer = Some((data, g));
             }
         }
-        best
+        older.or(newer)
     }
 
     /// Blocks a salvage open could not read (the first 100,000) and how many in all.
