@@ -1,6 +1,7 @@
 //! `ubtrfs`: read and write btrfs filesystems without a kernel mount.
 //! A thin layer over ubtrfs-core: argument parsing, output formatting, exit codes.
 
+mod balance;
 mod check;
 mod edit;
 mod extract;
@@ -204,6 +205,12 @@ enum Cmd {
     },
     /// Mount read-only with FUSE (like the kernel's btrfs mount, for reading).
     Mount(mount::MountArgs),
+    /// Relocate chunks (move extents elsewhere, convert profiles), like
+    /// `btrfs balance`.
+    Balance {
+        #[command(subcommand)]
+        cmd: balance::BalanceCmd,
+    },
     /// Quotas on or off, rescan, status, like `btrfs quota`.
     Quota {
         #[command(subcommand)]
@@ -535,7 +542,7 @@ fn main() -> ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match mount_helper_args(&args, nix::unistd::geteuid().is_root()) {
         Some(a) => Cli::parse_from(a),
-        None => Cli::parse(),
+        None => Cli::parse_from(balance::rewrite_args(args)),
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -755,6 +762,7 @@ fn run(cli: Cli) -> Result<()> {
             cmd: SubvolCmd::Edit(c),
         } => subvol_edit::run(c, &mut out)?,
         Cmd::Property { cmd } => subvol_edit::property(cmd, &mut out)?,
+        Cmd::Balance { cmd } => balance::run(cmd, &mut out)?,
         Cmd::Quota { cmd } => quota::run_quota(cmd, &mut out)?,
         Cmd::Qgroup { cmd } => quota::run_qgroup(cmd, &mut out)?,
         Cmd::Mount(args) => mount::run(args)?,

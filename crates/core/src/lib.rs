@@ -26,6 +26,7 @@ mod fs;
 mod inode;
 mod io;
 mod qgroup;
+mod relocation;
 mod subvol;
 mod transaction;
 mod tree;
@@ -57,6 +58,12 @@ pub use io::dev::{lock_exclusive, refuse_if_mounted, Device, FileDevice, MemDevi
 pub use io::disk_io::{read_best_super, FsInfo, OpenOptions};
 pub use io::salvage::{losses_met_by_this_thread, LostBlock};
 pub use qgroup::{QgroupEntry, QuotaReport};
+pub use relocation::balance::{
+    args as balance_args, flags as balance_flags, parse_profile as parse_balance_profile,
+    AVAIL_ALLOC_BIT_SINGLE, BALANCE_ARGS_SIZE, BALANCE_ITEM_SIZE,
+    BalanceArgs, BalanceEnd, BalanceProgress, BalanceRequest,
+};
+pub use relocation::relocate::RelocStats;
 pub use subvol::subvol::SubvolInfo;
 pub use transaction::quota::{QgroupLimitKind, QgroupStats};
 pub use transaction::space_info::Reservation;

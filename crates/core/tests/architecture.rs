@@ -19,6 +19,7 @@ const LAYERS: &[&str] = &[
     "transaction",
     "inode",
     "subvol",
+    "relocation",
     "tree_log",
     "check",
     "tools",

@@ -38,6 +38,9 @@ pub(crate) struct BlockGroup {
     pub dirty: bool,
     /// Created in this transaction: its items do not exist yet.
     pub new: bool,
+    /// Being relocated: nothing is allocated in it (the kernel's read-only block
+    /// group, btrfs_inc_block_group_ro).
+    pub ro: bool,
 }
 
 impl BlockGroup {
@@ -87,6 +90,15 @@ impl DevSpace {
 }
 
 /// A chunk allocated in this transaction whose items are inserted at commit.
+/// A block group removed in the running transaction (see `Allocator::removed`).
+#[derive(Debug, Clone)]
+pub(crate) struct RemovedGroup {
+    pub start: u64,
+    pub length: u64,
+    /// (devid, physical offset) of each stripe's device extent.
+    pub stripes: Vec<(u64, u64)>,
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct PendingChunk {
     pub logical: u64,
@@ -221,6 +233,7 @@ impl Allocator {
                     fst_bitmaps: false,
                     dirty: false,
                     new: false,
+                    ro: false,
                 },
             );
         }
@@ -513,6 +526,7 @@ impl Allocator {
                 fst_bitmaps: false,
                 dirty: true,
                 new: true,
+                ro: false,
             },
         );
         Ok(())

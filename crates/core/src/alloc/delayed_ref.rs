@@ -37,6 +37,9 @@ pub(crate) struct Head {
     pub tree: Option<NewTreeBlock>,
     /// Extent flags to set (FULL_BACKREF).
     pub set_flags: u64,
+    /// Generation of a new extent's item when not the transaction's (relocation
+    /// renames an extent and keeps its generation).
+    pub generation: Option<u64>,
 }
 
 impl Head {
@@ -101,6 +104,12 @@ impl DelayedRefs {
         h.new_extent = true;
         h.tree = tree;
         self.add(bytenr, num_bytes, is_data, r, 1);
+    }
+    /// Gives a new extent's item another generation than the transaction's.
+    pub(crate) fn set_generation(&mut self, bytenr: u64, generation: u64) {
+        if let Some(h) = self.heads.get_mut(&bytenr) {
+            h.generation = Some(generation);
+        }
     }
     pub(crate) fn set_flags(&mut self, bytenr: u64, num_bytes: u64, flags: u64) {
         self.head(bytenr, num_bytes, false).set_flags |= flags;

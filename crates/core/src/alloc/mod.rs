@@ -57,6 +57,16 @@ pub(crate) struct Allocator {
     pub(crate) stats: AllocStats,
     /// Upper bound of new chunks' size (mkfs --shrink).
     pub(crate) chunk_size_max: Option<u64>,
+    /// Balance's convert: per type (DATA, METADATA, SYSTEM), the only profile
+    /// allocations may use (groups of other profiles are being emptied).
+    pub(crate) convert_to: HashMap<u64, u64>,
+    /// Block groups removed in this transaction (relocation): their chunk mapping
+    /// and device ranges stay until the commit is durable, because the last
+    /// committed trees still live in them.
+    pub(crate) removed: Vec<block_group::RemovedGroup>,
+    /// Block groups emptied by relocation, removed by the commit once its delayed
+    /// refs have freed their last extents.
+    pub(crate) remove_at_commit: Vec<u64>,
 }
 
 impl Allocator {
@@ -74,6 +84,9 @@ impl Allocator {
             search_mode: SearchMode::SizeIndex,
             stats: AllocStats::default(),
             chunk_size_max: None,
+            convert_to: HashMap::new(),
+            removed: Vec::new(),
+            remove_at_commit: Vec::new(),
         }
     }
 
@@ -86,6 +99,13 @@ impl Allocator {
             .into_iter()
             .chain(log.into_iter().map(|b| (b, nodesize)))
         {
+            if self
+                .removed
+                .iter()
+                .any(|r| b >= r.start && b < r.start + r.length)
+            {
+                continue; // its block group is gone with this commit
+            }
             let s = self.bg_of(b)?;
             self.bgs
                 .get_mut(&s)
@@ -137,6 +157,17 @@ impl Allocator {
             self.stats.latencies_ns.push(t0.elapsed().as_nanos() as u64);
         }
         Ok(found)
+    }
+
+    /// Whether new extents of type `ty` may go into group `b`: not one being
+    /// relocated, and of the target profile while converting.
+    fn open_for(&self, b: &BlockGroup, ty: u64) -> bool {
+        Self::serves(b.flags, ty)
+            && !b.ro
+            && self
+                .convert_to
+                .get(&ty)
+                .is_none_or(|p| b.flags & BLOCK_GROUP_PROFILE_MASK == *p)
     }
 
     /// Mixed groups serve both; pure data groups never hold tree blocks.
@@ -199,7 +230,7 @@ impl Allocator {
             .bgs
             .range(..=hint)
             .next_back()
-            .filter(|(_, b)| b.contains(hint) && Self::serves(b.flags, ty))
+            .filter(|(_, b)| b.contains(hint) && self.open_for(b, ty))
             .map(|(s, _)| *s);
         if let Some(h) = hint_bg {
             if let Some(off) = self.try_group(info, ty, h, len, hint, align)? {
@@ -211,7 +242,7 @@ impl Allocator {
             let cand = self
                 .bgs
                 .range(next..)
-                .find(|(s, b)| Some(**s) != hint_bg && Self::serves(b.flags, ty))
+                .find(|(s, b)| Some(**s) != hint_bg && self.open_for(b, ty))
                 .map(|(s, _)| *s);
             let Some(start) = cand else { return Ok(None) };
             if let Some(off) = self.try_group(info, ty, start, len, hint, align)? {
@@ -242,7 +273,7 @@ impl Allocator {
         let starts: Vec<u64> = self
             .bgs
             .values()
-            .filter(|b| b.flags & BLOCK_GROUP_DATA != 0)
+            .filter(|b| self.open_for(b, BLOCK_GROUP_DATA))
             .map(|b| b.start)
             .collect();
         let mut best = 0u64;
@@ -268,7 +299,7 @@ impl Allocator {
         let in_groups: u64 = self
             .bgs
             .values()
-            .filter(|b| Self::serves(b.flags, ty))
+            .filter(|b| self.open_for(b, ty))
             .map(|b| {
                 if b.loaded {
                     b.free.total_free()

@@ -639,6 +639,23 @@ impl FsInfo {
         }
     }
 
+    /// Drops every cached block in `[start, start + len)` (a removed chunk).
+    pub(crate) fn cache_forget_range(&self, start: u64, len: u64) {
+        if let Ok(mut c) = self.cache.lock() {
+            let gone: Vec<u64> = c
+                .map
+                .keys()
+                .copied()
+                .filter(|b| *b >= start && *b < start + len)
+                .collect();
+            for b in gone {
+                if let Some(o) = c.map.remove(&b) {
+                    c.bytes -= o.data.len();
+                }
+            }
+        }
+    }
+
     pub(crate) fn cache_insert(&self, b: Arc<TreeBlock>) {
         self.cache_forget(b.bytenr);
         self.cache_put(b);

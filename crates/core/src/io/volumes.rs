@@ -245,6 +245,12 @@ impl ChunkMap {
         self.chunks.values()
     }
 
+    /// Forgets the chunk at `start` (removed, and the commit that removed it is
+    /// durable).
+    pub(crate) fn remove(&mut self, start: u64) -> Option<MapEntry> {
+        self.chunks.remove(&start)
+    }
+
     pub fn len(&self) -> usize {
         self.chunks.len()
     }

@@ -6,7 +6,7 @@ use crate::alloc::block_group::bg_tree_id;
 use crate::error::{Error, Result};
 use crate::transaction::Trans;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::BlockGroupItem;
+use ubtrfs_format::items::{BlockGroupItem, CHUNK_BASE_SIZE, STRIPE_SIZE};
 use ubtrfs_format::key::Key;
 
 impl Trans {
@@ -138,6 +138,119 @@ impl Trans {
         sb.sys_chunk_array_size = arr.len() as u32;
         arr.resize(SYSTEM_CHUNK_ARRAY_SIZE, 0);
         sb.sys_chunk_array = arr;
+        Ok(())
+    }
+
+    /// Removes the block groups relocation emptied (the kernel's btrfs_remove_chunk
+    /// and btrfs_remove_block_group): the BLOCK_GROUP_ITEM, the group's free-space
+    /// tree items, each stripe's DEV_EXTENT (the device's bytes_used drops), the
+    /// CHUNK_ITEM and, for a SYSTEM chunk, its copy in the superblock's
+    /// sys_chunk_array. Runs in the commit after delayed refs, when the group's
+    /// last extents are freed; a group still in use is an internal error and
+    /// nothing is written. The mapping and the device ranges stay until the commit
+    /// is durable ([`Trans::forget_removed_block_groups`]).
+    pub(crate) fn remove_emptied_block_groups(&mut self) -> Result<()> {
+        let starts = std::mem::take(&mut self.alloc.remove_at_commit);
+        for start in starts {
+            let (length, flags, used) = match self.alloc.bgs.get(&start) {
+                Some(b) => (b.length, b.flags, b.used),
+                None => return Err(Error::corrupt(format!("no block group at {start}"))),
+            };
+            if used != 0 {
+                return Err(Error::corrupt(format!(
+                    "internal: block group {start} still holds {used} bytes after relocation"
+                )));
+            }
+            let end = start + length;
+            let tree = bg_tree_id(&self.fs.info);
+            self.delete_item(tree, &Key::new(start, BLOCK_GROUP_ITEM_KEY, length))?;
+            let fst = self.root_ptr(FREE_SPACE_TREE_OBJECTID)?;
+            let mut keys = Vec::new();
+            for item in crate::tree::ctree::TreeIter::new(
+                &self.fs.info,
+                &fst,
+                Key::new(start, 0, 0),
+                Key::new(end - 1, u8::MAX, u64::MAX),
+            )? {
+                let k = item?.key();
+                if (FREE_SPACE_INFO_KEY..=FREE_SPACE_BITMAP_KEY).contains(&k.ty) {
+                    keys.push(k);
+                }
+            }
+            for k in keys {
+                self.delete_item(FREE_SPACE_TREE_OBJECTID, &k)?;
+            }
+            let entry = self.fs.info.chunk_map.lookup(start)?.clone();
+            let mut stripes = Vec::new();
+            for st in &entry.stripes {
+                self.delete_item(
+                    DEV_TREE_OBJECTID,
+                    &Key::new(st.devid, DEV_EXTENT_KEY, st.physical),
+                )?;
+                let ds = self.alloc.dev_space.get_mut(&st.devid).ok_or_else(|| {
+                    Error::corrupt(format!("chunk {start}: stripe on unknown device {}", st.devid))
+                })?;
+                let len = ds.used.get(&st.physical).copied().unwrap_or(0);
+                ds.bytes_used = ds.bytes_used.saturating_sub(len);
+                stripes.push((st.devid, st.physical));
+            }
+            let chunk_key = Key::new(FIRST_CHUNK_TREE_OBJECTID, CHUNK_ITEM_KEY, start);
+            self.delete_item(CHUNK_TREE_OBJECTID, &chunk_key)?;
+            if flags & BLOCK_GROUP_SYSTEM != 0 {
+                self.remove_sys_chunk(start)?;
+            }
+            self.alloc.bgs.remove(&start);
+            self.alloc
+                .removed
+                .push(crate::alloc::block_group::RemovedGroup {
+                    start,
+                    length,
+                    stripes,
+                });
+            self.update_dev_items()?;
+        }
+        Ok(())
+    }
+
+    /// After the commit that removed them is durable: the removed groups' logical
+    /// ranges leave the chunk map and their device ranges become free.
+    pub(crate) fn forget_removed_block_groups(&mut self) {
+        for r in std::mem::take(&mut self.alloc.removed) {
+            self.fs.info.chunk_map.remove(r.start);
+            for (devid, physical) in r.stripes {
+                if let Some(ds) = self.alloc.dev_space.get_mut(&devid) {
+                    ds.used.remove(&physical);
+                }
+            }
+            self.fs.info.cache_forget_range(r.start, r.length);
+        }
+    }
+
+    /// Drops the chunk at logical `start` from the superblock's sys_chunk_array
+    /// (the kernel's btrfs_del_sys_chunk): entries are a disk key and a chunk item
+    /// with its stripes.
+    fn remove_sys_chunk(&mut self, start: u64) -> Result<()> {
+        let sb = &mut self.fs.info.sb;
+        let arr = sb.sys_chunk_array[..sb.sys_chunk_array_size as usize].to_vec();
+        let mut out = Vec::with_capacity(arr.len());
+        let mut pos = 0;
+        while pos < arr.len() {
+            let bad = || Error::corrupt("superblock sys_chunk_array is truncated".to_string());
+            let key = Key::from_bytes(arr.get(pos..pos + DISK_KEY_SIZE).ok_or_else(bad)?)
+                .map_err(|_| bad())?;
+            let chunk_at = pos + DISK_KEY_SIZE;
+            let num_stripes = ubtrfs_format::bytes::le16(&arr, chunk_at + 44, "chunk")
+                .map_err(|_| bad())? as usize;
+            let len = CHUNK_BASE_SIZE + num_stripes * STRIPE_SIZE;
+            let entry = arr.get(pos..chunk_at + len).ok_or_else(bad)?;
+            if !(key.ty == CHUNK_ITEM_KEY && key.offset == start) {
+                out.extend_from_slice(entry);
+            }
+            pos = chunk_at + len;
+        }
+        sb.sys_chunk_array_size = out.len() as u32;
+        out.resize(SYSTEM_CHUNK_ARRAY_SIZE, 0);
+        sb.sys_chunk_array = out;
         Ok(())
     }
 

@@ -402,6 +402,21 @@ impl Trans {
         Ok(rec)
     }
 
+    /// The committed extent item of `bytenr`: its flags, generation and every
+    /// back reference with its count (inline and keyed), pending delayed refs not
+    /// included.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn extent_refs(
+        &self,
+        bytenr: u64,
+    ) -> Result<Option<(u64, u64, Vec<(RefKey, u64)>)>> {
+        Ok(self.load_extent(bytenr, 0)?.map(|r| {
+            let mut refs = r.inline;
+            refs.extend(r.keyed.into_iter().map(|(_, k, c)| (k, c)));
+            (r.flags, r.generation, refs)
+        }))
+    }
+
     fn max_extent_item_size(&self) -> usize {
         ((self.fs.info.nodesize as usize - HEADER_SIZE) >> 4) - ITEM_SIZE
     }
@@ -462,7 +477,7 @@ impl Trans {
             let mut rec = ExtentRec {
                 key,
                 refs: 0,
-                generation: self.transid,
+                generation: head.generation.unwrap_or(self.transid),
                 flags: if head.is_data {
                     EXTENT_FLAG_DATA
                 } else {

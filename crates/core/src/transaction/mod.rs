@@ -270,19 +270,11 @@ impl Trans {
         self._lock.extend(locks);
     }
 
-    /// Balance or relocation left half done needs the kernel to finish it.
+    /// Relocation the kernel left half done (relocation trees) needs the kernel to
+    /// finish it. A paused balance (only its BALANCE item) is no obstacle: the
+    /// kernel, or `balance resume`, continues it from the item.
     fn refuse_unfinished_work(&self) -> Result<()> {
         let root = self.fs.info.root_tree_ptr();
-        let bal = crate::tree::ctree::lookup_prev(
-            &self.fs.info,
-            &root,
-            Key::new(BALANCE_OBJECTID, TEMPORARY_ITEM_KEY, u64::MAX),
-        )?;
-        if bal.is_some_and(|(k, _)| k.objectid == BALANCE_OBJECTID) {
-            return Err(Error::Unsupported(
-                "a balance is paused or interrupted; finish it with the kernel first".into(),
-            ));
-        }
         let reloc = crate::tree::ctree::lookup_prev(
             &self.fs.info,
             &root,
@@ -474,6 +466,7 @@ impl Trans {
             || !self.dirty_roots.is_empty()
             || self.root_bytes_delta.values().any(|&d| d != 0)
             || self.alloc.bgs.values().any(|b| b.dirty)
+            || !self.alloc.remove_at_commit.is_empty()
     }
 
     /// Writes the transaction durably (see the module comment) and starts the next.
@@ -498,6 +491,7 @@ impl Trans {
             }
             self.create_pending_chunks()?;
             self.run_delayed_refs()?;
+            self.remove_emptied_block_groups()?;
             if rounds == 1 {
                 // The subvolume trees' references are all in the extent tree now;
                 // nothing later in the commit changes a subvolume tree.
@@ -517,6 +511,7 @@ impl Trans {
         self.flush_devices()?;
         // Durable: the pinned space is no longer referenced by any committed tree.
         self.alloc.unpin_all(self.fs.info.nodesize as u64)?;
+        self.forget_removed_block_groups();
         self.fs.info.sb.generation = self.transid;
         self.commit_view = Self::view_of(&self.fs.info);
         self.quota_reserved.clear();

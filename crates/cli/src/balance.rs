@@ -1,0 +1,265 @@
+//! `ubtrfs balance start|resume|cancel|status IMAGE`, like `btrfs balance`: the
+//! same filter syntax (`-dusage=50,limit=2`, `-mconvert=dup,soft`), the same
+//! messages, on an image or block device.
+
+use anyhow::{bail, Context, Result};
+use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use ubtrfs_core::{
+    balance_args, balance_flags, BalanceArgs, BalanceEnd, BalanceProgress, BalanceRequest, Trans,
+};
+
+#[derive(Subcommand)]
+pub enum BalanceCmd {
+    /// Relocate chunks: all of them, or those the filters select.
+    /// `-d[FILTERS]`, `-m[FILTERS]`, `-s[FILTERS]` as btrfs-progs takes them
+    /// (usage=, devid=, drange=, vrange=, convert=, soft, limit=, stripes=,
+    /// profiles=); `-m` alone also selects system chunks, with the same filters.
+    Start {
+        /// The image file or block device.
+        image: PathBuf,
+        /// Data chunks (with filters: -dusage=50).
+        #[arg(short = 'd', long = "data", num_args = 0..=1, require_equals = true, default_missing_value = "")]
+        data: Option<String>,
+        /// Metadata chunks (with filters: -mconvert=dup).
+        #[arg(short = 'm', long = "metadata", num_args = 0..=1, require_equals = true, default_missing_value = "")]
+        metadata: Option<String>,
+        /// System chunks (needs --force, as in btrfs-progs).
+        #[arg(short = 's', long = "system", num_args = 0..=1, require_equals = true, default_missing_value = "")]
+        system: Option<String>,
+        /// Allow reducing metadata redundancy and explicit system chunks.
+        #[arg(short = 'f', long = "force")]
+        force: bool,
+        /// No filters: balance everything without the 10-second warning.
+        #[arg(long = "full-balance")]
+        full_balance: bool,
+    },
+    /// Continue a paused or interrupted balance (the kernel's resume rules: soft
+    /// convert, usage=90 where no filter was given).
+    Resume {
+        /// The image file or block device.
+        image: PathBuf,
+    },
+    /// Drop a paused balance.
+    Cancel {
+        /// The image file or block device.
+        image: PathBuf,
+    },
+    /// Show whether a balance is paused, and its filters.
+    Status {
+        /// The image file or block device.
+        image: PathBuf,
+    },
+}
+
+/// btrfs-progs takes filters glued to the option (`-dusage=50`); clap takes
+/// them after `=` of the long form. Rewrites `balance start`'s arguments so.
+pub fn rewrite_args(args: Vec<OsString>) -> Vec<OsString> {
+    let is_start = args
+        .iter()
+        .skip(1)
+        .map(|a| a.to_str().unwrap_or(""))
+        .filter(|a| !a.starts_with('-'))
+        .take(2)
+        .eq(["balance", "start"]);
+    if !is_start {
+        return args;
+    }
+    args.into_iter()
+        .map(|a| {
+            let Some(s) = a.to_str() else { return a };
+            for (short, long) in [("-d", "--data="), ("-m", "--metadata="), ("-s", "--system=")] {
+                if let Some(rest) = s.strip_prefix(short) {
+                    if !rest.is_empty() && !s.starts_with("--") {
+                        return OsString::from(format!("{long}{rest}"));
+                    }
+                }
+            }
+            a
+        })
+        .collect()
+}
+
+fn parse(kind: &str, text: &str) -> Result<BalanceArgs> {
+    BalanceArgs::parse_filters(text).map_err(|e| anyhow::anyhow!("{kind} filters: {e}"))
+}
+
+fn refuse_mount(image: &Path) -> Result<()> {
+    if image.is_dir() {
+        bail!(
+            "{}: balance on a mounted ubtrfs is not supported yet; unmount and give the image",
+            image.display()
+        );
+    }
+    Ok(())
+}
+
+pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
+    match cmd {
+        BalanceCmd::Start {
+            image,
+            data,
+            metadata,
+            system,
+            force,
+            full_balance,
+        } => {
+            refuse_mount(&image)?;
+            let mut req = BalanceRequest::default();
+            if let Some(d) = &data {
+                req.flags |= balance_flags::DATA;
+                req.data = parse("data", d)?;
+            }
+            if let Some(m) = &metadata {
+                req.flags |= balance_flags::METADATA;
+                req.meta = parse("metadata", m)?;
+            }
+            if let Some(s) = &system {
+                if !force {
+                    bail!(
+                        "Refusing to explicitly operate on system chunks. \
+                         Pass --force if you really want to do that."
+                    );
+                }
+                req.flags |= balance_flags::SYSTEM;
+                req.sys = parse("system", s)?;
+            } else if metadata.is_some() {
+                // progs: metadata filters apply to system chunks too.
+                req.flags |= balance_flags::SYSTEM;
+                req.sys = req.meta;
+            }
+            if data.is_none() && metadata.is_none() && system.is_none() {
+                req.flags |= balance_flags::DATA | balance_flags::METADATA | balance_flags::SYSTEM;
+                if !full_balance {
+                    eprintln!(
+                        "WARNING:\n\n\tFull balance without filters requested. This operation is very\n\
+                         \tintense and takes potentially very long. It is recommended to\n\
+                         \tuse the balance filters to narrow down the scope of balance.\n\
+                         \tUse 'ubtrfs balance start --full-balance' option to skip this\n\
+                         \twarning. The operation will start in 10 seconds.\n\
+                         \tUse Ctrl-C to stop it."
+                    );
+                    for i in (1..=10).rev() {
+                        eprint!("{i}");
+                        std::thread::sleep(std::time::Duration::from_secs(1));
+                        eprint!(" ");
+                    }
+                    eprintln!("\nStarting balance without any filters.");
+                }
+            }
+            if force {
+                req.flags |= balance_flags::FORCE;
+            }
+            let mut t = Trans::open_paths(&[&image])?;
+            if t.balance_item()?.is_some() {
+                bail!(
+                    "{}: a balance is paused; resume or cancel it first",
+                    image.display()
+                );
+            }
+            run_balance(&mut t, &image, &req, out)
+        }
+        BalanceCmd::Resume { image } => {
+            refuse_mount(&image)?;
+            let mut t = Trans::open_paths(&[&image])?;
+            let Some(mut req) = t.balance_item()? else {
+                bail!("{}: no balance to resume (not paused)", image.display());
+            };
+            // The kernel's update_balance_args on resume.
+            for (bit, a) in [
+                (balance_flags::DATA, &mut req.data),
+                (balance_flags::METADATA, &mut req.meta),
+                (balance_flags::SYSTEM, &mut req.sys),
+            ] {
+                if req.flags & bit == 0 {
+                    continue;
+                }
+                if a.flags & balance_args::CONVERT != 0 {
+                    a.flags |= balance_args::SOFT;
+                } else if a.flags & (balance_args::USAGE | balance_args::USAGE_RANGE) == 0 {
+                    a.flags |= balance_args::USAGE;
+                    a.usage = 90;
+                }
+            }
+            req.flags |= balance_flags::RESUME;
+            run_balance(&mut t, &image, &req, out)
+        }
+        BalanceCmd::Cancel { image } => {
+            refuse_mount(&image)?;
+            let mut t = Trans::open_paths(&[&image])?;
+            if t.balance_item()?.is_none() {
+                bail!("balance cancel on '{}' failed: Not in progress", image.display());
+            }
+            t.balance_cancel()?;
+            Ok(())
+        }
+        BalanceCmd::Status { image } => {
+            refuse_mount(&image)?;
+            let fs = ubtrfs_core::Filesystem::open_paths(&[&image], Default::default())?;
+            let rt = fs.info.root_tree_ptr();
+            let key = ubtrfs_core::format::key::Key::new(
+                ubtrfs_core::format::consts::BALANCE_OBJECTID,
+                ubtrfs_core::format::consts::TEMPORARY_ITEM_KEY,
+                0,
+            );
+            match ubtrfs_core::lookup_exact(&fs.info, &rt, &key)? {
+                None => writeln!(out, "No balance found on '{}'", image.display())?,
+                Some(item) => {
+                    let req = BalanceRequest::parse(item.data())?;
+                    writeln!(out, "Balance on '{}' is paused", image.display())?;
+                    for (bit, name, a) in [
+                        (balance_flags::DATA, "DATA", &req.data),
+                        (balance_flags::METADATA, "METADATA", &req.meta),
+                        (balance_flags::SYSTEM, "SYSTEM", &req.sys),
+                    ] {
+                        if req.flags & bit != 0 {
+                            writeln!(out, "  {name} (flags {:#x})", a.flags)?;
+                        }
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn run_balance(
+    t: &mut Trans,
+    image: &Path,
+    req: &BalanceRequest,
+    out: &mut dyn std::io::Write,
+) -> Result<()> {
+    let bar = if std::io::stderr().is_terminal() {
+        let b = ProgressBar::new_spinner();
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut progress = |p: &BalanceProgress, _: Option<&ubtrfs_core::RelocStats>| {
+        bar.set_message(format!(
+            "{} of about {} chunks relocated ({} considered)",
+            p.completed, p.expected, p.considered
+        ));
+        bar.tick();
+    };
+    let (end, p) = t
+        .balance(req, &mut progress, &|| false)
+        .with_context(|| format!("error during balancing '{}'", image.display()))?;
+    bar.finish_and_clear();
+    match end {
+        BalanceEnd::Finished => writeln!(
+            out,
+            "Done, had to relocate {} out of {} chunks",
+            p.completed, p.considered
+        )?,
+        BalanceEnd::Paused => writeln!(out, "balance paused by user")?,
+    }
+    Ok(())
+}
