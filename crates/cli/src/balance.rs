@@ -71,7 +71,11 @@ pub fn rewrite_args(args: Vec<OsString>) -> Vec<OsString> {
     args.into_iter()
         .map(|a| {
             let Some(s) = a.to_str() else { return a };
-            for (short, long) in [("-d", "--data="), ("-m", "--metadata="), ("-s", "--system=")] {
+            for (short, long) in [
+                ("-d", "--data="),
+                ("-m", "--metadata="),
+                ("-s", "--system="),
+            ] {
                 if let Some(rest) = s.strip_prefix(short) {
                     if !rest.is_empty() && !s.starts_with("--") {
                         return OsString::from(format!("{long}{rest}"));
@@ -191,7 +195,10 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             refuse_mount(&image)?;
             let mut t = Trans::open_paths(&[&image])?;
             if t.balance_item()?.is_none() {
-                bail!("balance cancel on '{}' failed: Not in progress", image.display());
+                bail!(
+                    "balance cancel on '{}' failed: Not in progress",
+                    image.display()
+                );
             }
             t.balance_cancel()?;
             Ok(())
@@ -242,15 +249,23 @@ fn run_balance(
     } else {
         ProgressBar::hidden()
     };
+    // Tests pause a balance after N chunks (what `btrfs balance pause` does on a
+    // mount), to prove the kernel and `balance resume` finish it.
+    let stop_after: Option<u64> = std::env::var("UBTRFS_BALANCE_STOP_AFTER")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let done = std::cell::Cell::new(0u64);
     let mut progress = |p: &BalanceProgress, _: Option<&ubtrfs_core::RelocStats>| {
+        done.set(p.completed);
         bar.set_message(format!(
             "{} of about {} chunks relocated ({} considered)",
             p.completed, p.expected, p.considered
         ));
         bar.tick();
     };
+    let stop = || stop_after.is_some_and(|n| done.get() >= n);
     let (end, p) = t
-        .balance(req, &mut progress, &|| false)
+        .balance(req, &mut progress, &stop)
         .with_context(|| format!("error during balancing '{}'", image.display()))?;
     bar.finish_and_clear();
     match end {

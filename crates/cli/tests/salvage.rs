@@ -660,7 +660,10 @@ fn older_generations(img: &Path, work: &Path) {
     );
     let ours = tree(&dest);
     let said: Vec<&str> = err.lines().filter(|l| !l.contains("recovered:")).collect();
-    eprintln!("extract --generation {generation} said:\n{}", said.join("\n"));
+    eprintln!(
+        "extract --generation {generation} said:\n{}",
+        said.join("\n")
+    );
     covers(
         &format!("generation {generation}: btrfs restore -t"),
         &restore,

@@ -171,7 +171,9 @@ impl BalanceArgs {
                 None => (f, None),
             };
             let missing = || format!("the {name} filter requires an argument");
-            let need = |v: Option<&'a str>| -> std::result::Result<&'a str, String> { v.ok_or_else(missing) };
+            let need = |v: Option<&'a str>| -> std::result::Result<&'a str, String> {
+                v.ok_or_else(missing)
+            };
             match name {
                 "profiles" => {
                     for p in need(value)?.split('|') {
@@ -273,8 +275,16 @@ fn parse_range_u32(v: &str) -> std::result::Result<(u32, u32), String> {
     if lo.is_empty() && hi.is_empty() {
         return Err(bad());
     }
-    let lo: u32 = if lo.is_empty() { 0 } else { lo.parse().map_err(|_| bad())? };
-    let hi: u32 = if hi.is_empty() { u32::MAX } else { hi.parse().map_err(|_| bad())? };
+    let lo: u32 = if lo.is_empty() {
+        0
+    } else {
+        lo.parse().map_err(|_| bad())?
+    };
+    let hi: u32 = if hi.is_empty() {
+        u32::MAX
+    } else {
+        hi.parse().map_err(|_| bad())?
+    };
     if lo > hi {
         return Err(bad());
     }
@@ -288,8 +298,16 @@ fn parse_range_strict(v: &str) -> std::result::Result<(u64, u64), String> {
     if lo.is_empty() && hi.is_empty() {
         return Err(bad());
     }
-    let lo: u64 = if lo.is_empty() { 0 } else { lo.parse().map_err(|_| bad())? };
-    let hi: u64 = if hi.is_empty() { u64::MAX } else { hi.parse().map_err(|_| bad())? };
+    let lo: u64 = if lo.is_empty() {
+        0
+    } else {
+        lo.parse().map_err(|_| bad())?
+    };
+    let hi: u64 = if hi.is_empty() {
+        u64::MAX
+    } else {
+        hi.parse().map_err(|_| bad())?
+    };
     if lo >= hi {
         return Err(bad());
     }
@@ -519,7 +537,9 @@ impl Trans {
             let t = a.target;
             let profile = if t == AVAIL_ALLOC_BIT_SINGLE { 0 } else { t };
             if t.count_ones() != 1 || profile & !BLOCK_GROUP_PROFILE_MASK != 0 {
-                return Err(Error::Invalid(format!("balance: invalid convert {what} profile")));
+                return Err(Error::Invalid(format!(
+                    "balance: invalid convert {what} profile"
+                )));
             }
             let copies = crate::alloc::block_group::profile_copies(profile).ok_or_else(|| {
                 Error::Unsupported(format!(
@@ -534,8 +554,10 @@ impl Trans {
                 )));
             }
         }
-        let redundant = |p: u64| crate::alloc::block_group::profile_copies(p).unwrap_or(1) > 1
-            || p & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6 | BLOCK_GROUP_RAID10) != 0;
+        let redundant = |p: u64| {
+            crate::alloc::block_group::profile_copies(p).unwrap_or(1) > 1
+                || p & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6 | BLOCK_GROUP_RAID10) != 0
+        };
         let current_redundant = self
             .alloc
             .bgs
@@ -587,7 +609,9 @@ impl Trans {
             if req.flags & bit == 0 {
                 continue;
             }
-            let Some(used) = used_of(self, e) else { continue };
+            let Some(used) = used_of(self, e) else {
+                continue;
+            };
             if chunk_selected(counting.args_for(e.ty), e, used) {
                 prog.expected += 1;
                 *per_type.entry(bit).or_default() += 1;
@@ -600,7 +624,11 @@ impl Trans {
             (flags::SYSTEM, BLOCK_GROUP_SYSTEM, &req.sys),
         ] {
             if req.flags & bit != 0 && a.flags & args::CONVERT != 0 {
-                let p = if a.target == AVAIL_ALLOC_BIT_SINGLE { 0 } else { a.target };
+                let p = if a.target == AVAIL_ALLOC_BIT_SINGLE {
+                    0
+                } else {
+                    a.target
+                };
                 self.alloc.convert_to.insert(ty, p);
                 self.alloc.profiles.insert(ty, p);
             }

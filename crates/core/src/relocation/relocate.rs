@@ -328,7 +328,9 @@ impl Trans {
                     plan.moved
                         .get(&p)
                         .ok_or_else(|| {
-                            Error::corrupt(format!("parent block {p} of a moved block is not moved"))
+                            Error::corrupt(format!(
+                                "parent block {p} of a moved block is not moved"
+                            ))
                         })?
                         .0,
                 ),
@@ -445,7 +447,8 @@ impl Trans {
         let mut off = 0;
         while off < len {
             let n = (len - off).min(DATA_COPY_BYTES_MAX);
-            let what = |at: u64| format!("data extent {old} at {at} (relocating block group {group})");
+            let what =
+                |at: u64| format!("data extent {old} at {at} (relocating block group {group})");
             let buf = self
                 .fs
                 .info

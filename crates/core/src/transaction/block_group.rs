@@ -188,7 +188,10 @@ impl Trans {
                     &Key::new(st.devid, DEV_EXTENT_KEY, st.physical),
                 )?;
                 let ds = self.alloc.dev_space.get_mut(&st.devid).ok_or_else(|| {
-                    Error::corrupt(format!("chunk {start}: stripe on unknown device {}", st.devid))
+                    Error::corrupt(format!(
+                        "chunk {start}: stripe on unknown device {}",
+                        st.devid
+                    ))
                 })?;
                 let len = ds.used.get(&st.physical).copied().unwrap_or(0);
                 ds.bytes_used = ds.bytes_used.saturating_sub(len);

