@@ -36,6 +36,9 @@ pub enum BalanceCmd {
         /// No filters: balance everything without the 10-second warning.
         #[arg(long = "full-balance")]
         full_balance: bool,
+        /// Print what each relocated chunk moved (to stderr).
+        #[arg(short = 'v', long = "verbose")]
+        verbose: bool,
     },
     /// Continue a paused or interrupted balance (the kernel's resume rules: soft
     /// convert, usage=90 where no filter was given).
@@ -110,6 +113,7 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             system,
             force,
             full_balance,
+            verbose,
         } => {
             refuse_mount(&image)?;
             let mut req = BalanceRequest::default();
@@ -164,7 +168,7 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
                     image.display()
                 );
             }
-            run_balance(&mut t, &image, &req, out)
+            run_balance(&mut t, &image, &req, verbose, out)
         }
         BalanceCmd::Resume { image } => {
             refuse_mount(&image)?;
@@ -189,7 +193,7 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
                 }
             }
             req.flags |= balance_flags::RESUME;
-            run_balance(&mut t, &image, &req, out)
+            run_balance(&mut t, &image, &req, false, out)
         }
         BalanceCmd::Cancel { image } => {
             refuse_mount(&image)?;
@@ -237,6 +241,7 @@ fn run_balance(
     t: &mut Trans,
     image: &Path,
     req: &BalanceRequest,
+    verbose: bool,
     out: &mut dyn std::io::Write,
 ) -> Result<()> {
     let bar = if std::io::stderr().is_terminal() {
@@ -255,8 +260,26 @@ fn run_balance(
         .ok()
         .and_then(|v| v.parse().ok());
     let done = std::cell::Cell::new(0u64);
-    let mut progress = |p: &BalanceProgress, _: Option<&ubtrfs_core::RelocStats>| {
+    let mut total = ubtrfs_core::RelocStats::default();
+    let mut progress = |p: &BalanceProgress, s: Option<&ubtrfs_core::RelocStats>| {
         done.set(p.completed);
+        if let Some(s) = s {
+            total.blocks_rewritten += s.blocks_rewritten;
+            total.blocks_in_group += s.blocks_in_group;
+            total.data_extents += s.data_extents;
+            total.data_bytes += s.data_bytes;
+            total.nodes_visited += s.nodes_visited;
+            total.trace_full_extents += s.trace_full_extents;
+            total.qgroup_extents += s.qgroup_extents;
+            if verbose {
+                bar.suspend(|| {
+                    eprintln!(
+                        "relocated chunk {}: {} tree blocks in it, {} rewritten; {} data extents ({} bytes)",
+                        p.completed, s.blocks_in_group, s.blocks_rewritten, s.data_extents, s.data_bytes
+                    )
+                });
+            }
+        }
         bar.set_message(format!(
             "{} of about {} chunks relocated ({} considered)",
             p.completed, p.expected, p.considered
@@ -268,6 +291,19 @@ fn run_balance(
         .balance(req, &mut progress, &stop)
         .with_context(|| format!("error during balancing '{}'", image.display()))?;
     bar.finish_and_clear();
+    if verbose {
+        eprintln!(
+            "total: {} tree blocks rewritten ({} in the chunks), {} data extents ({} bytes), \
+             {} nodes read; quota: {} extents accounted, {} a whole-subtree trace would record",
+            total.blocks_rewritten,
+            total.blocks_in_group,
+            total.data_extents,
+            total.data_bytes,
+            total.nodes_visited,
+            total.qgroup_extents,
+            total.trace_full_extents
+        );
+    }
     match end {
         BalanceEnd::Finished => writeln!(
             out,

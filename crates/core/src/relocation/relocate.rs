@@ -47,6 +47,13 @@ pub struct RelocStats {
     pub data_bytes: u64,
     /// Tree nodes read to find the blocks to rewrite.
     pub nodes_visited: u64,
+    /// Extents a whole-subtree quota trace of the moved subvolume blocks would
+    /// record (the kernel before seed 003): those blocks and the distinct data
+    /// extents their leaves point at.
+    pub trace_full_extents: u64,
+    /// Extents the commit's quota accounting looked at (0: relocation changes no
+    /// subvolume's extents, so nothing is traced).
+    pub qgroup_extents: u64,
 }
 
 /// Phase 1's result: what moves, and every block to rewrite.
@@ -181,6 +188,7 @@ impl Trans {
         res?;
         self.alloc.remove_at_commit.push(start);
         self.commit()?;
+        stats.qgroup_extents = self.qgroup_stats.extents;
         Ok(stats)
     }
 
@@ -346,9 +354,20 @@ impl Trans {
             })
         };
         let order = std::mem::take(&mut plan.order);
+        let mut traced_data = std::collections::HashSet::new();
         for &(old, level) in &order {
             let (new, generation) = plan.moved[&old];
             let blk = self.fs.info.read_tree_block(old, &Expect::default())?;
+            if Self::is_shareable(blk.owner()) {
+                stats.trace_full_extents += 1;
+                if level == 0 {
+                    for (_, x, _) in Plan::leaf_extents(&blk.data, old)? {
+                        if traced_data.insert(x) {
+                            stats.trace_full_extents += 1;
+                        }
+                    }
+                }
+            }
             let mut data = blk.data.clone();
             eb::set_bytenr(&mut data, new);
             let mut hflags = eb::flags(&data) & !HEADER_FLAG_WRITTEN;
