@@ -121,7 +121,11 @@ pub fn resize(image: &Path, spec: &str, out: &mut dyn std::io::Write) -> Result<
         drop(t);
         t = open_rw(image)?;
     }
-    let set = t.resize_device(devid, new)?;
+    let set = if new < old {
+        t.shrink_device(devid, new)?
+    } else {
+        t.resize_device(devid, new)?
+    };
     t.commit()?;
     drop(t);
     if is_file && set < file.metadata()?.len() {

@@ -244,7 +244,7 @@ enum FsCmd {
     Du(share::DuArgs),
     /// Grow or shrink a device of the filesystem, like `btrfs filesystem resize`:
     /// [DEVID:][+|-]SIZE[KMGTPE] or [DEVID:]max. An image file grows or is cut to
-    /// the size; a shrink over allocated chunks is refused (balance is not supported).
+    /// the size; chunks beyond a smaller size are relocated first (as the kernel does).
     Resize {
         image: PathBuf,
         #[arg(allow_hyphen_values = true)]

@@ -1,7 +1,8 @@
 //! `ubtrfs filesystem resize` against the kernel's `btrfs filesystem resize` on twin
 //! images: growing and shrinking (where no chunk lies beyond) give the same
 //! superblock total, device item and image size; the kernel then fills the grown
-//! space; a shrink over allocated chunks is refused and leaves the image unchanged.
+//! space; a shrink over allocated chunks relocates them first (the same sizes and
+//! files as the kernel's shrink of the twin), and one below the data is refused.
 //!
 //! Needs root (loop devices); skipped with a line outside CI.
 
@@ -107,18 +108,59 @@ fn resize_like_the_kernel() {
     let k = KernelMount::new(&ours, "ro");
     k.umount();
 
-    // A shrink over allocated chunks: refused, nothing changed.
-    let before = sha256_file(&ours);
-    let o = bin().output(&["filesystem", "resize", &p, "100M"]);
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    // A shrink over allocated chunks: they are relocated below the new size, as
+    // the kernel does; both twins end with the same sizes and the same files.
+    mkfs_btrfs(&ours, 1 << 30, &[]);
+    {
+        let k = KernelMount::new(&ours, "rw");
+        sh(&format!(
+            "cd {}; for i in $(seq 1 180); do head -c 1000000 /dev/urandom > f$i; \
+             [ $((i % 30)) = 0 ] && sync; done; rm f*[02468]; \
+             btrfs subvolume snapshot . snap >/dev/null; echo x >> f1; sync",
+            k.q()
+        ));
+        k.umount();
+    }
+    std::fs::copy(&ours, &theirs).expect("twin");
+    let chunks_end = |img: &Path| -> u64 {
+        sh(&format!(
+            "btrfs inspect-internal dump-tree -t dev {} | awk '/DEV_EXTENT/ {{ o = $6 }} /length/ {{ e = o + $NF; if (e > m) m = e }} END {{ print m }}'",
+            shell_quote(img)
+        ))
+        .trim()
+        .parse()
+        .expect("dev extent end")
+    };
     assert!(
-        !o.status.success() && err.contains("not supported"),
-        "a shrink over chunks: {} {err}",
-        o.status
+        chunks_end(&ours) > 300 << 20,
+        "the data reaches past 300 MiB"
     );
-    assert_eq!(
-        sha256_file(&ours),
-        before,
-        "a refused shrink changed the image"
-    );
+    let view = |img: &Path| {
+        let k = KernelMount::new(img, "ro");
+        let t = ubtrfs_sim::golden::walk_mounted(&k.mnt);
+        k.umount();
+        t
+    };
+    let files = view(&ours);
+    bin().stdout(&["filesystem", "resize", &p, "300M"]);
+    kernel_resize(&theirs, "300M", None);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&theirs)
+        .and_then(|f| f.set_len(300 << 20))
+        .expect("cut the twin");
+    assert_eq!(sizes(&ours), sizes(&theirs), "after shrinking over chunks");
+    assert!(chunks_end(&ours) <= 300 << 20);
+    btrfs_check(&ours, None).unwrap_or_else(|e| panic!("after shrinking over chunks: {e}"));
+    assert_eq!(view(&ours), files, "files after shrinking over chunks");
+
+    // Too small for what is allocated: refused with ENOSPC, the device keeps
+    // its size and the filesystem stays valid.
+    let before = sizes(&ours);
+    let o = bin().output(&["filesystem", "resize", &p, "80M"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "a shrink below the data: {err}");
+    assert_eq!(sizes(&ours), before, "a refused shrink changed the size");
+    btrfs_check(&ours, None).unwrap_or_else(|e| panic!("after a refused shrink: {e}"));
+    assert_eq!(view(&ours), files, "files after a refused shrink");
 }

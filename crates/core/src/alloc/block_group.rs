@@ -69,21 +69,28 @@ pub(crate) struct DevSpace {
     pub bytes_used: u64,
     /// Allocated physical ranges: start -> length.
     pub used: BTreeMap<u64, u64>,
+    /// New chunks end below this (a shrink in progress: the device keeps its
+    /// recorded size until the last chunk beyond is relocated).
+    pub alloc_end: Option<u64>,
 }
 
 impl DevSpace {
     /// Free holes from 1 MiB (the kernel never allocates below) to the device end.
     pub(crate) fn holes(&self) -> Vec<(u64, u64)> {
+        let end = self
+            .alloc_end
+            .map_or(self.total_bytes, |e| e.min(self.total_bytes));
         let mut out = Vec::new();
         let mut pos = 1u64 << 20;
         for (&s, &l) in &self.used {
-            if s > pos {
-                out.push((pos, s - pos));
+            let s_end = s.min(end);
+            if s_end > pos {
+                out.push((pos, s_end - pos));
             }
             pos = pos.max(s + l);
         }
-        if self.total_bytes > pos {
-            out.push((pos, self.total_bytes - pos));
+        if end > pos {
+            out.push((pos, end - pos));
         }
         out
     }

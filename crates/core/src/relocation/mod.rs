@@ -2,7 +2,8 @@
 //! the group (the kernel's relocation.c), and balance's chunk selection, BALANCE
 //! item and loop (volumes.c).
 //!
-//! Owns: relocating one block group (`relocate.rs`) and balance (`balance.rs`).
+//! Owns: relocating one block group (`relocate.rs`), balance (`balance.rs`) and
+//! shrinking a device over its chunks (`shrink.rs`).
 //! May use: `transaction` (allocation, delayed refs, commit), `subvol` (dead
 //! subvolumes are dropped before a relocation walks the trees), `tree`, `io`,
 //! `alloc`. Unlike the kernel it never creates relocation trees: one commit per
@@ -12,3 +13,4 @@
 
 pub(crate) mod balance;
 pub(crate) mod relocate;
+pub(crate) mod shrink;

@@ -261,6 +261,7 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
         total_bytes: size,
         bytes_used: 0,
         used: BTreeMap::new(),
+        alloc_end: None,
     };
     for e in &entries {
         for s in &e.stripes {

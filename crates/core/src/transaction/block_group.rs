@@ -58,9 +58,9 @@ impl Trans {
         }
         let used_end = self.device_used_end(devid)?;
         if new < used_end {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Invalid(format!(
                 "shrinking device {devid} to {new} bytes: chunks are allocated up to \
-                 {used_end}; moving them (balance) is not supported yet"
+                 {used_end} (Trans::shrink_device relocates them first)"
             )));
         }
         let dev = self

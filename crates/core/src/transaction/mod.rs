@@ -308,6 +308,7 @@ impl Trans {
                 total_bytes: d.total_bytes,
                 bytes_used: d.bytes_used,
                 used: BTreeMap::new(),
+                alloc_end: None,
             };
             for item in TreeIter::new(
                 &self.fs.info,
