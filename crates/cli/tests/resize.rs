@@ -7,7 +7,6 @@
 //! Needs root (loop devices); skipped with a line outside CI.
 
 use std::path::Path;
-use ubtrfs_sim::golden::sha256_file;
 use ubtrfs_sim::host::{btrfs_check, require_root, serial, sh, shell_quote, Ubtrfs};
 use ubtrfs_sim::mount::{mkfs_btrfs, KernelMount};
 
