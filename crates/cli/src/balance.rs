@@ -8,9 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::ffi::OsString;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use ubtrfs_core::{
-    balance_args, balance_flags, BalanceArgs, BalanceEnd, BalanceProgress, BalanceRequest, Trans,
-};
+use ubtrfs_core::{balance_flags, BalanceArgs, BalanceEnd, BalanceProgress, BalanceRequest, Trans};
 
 #[derive(Subcommand)]
 pub enum BalanceCmd {
@@ -173,26 +171,10 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
         BalanceCmd::Resume { image } => {
             refuse_mount(&image)?;
             let mut t = Trans::open_paths(&[&image])?;
-            let Some(mut req) = t.balance_item()? else {
+            let Some(req) = t.balance_item()? else {
                 bail!("{}: no balance to resume (not paused)", image.display());
             };
-            // The kernel's update_balance_args on resume.
-            for (bit, a) in [
-                (balance_flags::DATA, &mut req.data),
-                (balance_flags::METADATA, &mut req.meta),
-                (balance_flags::SYSTEM, &mut req.sys),
-            ] {
-                if req.flags & bit == 0 {
-                    continue;
-                }
-                if a.flags & balance_args::CONVERT != 0 {
-                    a.flags |= balance_args::SOFT;
-                } else if a.flags & (balance_args::USAGE | balance_args::USAGE_RANGE) == 0 {
-                    a.flags |= balance_args::USAGE;
-                    a.usage = 90;
-                }
-            }
-            req.flags |= balance_flags::RESUME;
+            let req = req.for_resume();
             run_balance(&mut t, &image, &req, false, out)
         }
         BalanceCmd::Cancel { image } => {

@@ -354,6 +354,31 @@ impl BalanceRequest {
         })
     }
 
+    /// The request a resume runs (the kernel's update_balance_args): converting
+    /// types become soft (chunks already converted are skipped); types without a
+    /// usage filter and not converting get usage=90 (chunks already balanced are
+    /// presumably full).
+    pub fn for_resume(&self) -> BalanceRequest {
+        let mut r = *self;
+        for (bit, a) in [
+            (flags::DATA, &mut r.data),
+            (flags::METADATA, &mut r.meta),
+            (flags::SYSTEM, &mut r.sys),
+        ] {
+            if self.flags & bit == 0 {
+                continue;
+            }
+            if a.flags & args::CONVERT != 0 {
+                a.flags |= args::SOFT;
+            } else if a.flags & (args::USAGE | args::USAGE_RANGE) == 0 {
+                a.flags |= args::USAGE;
+                a.usage = 90;
+            }
+        }
+        r.flags |= flags::RESUME;
+        r
+    }
+
     fn args_for(&mut self, ty: u64) -> &mut BalanceArgs {
         if ty & BLOCK_GROUP_DATA != 0 {
             &mut self.data
