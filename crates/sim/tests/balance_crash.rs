@@ -249,7 +249,7 @@ fn balance_survives_every_cut() {
                 .into_iter()
                 .map(|k| commits[k].0)
                 .collect();
-            let sample = root && !inside && (n - first) % 4 == 0;
+            let sample = root && !inside && (n - first).is_multiple_of(4);
             let mid_balance = commits.first().is_some_and(|c| c.1 < n) && n < flushes;
             if sample && mid_balance {
                 kernel += 1;
