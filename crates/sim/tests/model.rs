@@ -32,6 +32,7 @@ struct Totals {
     ops: u64,
     commits: u64,
     reopens: u64,
+    balances: u64,
     expected_errors: u64,
     unsupported: u64,
     btrfs_checks: u64,
@@ -45,6 +46,7 @@ impl Totals {
         self.ops += st.ops;
         self.commits += st.commits;
         self.reopens += st.reopens;
+        self.balances += st.balances;
         self.expected_errors += st.expected_errors;
         self.unsupported += st.unsupported;
         self.btrfs_checks += u64::from(checked);
@@ -123,7 +125,7 @@ fn model_random_workloads() {
     let failures = failures.into_inner().unwrap();
     let t = totals.into_inner().unwrap();
     eprintln!(
-        "model: {} of {} seeds x {} ops passed in {:.1?} ({threads} threads): {} ops, {} commits, {} reopens for \
+        "model: {} of {} seeds x {} ops passed in {:.1?} ({threads} threads): {} ops, {} commits, {} balances, {} reopens for \
          writing, {} expected errors matched, {} fallocate calls refused as unsupported, {} final images passed \
          btrfs check; deepest FS tree: level {}, most files: {}",
         t.seeds,
@@ -132,6 +134,7 @@ fn model_random_workloads() {
         start.elapsed(),
         t.ops,
         t.commits,
+        t.balances,
         t.reopens,
         t.expected_errors,
         t.unsupported,

@@ -104,8 +104,21 @@ impl Trans {
                 value.len()
             )));
         }
-        self.remove_xattr_entry(root, ino, name)?;
         let key = Key::new(ino, XATTR_ITEM_KEY, name_hash(name));
+        // Names with the same hash share the item: when the new value cannot fit
+        // beside the others, fail before the old value goes (the kernel keeps the
+        // old value too: a replace is atomic, btrfs_setxattr).
+        let ptr = self.root_ptr(root)?;
+        if let Some(it) = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)? {
+            let d = it.data();
+            let old = crate::inode::dir_item::dir_entry_span(d, name).map_or(0, |(a, b)| b - a);
+            if d.len() - old + entry_len > self.max_item_size() {
+                return Err(Error::NoSpace(format!(
+                    "item {key} is full (xattrs whose names share a hash)"
+                )));
+            }
+        }
+        self.remove_xattr_entry(root, ino, name)?;
         let e = ubtrfs_format::items::dir_item_bytes(
             &Key::new(0, 0, 0),
             self.transid,

@@ -445,7 +445,16 @@ impl Model {
             }
             Op::SetXattr { path, name, value } => {
                 let id = self.resolve(path).ok_or(ENOENT)?;
-                if 30 + name.len() + value.len() > self.max_item {
+                // Names with the same hash share one XATTR_ITEM (btrfs_setxattr:
+                // ENOSPC when the item cannot hold them all).
+                let hash = ubtrfs_core::format::csum::name_hash(name);
+                let in_item: usize = self.nodes[&id]
+                    .xattrs
+                    .iter()
+                    .filter(|(n, _)| *n != name && ubtrfs_core::format::csum::name_hash(n) == hash)
+                    .map(|(n, v)| 30 + n.len() + v.len())
+                    .sum();
+                if in_item + 30 + name.len() + value.len() > self.max_item {
                     return Err(ENOSPC);
                 }
                 self.nodes

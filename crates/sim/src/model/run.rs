@@ -464,6 +464,42 @@ impl Harness {
             .map_err(|e| format!("after commit (uncommitted view): {e}"))
     }
 
+    /// Balances (after committing): `which` 0 = data, 1 = metadata and system,
+    /// 2 = everything, 3 = data with usage=50. Contents never change; the whole
+    /// tree is compared after it.
+    pub fn balance(&mut self, which: u8) -> Result<(), String> {
+        use ubtrfs_core::{balance_flags as bf, BalanceArgs, BalanceRequest};
+        self.log.push(format!("balance {which}"));
+        self.steps.push(Step::Balance(which));
+        let usage = BalanceArgs::parse_filters("usage=50").map_err(|e| e.to_string())?;
+        let req = match which {
+            0 => BalanceRequest {
+                flags: bf::DATA,
+                ..Default::default()
+            },
+            1 => BalanceRequest {
+                flags: bf::METADATA | bf::SYSTEM,
+                ..Default::default()
+            },
+            3 => BalanceRequest {
+                flags: bf::DATA,
+                data: usage,
+                ..Default::default()
+            },
+            _ => BalanceRequest {
+                flags: bf::DATA | bf::METADATA | bf::SYSTEM,
+                ..Default::default()
+            },
+        };
+        self.t
+            .commit()
+            .map_err(|e| format!("commit before balance: {e}"))?;
+        self.t
+            .balance(&req, &mut |_, _| {}, &|| false)
+            .map_err(|e| format!("balance {which}: {e}"))?;
+        compare_tree(&self.t.fs, &self.model).map_err(|e| format!("after balance {which}: {e}"))
+    }
+
     /// The last lines of the log, for a failure message.
     pub fn tail(&self, n: usize) -> String {
         let s = self.log.len().saturating_sub(n);
@@ -505,6 +541,8 @@ pub struct RunStats {
     pub commits: u64,
     /// Reopens of the handle from the device.
     pub reopens: u64,
+    /// Balances run (after a commit).
+    pub balances: u64,
     /// Calls that failed as the model predicted.
     pub expected_errors: u64,
     /// Calls the engine refused as unsupported where the model expected success.
@@ -562,6 +600,16 @@ fn run_seed_inner(
                 compare_tree(&fs, &h.model)
                     .map_err(|e| format!("copy of the device after the commit: {e}"))?;
                 compare_quotas(&fs).map_err(|e| format!("quotas after the commit: {e}"))?;
+                if !last && r.chance(1, 6) {
+                    // Relocate chunks: nothing may change, quotas stay exact.
+                    h.balance(r.below(4) as u8)?;
+                    stats.balances += 1;
+                    let fs = open_ro(mem.copy("copy"))
+                        .map_err(|e| format!("open a copy after the balance: {e}"))?;
+                    compare_tree(&fs, &h.model)
+                        .map_err(|e| format!("copy of the device after the balance: {e}"))?;
+                    compare_quotas(&fs).map_err(|e| format!("quotas after the balance: {e}"))?;
+                }
                 if !last && r.chance(1, 3) {
                     // Continue on a handle opened from disk.
                     h.reopen(dev.clone())?;
@@ -591,6 +639,8 @@ pub enum Step {
     Commit,
     /// Continue on a handle opened from the device.
     Reopen,
+    /// Commit, balance (see [`Harness::balance`]), compare.
+    Balance(u8),
 }
 
 impl fmt::Debug for Step {
@@ -599,6 +649,7 @@ impl fmt::Debug for Step {
             Step::Op(op) => write!(f, "{op:?}"),
             Step::Commit => write!(f, "commit"),
             Step::Reopen => write!(f, "reopen for writing"),
+            Step::Balance(w) => write!(f, "balance {w}"),
         }
     }
 }
@@ -623,6 +674,7 @@ pub fn replay(fsc: &FsConfig, steps: &[Step], btrfs_check: bool) -> Result<(), S
             Step::Op(op) => h.step(op)?,
             Step::Commit => commit(&mut h)?,
             Step::Reopen => h.reopen(dev.clone())?,
+            Step::Balance(w) => h.balance(*w)?,
         }
     }
     commit(&mut h)?;
