@@ -92,13 +92,29 @@ fn parse(kind: &str, text: &str) -> Result<BalanceArgs> {
     BalanceArgs::parse_filters(text).map_err(|e| anyhow::anyhow!("{kind} filters: {e}"))
 }
 
-fn refuse_mount(image: &Path) -> Result<()> {
-    if image.is_dir() {
-        bail!(
-            "{}: balance on a mounted ubtrfs is not supported yet; unmount and give the image",
-            image.display()
-        );
+/// A directory: the mount's root (or any directory of it), asked through the
+/// balance ioctls ([`ubtrfs_fuse::balance_ops`]).
+fn mounted(p: &Path) -> Result<Option<std::fs::File>> {
+    if !p.is_dir() {
+        return Ok(None);
     }
+    Ok(Some(
+        std::fs::File::open(p).with_context(|| p.display().to_string())?,
+    ))
+}
+
+fn balance_on_mount(
+    f: &std::fs::File,
+    mnt: &Path,
+    req: &BalanceRequest,
+    out: &mut dyn std::io::Write,
+) -> Result<()> {
+    let [_, considered, completed] = ubtrfs_fuse::balance_ops::client::balance(f, req)
+        .with_context(|| format!("error during balancing '{}'", mnt.display()))?;
+    writeln!(
+        out,
+        "Done, had to relocate {completed} out of {considered} chunks"
+    )?;
     Ok(())
 }
 
@@ -113,7 +129,6 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             full_balance,
             verbose,
         } => {
-            refuse_mount(&image)?;
             let mut req = BalanceRequest::default();
             if let Some(d) = &data {
                 req.flags |= balance_flags::DATA;
@@ -159,6 +174,9 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             if force {
                 req.flags |= balance_flags::FORCE;
             }
+            if let Some(f) = mounted(&image)? {
+                return balance_on_mount(&f, &image, &req, out);
+            }
             let mut t = Trans::open_paths(&[&image])?;
             if t.balance_item()?.is_some() {
                 bail!(
@@ -169,7 +187,13 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             run_balance(&mut t, &image, &req, verbose, out)
         }
         BalanceCmd::Resume { image } => {
-            refuse_mount(&image)?;
+            if let Some(f) = mounted(&image)? {
+                let req = BalanceRequest {
+                    flags: balance_flags::RESUME,
+                    ..Default::default()
+                };
+                return balance_on_mount(&f, &image, &req, out);
+            }
             let mut t = Trans::open_paths(&[&image])?;
             let Some(req) = t.balance_item()? else {
                 bail!("{}: no balance to resume (not paused)", image.display());
@@ -178,7 +202,18 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             run_balance(&mut t, &image, &req, false, out)
         }
         BalanceCmd::Cancel { image } => {
-            refuse_mount(&image)?;
+            if let Some(f) = mounted(&image)? {
+                // A balance on a ubtrfs mount runs inside its request: by the
+                // time this one is served, none is running.
+                return match ubtrfs_fuse::balance_ops::client::ctl(&f, 2) {
+                    Ok(()) => Ok(()),
+                    Err(e) if e.raw_os_error() == Some(nix::libc::ENOTCONN) => bail!(
+                        "balance cancel on '{}' failed: Not in progress",
+                        image.display()
+                    ),
+                    Err(e) => Err(e).context("balance cancel"),
+                };
+            }
             let mut t = Trans::open_paths(&[&image])?;
             if t.balance_item()?.is_none() {
                 bail!(
@@ -190,7 +225,13 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             Ok(())
         }
         BalanceCmd::Status { image } => {
-            refuse_mount(&image)?;
+            if let Some(f) = mounted(&image)? {
+                match ubtrfs_fuse::balance_ops::client::progress(&f)? {
+                    None => writeln!(out, "No balance found on '{}'", image.display())?,
+                    Some(_) => writeln!(out, "Balance on '{}' is running", image.display())?,
+                }
+                return Ok(());
+            }
             let fs = ubtrfs_core::Filesystem::open_paths(&[&image], Default::default())?;
             let rt = fs.info.root_tree_ptr();
             let key = ubtrfs_core::format::key::Key::new(

@@ -24,6 +24,7 @@
 
 mod abi;
 mod acl;
+pub mod balance_ops;
 mod channel;
 mod ino;
 mod nodes;

@@ -27,6 +27,8 @@ use ubtrfs_format::items::InodeItem;
 #[allow(dead_code)]
 pub(crate) mod errno {
     pub(crate) const EPERM: i32 = 1;
+    pub(crate) const ENOTCONN: i32 = 107;
+    pub(crate) const ECANCELED: i32 = 125;
     pub(crate) const ENOENT: i32 = 2;
     pub(crate) const EIO: i32 = 5;
     pub(crate) const ENXIO: i32 = 6;
@@ -858,6 +860,17 @@ impl Ops {
             return reply.ok(&o.buf);
         }
         let input = a.rest().get(..in_size as usize).unwrap_or_default();
+        if crate::balance_ops::is_balance_ioctl(cmd) {
+            return match self.balance_ioctl(h, cmd, input) {
+                Ok(data) => {
+                    let n = data.len().min(out_size as usize);
+                    let mut o = Out::with_capacity(16);
+                    o.i32(0).u32(0).u32(0).u32(0);
+                    reply.ok_parts(&[&o.buf, &data[..n]]);
+                }
+                Err(e) => reply.error(e),
+            };
+        }
         if crate::quota_ops::is_quota_ioctl(cmd) {
             return match self.quota_ioctl(h, cmd, input) {
                 Ok(data) => {
