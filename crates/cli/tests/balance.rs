@@ -324,3 +324,58 @@ fn balance_on_a_mount() {
     btrfs_check(&img, None).unwrap_or_else(|e| panic!("after a balance on the mount: {e}"));
     ubtrfs_sim::mount::kernel_round_trip(&img, &seen, "balance on the mount");
 }
+
+/// A balance the kernel paused (`btrfs balance pause`, then unmount: the BALANCE
+/// item stays) is finished by `ubtrfs balance resume`, with the kernel's resume
+/// rules (chunks at least 90% full are left); the files are the same and btrfs
+/// check is clean.
+#[test]
+fn kernel_paused_balance_resumed_by_ubtrfs() {
+    if !require_root("kernel_paused_balance_resumed_by_ubtrfs") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("p.img");
+    let p = img.to_str().expect("utf-8").to_string();
+    let mut paused = false;
+    for attempt in 0..5 {
+        mkfs_btrfs(&img, 3 << 30, &[]);
+        let k = KernelMount::new(&img, "rw");
+        sh(&format!(
+            "cd {m}; for i in $(seq 1 20); do head -c 60M /dev/urandom > f$i; done; sync; \
+             rm f3 f6 f9; btrfs subvolume snapshot . s >/dev/null; sync",
+            m = k.q()
+        ));
+        // Pause as soon as the balance runs; it stops after its current chunk.
+        sh(&format!(
+            "(btrfs balance start -d {m} >/dev/null 2>&1 &); sleep 0.{d}; \
+             btrfs balance pause {m} >/dev/null 2>&1 || true; \
+             for i in $(seq 1 100); do btrfs balance status {m} | grep -q running || break; sleep 0.1; done",
+            m = k.q(),
+            d = attempt
+        ));
+        k.umount();
+        let st = bin().stdout(&["balance", "status", &p]);
+        if st.contains("is paused") {
+            paused = true;
+            break;
+        }
+    }
+    assert!(paused, "the kernel never paused a balance in 5 tries");
+    let before = kernel_view(&img);
+    let out = bin().stdout(&["balance", "resume", &p]);
+    assert!(out.starts_with("Done, had to relocate"), "{out}");
+    let st = bin().stdout(&["balance", "status", &p]);
+    assert!(st.contains("No balance found"), "{st}");
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("after resuming the kernel's balance: {e}"));
+    let after = kernel_view(&img);
+    assert_eq!(
+        before.0, after.0,
+        "files after resuming the kernel's balance"
+    );
+    assert_eq!(
+        before.1, after.1,
+        "sharing after resuming the kernel's balance"
+    );
+}
