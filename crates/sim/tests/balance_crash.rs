@@ -2,8 +2,8 @@
 //! subvolume `sv` with a multi-level tree at 4 KiB nodes and data extents, a
 //! snapshot `snap` of it, changes on both sides (shared and FULL_BACKREF
 //! blocks), then a full balance (data, metadata, system) with DUP metadata:
-//! the BALANCE item's commit, one commit per relocated chunk, the item's
-//! removal. For every flush point, the image a power cut leaves right after it
+//! the BALANCE item's commit, commits per 4 MiB piece of each relocated chunk
+//! (`Trans::reloc_batch_bytes`), the item's removal. For every flush point, the image a power cut leaves right after it
 //! and a few cut inside the next batch (prefix, reordered subset, torn write)
 //! must:
 //! - open at a committed generation with exactly the files written before the
@@ -130,6 +130,8 @@ fn run_workload() -> (Arc<RecordingDevice>, Files, Vec<(u64, usize)>) {
         flags: balance_flags::DATA | balance_flags::METADATA | balance_flags::SYSTEM,
         ..Default::default()
     };
+    // Groups moved in pieces of 4 MiB: several commits per group, cut between.
+    t.reloc_batch_bytes = 4 << 20;
     let (end, p) = t.balance(&req, &mut |_, _| {}, &|| false).expect("balance");
     assert_eq!(end, BalanceEnd::Finished);
     assert!(p.completed >= 5, "{p:?}");

@@ -113,11 +113,15 @@ impl Plan {
 const FILE_EXTENT_DISK_BYTENR_OFFSET: usize = 21;
 
 impl Trans {
-    /// Moves everything out of the block group at `start` and removes it, in one
-    /// commit (the kernel's btrfs_relocate_chunk). Pending work is committed
-    /// first and dead subvolumes are dropped to the end (their half-dropped trees
-    /// cannot be walked). A failure before the commit leaves the image as the last
-    /// commit wrote it; the handle must then be dropped.
+    /// Moves everything out of the block group at `start` and removes it (the
+    /// kernel's btrfs_relocate_chunk): its address range in pieces of at most
+    /// `Trans::reloc_batch_bytes`, a commit each, the group removed by the last.
+    /// Between pieces the filesystem is complete and consistent (the group holds
+    /// fewer extents); a balance cut there relocates the group again on resume.
+    /// Pending work is committed first and dead subvolumes are dropped to the end
+    /// (their half-dropped trees cannot be walked). A failure before a commit
+    /// leaves the image as the last commit wrote it; the handle must then be
+    /// dropped.
     pub fn relocate_block_group(&mut self, start: u64) -> Result<RelocStats> {
         self.commit()?;
         if !self.dead_roots()?.is_empty() {
@@ -148,9 +152,36 @@ impl Trans {
             self.alloc
                 .alloc_chunk(&mut self.fs.info, BLOCK_GROUP_DATA, ss)?;
         }
+        let mut stats = RelocStats::default();
+        let batch = self.reloc_batch_bytes.max(self.fs.info.nodesize as u64);
+        let end = start + length;
+        let mut from = start;
+        while from < end {
+            let to = from.saturating_add(batch).min(end);
+            self.relocate_range(start, from, to, &mut stats)?;
+            if to == end {
+                self.alloc.remove_at_commit.push(start);
+            }
+            self.commit()?;
+            stats.qgroup_extents += self.qgroup_stats.extents;
+            from = to;
+        }
+        Ok(stats)
+    }
+
+    /// Moves the extents that start in `[from, to)` of the group at `group` (its
+    /// extents elsewhere stay), without committing.
+    fn relocate_range(
+        &mut self,
+        group: u64,
+        from: u64,
+        to: u64,
+        stats: &mut RelocStats,
+    ) -> Result<()> {
+        let start = group;
         let mut plan = Plan {
-            start,
-            end: start + length,
+            start: from,
+            end: to,
             read_leaves: false,
             data: BTreeMap::new(),
             group_blocks: Vec::new(),
@@ -174,22 +205,15 @@ impl Trans {
                 )));
             }
         }
-        let mut stats = RelocStats {
-            blocks_in_group: plan.group_blocks.len() as u64,
-            data_extents: plan.data.len() as u64,
-            data_bytes: plan.data.values().map(|d| d.0).sum(),
-            nodes_visited: plan.nodes_visited,
-            ..Default::default()
-        };
+        stats.blocks_in_group += plan.group_blocks.len() as u64;
+        stats.data_extents += plan.data.len() as u64;
+        stats.data_bytes += plan.data.values().map(|d| d.0).sum::<u64>();
+        stats.nodes_visited += plan.nodes_visited;
         // Relocation changes no subvolume's extents: nothing to account.
         let touched = self.delayed.touched.take();
-        let res = self.rewrite(&mut plan, &mut stats);
+        let res = self.rewrite(&mut plan, stats);
         self.delayed.touched = touched;
-        res?;
-        self.alloc.remove_at_commit.push(start);
-        self.commit()?;
-        stats.qgroup_extents = self.qgroup_stats.extents;
-        Ok(stats)
+        res
     }
 
     /// Every tree: the root tree, the chunk tree and each ROOT_ITEM's tree, as

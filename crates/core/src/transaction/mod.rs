@@ -94,6 +94,10 @@ pub struct Trans {
     /// The caller charges writes to qgroup limits itself, when it accepts them (a
     /// mount with delayed allocation: EDQUOT must come at WRITE, not at the flush).
     pub quota_reserved_by_caller: bool,
+    /// Relocation moves a block group in pieces of at most this many bytes of its
+    /// address range, one commit each, so the new copies held in memory until a
+    /// commit stay bounded (relocation/relocate.rs).
+    pub reloc_batch_bytes: u64,
 }
 
 impl std::fmt::Debug for Trans {
@@ -223,6 +227,7 @@ impl Trans {
             quota_limits: None,
             qgroup_stats: quota::QgroupStats::default(),
             quota_reserved_by_caller: false,
+            reloc_batch_bytes: crate::relocation::RELOC_BATCH_BYTES_DEFAULT,
         }
     }
 
