@@ -17,7 +17,8 @@ pub enum BalanceCmd {
     /// (usage=, devid=, drange=, vrange=, convert=, soft, limit=, stripes=,
     /// profiles=); `-m` alone also selects system chunks, with the same filters.
     Start {
-        /// The image file or block device.
+        /// The image file or block device (IMAGE,DEV2,... for several devices), or
+        /// a directory of a read-write ubtrfs mount.
         image: PathBuf,
         /// Data chunks (with filters: -dusage=50).
         #[arg(short = 'd', long = "data", num_args = 0..=1, require_equals = true, default_missing_value = "")]
@@ -90,6 +91,15 @@ pub fn rewrite_args(args: Vec<OsString>) -> Vec<OsString> {
 
 fn parse(kind: &str, text: &str) -> Result<BalanceArgs> {
     BalanceArgs::parse_filters(text).map_err(|e| anyhow::anyhow!("{kind} filters: {e}"))
+}
+
+/// The devices of IMAGE[,DEV2...] (a multi-device filesystem).
+fn devices(image: &Path) -> Vec<PathBuf> {
+    image
+        .to_string_lossy()
+        .split(',')
+        .map(PathBuf::from)
+        .collect()
 }
 
 /// A directory: the mount's root (or any directory of it), asked through the
@@ -177,7 +187,7 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             if let Some(f) = mounted(&image)? {
                 return balance_on_mount(&f, &image, &req, out);
             }
-            let mut t = Trans::open_paths(&[&image])?;
+            let mut t = Trans::open_paths(&devices(&image))?;
             if t.balance_item()?.is_some() {
                 bail!(
                     "{}: a balance is paused; resume or cancel it first",
@@ -194,7 +204,7 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
                 };
                 return balance_on_mount(&f, &image, &req, out);
             }
-            let mut t = Trans::open_paths(&[&image])?;
+            let mut t = Trans::open_paths(&devices(&image))?;
             let Some(req) = t.balance_item()? else {
                 bail!("{}: no balance to resume (not paused)", image.display());
             };
@@ -214,7 +224,7 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
                     Err(e) => Err(e).context("balance cancel"),
                 };
             }
-            let mut t = Trans::open_paths(&[&image])?;
+            let mut t = Trans::open_paths(&devices(&image))?;
             if t.balance_item()?.is_none() {
                 bail!(
                     "balance cancel on '{}' failed: Not in progress",
@@ -232,7 +242,7 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
                 }
                 return Ok(());
             }
-            let fs = ubtrfs_core::Filesystem::open_paths(&[&image], Default::default())?;
+            let fs = ubtrfs_core::Filesystem::open_paths(&devices(&image), Default::default())?;
             let rt = fs.info.root_tree_ptr();
             let key = ubtrfs_core::format::key::Key::new(
                 ubtrfs_core::format::consts::BALANCE_OBJECTID,

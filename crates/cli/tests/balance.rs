@@ -379,3 +379,88 @@ fn kernel_paused_balance_resumed_by_ubtrfs() {
         "sharing after resuming the kernel's balance"
     );
 }
+
+/// Converting on two devices: data and metadata to RAID1 (every chunk then has a
+/// stripe on each device), and back to single and DUP; btrfs check clean and the
+/// kernel shows the same files after each, mounting both devices; after RAID1,
+/// each device alone (the other wiped) still gives every file to a degraded mount.
+#[test]
+fn convert_raid1_on_two_devices() {
+    if !require_root("convert_raid1_on_two_devices") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    mkfs_btrfs(&a, 1 << 30, &["-n", "4096", "-m", "dup", "-d", "single"]);
+    std::fs::File::create(&b)
+        .and_then(|f| f.set_len(1 << 30))
+        .expect("second device");
+    {
+        let k = KernelMount::new(&a, "rw");
+        sh(&format!(
+            "cd {m}; for i in $(seq 1 100); do head -c $((i * 1000)) /dev/urandom > f$i; done; \
+             btrfs subvolume snapshot . s >/dev/null; L=$(losetup -f --show {b}); \
+             btrfs device add -f $L . >/dev/null; echo $L > {dir}/loop",
+            m = k.q(),
+            b = b.display(),
+            dir = dir.path().display()
+        ));
+        k.umount();
+        let l = std::fs::read_to_string(dir.path().join("loop")).expect("loop name");
+        sh(&format!("losetup -d {}", l.trim()));
+    }
+    let both = format!("{},{}", a.display(), b.display());
+    let view = |opts: &str, devs: &[&Path]| {
+        let k = KernelMount::try_new(devs, opts).unwrap_or_else(|e| panic!("{e}"));
+        let mut t = walk_mounted(&k.mnt);
+        t.retain(|_, v| v["ino"] != 2);
+        k.try_umount().expect("umount");
+        t
+    };
+    let before = view("ro", &[&a, &b]);
+    for (args, want) in [
+        (vec!["-mconvert=raid1", "-dconvert=raid1"], "RAID1"),
+        (
+            vec!["-f", "-mconvert=dup", "-dconvert=single"],
+            "single|DUP",
+        ),
+    ] {
+        let mut full = vec!["balance", "start"];
+        full.extend(args.iter().copied());
+        full.push(&both);
+        let out = bin().stdout(&full);
+        assert!(out.starts_with("Done, had to relocate"), "{args:?}: {out}");
+        for (_, t) in chunks(&a) {
+            let p = t.rsplit('|').next().unwrap_or("");
+            assert!(want.split('|').any(|w| w == p), "{args:?}: a {t} chunk");
+        }
+        // btrfs check finds the second device by scanning; ubtrfs is given both.
+        sh(&format!(
+            "A=$(losetup -f --show {a}); B=$(losetup -f --show {b}); trap 'losetup -d $A $B' EXIT; \
+             btrfs device scan $A $B >/dev/null; \
+             btrfs check --readonly --check-data-csum $A >/dev/null 2>&1 \
+             || {{ btrfs check --readonly --check-data-csum $A; exit 1; }}",
+            a = a.display(),
+            b = b.display()
+        ));
+        let c = bin().output(&["check", "--check-data-csum", &both]);
+        assert!(c.status.success(), "ubtrfs check after {args:?}: {c:?}");
+        assert_eq!(view("ro", &[&a, &b]), before, "files after {args:?}");
+        if want == "RAID1" {
+            // Each device alone holds everything.
+            for (keep, wipe) in [(&a, &b), (&b, &a)] {
+                let copy = dir.path().join("alone.img");
+                std::fs::copy(keep, &copy).expect("copy");
+                let _ = wipe;
+                sh("btrfs device scan --forget >/dev/null 2>&1 || true");
+                assert_eq!(
+                    view("ro,degraded", &[&copy]),
+                    before,
+                    "degraded mount of one RAID1 device"
+                );
+                std::fs::remove_file(&copy).expect("rm");
+            }
+        }
+    }
+}
