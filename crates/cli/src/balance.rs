@@ -4,9 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
-use indicatif::{ProgressBar, ProgressStyle};
 use std::ffi::OsString;
-use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use ubtrfs_core::{balance_flags, BalanceArgs, BalanceEnd, BalanceProgress, BalanceRequest, Trans};
 
@@ -277,16 +275,7 @@ fn run_balance(
     verbose: bool,
     out: &mut dyn std::io::Write,
 ) -> Result<()> {
-    let bar = if std::io::stderr().is_terminal() {
-        let b = ProgressBar::new_spinner();
-        b.set_style(
-            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
-        b
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = crate::fmt::spinner(true, "{spinner} {msg} [{elapsed}]");
     // Tests pause a balance after N chunks (what `btrfs balance pause` does on a
     // mount), to prove the kernel and `balance resume` finish it.
     let stop_after: Option<u64> = std::env::var("UBTRFS_BALANCE_STOP_AFTER")

@@ -5,9 +5,8 @@
 use crate::{json, Format};
 use anyhow::Result;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use ubtrfs_core::format::bytes::uuid_string;
 use ubtrfs_core::CHECK_PHASES;
@@ -76,16 +75,7 @@ pub fn run(a: CheckArgs, out: &mut dyn Write) -> Result<()> {
         eprintln!("Checking filesystem on {}", names.join(","));
         eprintln!("UUID: {}", uuid_string(&fs.info.sb.fsid));
     }
-    let bar = if a.progress && std::io::stderr().is_terminal() {
-        let b = ProgressBar::new_spinner();
-        b.set_style(
-            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
-        b
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = crate::fmt::spinner(a.progress, "{spinner} {msg} [{elapsed}]");
     let copts = CheckOptions {
         check_data_csum: a.check_data_csum,
         qgroup_report: a.qgroup_report,

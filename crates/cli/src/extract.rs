@@ -16,13 +16,13 @@
 //! what lost+found holds moved to the name that generation gives it.
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use nix::sys::stat::{mknod, utimensat, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
-use std::io::{IsTerminal, Seek, SeekFrom, Write};
+use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{lchown, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -206,16 +206,7 @@ pub fn extract(fs: &Filesystem, src: &str, dest: &Path, opts: &ExtractOptions) -
         }
         Err(e) => return Err(e),
     };
-    let bar = if std::io::stderr().is_terminal() {
-        let b = ProgressBar::new_spinner();
-        b.set_style(
-            ProgressStyle::with_template("{spinner} {pos} entries, {msg} [{elapsed}]")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
-        b
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = crate::fmt::spinner(true, "{spinner} {pos} entries, {msg} [{elapsed}]");
     let mut ctx = Ctx {
         fs,
         opts,

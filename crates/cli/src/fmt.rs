@@ -1,5 +1,7 @@
 //! Text formatting shared by the commands: modes like ls, times like GNU stat.
 
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
 use ubtrfs_core::mode::*;
 use ubtrfs_format::items::Timespec;
 
@@ -132,6 +134,20 @@ pub fn name_display(b: &[u8]) -> String {
             })
             .collect(),
     }
+}
+
+/// A spinner on stderr with `template` (indicatif's syntax), shown only when `show`
+/// and stderr is a terminal; hidden (every call a no-op) otherwise, so piped output
+/// stays quiet.
+pub fn spinner(show: bool, template: &str) -> ProgressBar {
+    if !show || !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new_spinner();
+    b.set_style(
+        ProgressStyle::with_template(template).unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    b
 }
 
 #[cfg(test)]

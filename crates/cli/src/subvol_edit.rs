@@ -5,7 +5,7 @@
 use crate::edit::{open_rw, writable};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -159,11 +159,7 @@ fn subvol_at(fs: &Filesystem, path: &str) -> Result<u64> {
 
 fn bar(quiet: bool, what: &str) -> Option<ProgressBar> {
     (!quiet && std::io::stderr().is_terminal()).then(|| {
-        let b = ProgressBar::new_spinner();
-        b.set_style(
-            ProgressStyle::with_template("{spinner} {msg} [{elapsed}]")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
-        );
+        let b = crate::fmt::spinner(true, "{spinner} {msg} [{elapsed}]");
         b.set_message(what.to_string());
         b
     })

@@ -129,19 +129,9 @@ impl Ops {
 pub mod client {
     use std::fs::File;
     use std::io;
-    use std::os::fd::AsRawFd;
     use ubtrfs_core::BalanceRequest;
 
-    fn ioctl(f: &File, cmd: u32, arg: &mut [u8]) -> io::Result<()> {
-        // SAFETY: `arg` is a live, writable buffer of the size the command number
-        // declares, and the descriptor is open for the call's duration.
-        let r =
-            unsafe { nix::libc::ioctl(f.as_raw_fd(), cmd as nix::libc::c_ulong, arg.as_mut_ptr()) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
+    use crate::subvol_ops::client::ioctl;
 
     /// BALANCE_V2: runs `req` on the mount; returns (expected, considered,
     /// completed).

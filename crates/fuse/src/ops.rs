@@ -860,19 +860,17 @@ impl Ops {
             return reply.ok(&o.buf);
         }
         let input = a.rest().get(..in_size as usize).unwrap_or_default();
-        if crate::balance_ops::is_balance_ioctl(cmd) {
-            return match self.balance_ioctl(h, cmd, input) {
-                Ok(data) => {
-                    let n = data.len().min(out_size as usize);
-                    let mut o = Out::with_capacity(16);
-                    o.i32(0).u32(0).u32(0).u32(0);
-                    reply.ok_parts(&[&o.buf, &data[..n]]);
-                }
-                Err(e) => reply.error(e),
-            };
-        }
-        if crate::quota_ops::is_quota_ioctl(cmd) {
-            return match self.quota_ioctl(h, cmd, input) {
+        // The btrfs ioctls that answer with bytes: (result, the bytes copied back,
+        // at most `out_size`).
+        let answered = if crate::balance_ops::is_balance_ioctl(cmd) {
+            Some(self.balance_ioctl(h, cmd, input))
+        } else if crate::quota_ops::is_quota_ioctl(cmd) {
+            Some(self.quota_ioctl(h, cmd, input))
+        } else {
+            None
+        };
+        if let Some(r) = answered {
+            return match r {
                 Ok(data) => {
                     let n = data.len().min(out_size as usize);
                     let mut o = Out::with_capacity(16);

@@ -150,18 +150,8 @@ impl Ops {
 pub mod client {
     use std::fs::File;
     use std::io;
-    use std::os::fd::AsRawFd;
 
-    fn ioctl(f: &File, cmd: u32, arg: &mut [u8]) -> io::Result<()> {
-        // SAFETY: `arg` is a live, writable buffer of the size the command number
-        // declares, and the descriptor is open for the call's duration.
-        let r =
-            unsafe { nix::libc::ioctl(f.as_raw_fd(), cmd as nix::libc::c_ulong, arg.as_mut_ptr()) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
+    use crate::subvol_ops::client::ioctl;
 
     fn words(v: &[u64], size: usize) -> Vec<u8> {
         let mut b = vec![0u8; size];

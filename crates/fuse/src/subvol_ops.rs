@@ -233,8 +233,11 @@ pub mod client {
         Ok(b)
     }
 
-    fn ioctl(dir: &File, cmd: u32, arg: &mut [u8]) -> io::Result<()> {
-        // SAFETY: `arg` is a live, writable 4096-byte buffer, the size the command
+    /// One ioctl on an open file or directory; `arg` must be as long as the size
+    /// the command number declares (every client of this crate passes such a
+    /// buffer).
+    pub(crate) fn ioctl(dir: &File, cmd: u32, arg: &mut [u8]) -> io::Result<()> {
+        // SAFETY: `arg` is a live, writable buffer; callers size it as the command
         // number declares, and the descriptor is open for the call's duration.
         let r = unsafe {
             nix::libc::ioctl(dir.as_raw_fd(), cmd as nix::libc::c_ulong, arg.as_mut_ptr())

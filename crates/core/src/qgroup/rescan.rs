@@ -250,6 +250,15 @@ pub fn compute_sharing(fs: &FsInfo) -> Result<Sharing> {
 /// The data extents a leaf's file extent items point at: (disk bytenr, on-disk
 /// length), holes and inline extents left out.
 pub(crate) fn leaf_data_extents(b: &crate::tree::TreeBlock) -> Result<Vec<(u64, u64)>> {
+    Ok(leaf_file_extents(b)?
+        .into_iter()
+        .map(|(_, x, len)| (x, len))
+        .collect())
+}
+
+/// [`leaf_data_extents`] with the slot of each item: (slot, disk bytenr, on-disk
+/// length).
+pub(crate) fn leaf_file_extents(b: &crate::tree::TreeBlock) -> Result<Vec<(usize, u64, u64)>> {
     let v = b.view();
     let bytenr = b.bytenr;
     let mut out = Vec::new();
@@ -272,7 +281,7 @@ pub(crate) fn leaf_data_extents(b: &crate::tree::TreeBlock) -> Result<Vec<(u64, 
         } = fe.body
         {
             if disk_bytenr != 0 {
-                out.push((disk_bytenr, disk_num_bytes));
+                out.push((i, disk_bytenr, disk_num_bytes));
             }
         }
     }

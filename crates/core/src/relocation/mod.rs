@@ -14,8 +14,3 @@
 pub(crate) mod balance;
 pub(crate) mod relocate;
 pub(crate) mod shrink;
-
-/// Default of `Trans::reloc_batch_bytes`: a group's address range is relocated in
-/// pieces of at most 256 MiB, one commit each. A metadata piece rewrites at least
-/// its own blocks (256 MiB of copies) plus their ancestors before its commit.
-pub(crate) const RELOC_BATCH_BYTES_DEFAULT: u64 = 256 << 20;

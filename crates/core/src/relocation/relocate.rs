@@ -22,12 +22,12 @@
 
 use crate::alloc::delayed_ref::{NewTreeBlock, RefKey};
 use crate::error::{Error, Result};
+use crate::qgroup::rescan::leaf_file_extents;
 use crate::transaction::Trans;
 use crate::tree::block_edit as eb;
 use crate::tree::tree_checker::Expect;
 use std::collections::{BTreeMap, HashMap};
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{FileExtentBody, FileExtentItem};
 use ubtrfs_format::key::Key;
 
 /// Bytes of file data read and written at a time while moving an extent.
@@ -80,30 +80,6 @@ struct Plan {
 impl Plan {
     fn in_group(&self, bytenr: u64) -> bool {
         bytenr >= self.start && bytenr < self.end
-    }
-
-    /// The regular file extents of a leaf: (slot, disk_bytenr, disk_num_bytes).
-    fn leaf_extents(data: &[u8], bytenr: u64) -> Result<Vec<(usize, u64, u64)>> {
-        let mut out = Vec::new();
-        for i in 0..eb::nritems(data) {
-            let k = eb::item_key(data, i);
-            if k.ty != EXTENT_DATA_KEY {
-                continue;
-            }
-            let fe = FileExtentItem::parse(eb::item_data(data, i))
-                .map_err(|e| Error::corrupt(format!("tree block {bytenr} item {k}: {e}")))?;
-            if let FileExtentBody::Regular {
-                disk_bytenr,
-                disk_num_bytes,
-                ..
-            } = fe.body
-            {
-                if disk_bytenr != 0 {
-                    out.push((i, disk_bytenr, disk_num_bytes));
-                }
-            }
-        }
-        Ok(out)
     }
 }
 
@@ -307,7 +283,7 @@ impl Trans {
                     need |= self.plan_visit(plan, c, level - 1, Some(g))?;
                 }
             } else {
-                need |= Plan::leaf_extents(&b.data, bytenr)?
+                need |= leaf_file_extents(&b)?
                     .iter()
                     .any(|(_, x, _)| plan.data.contains_key(x));
             }
@@ -385,7 +361,7 @@ impl Trans {
             if Self::is_shareable(blk.owner()) {
                 stats.trace_full_extents += 1;
                 if level == 0 {
-                    for (_, x, _) in Plan::leaf_extents(&blk.data, old)? {
+                    for (_, x, _) in leaf_file_extents(&blk)? {
                         if traced_data.insert(x) {
                             stats.trace_full_extents += 1;
                         }
@@ -416,7 +392,7 @@ impl Trans {
                     }
                 }
             } else {
-                for (slot, x, len) in Plan::leaf_extents(&data, old)? {
+                for (slot, x, len) in leaf_file_extents(&blk)? {
                     if let Some(&(_, nx)) = plan.data.get(&x) {
                         let r = eb::item_range(&data, slot);
                         let at = r.start + FILE_EXTENT_DISK_BYTENR_OFFSET;

@@ -38,6 +38,12 @@ use ubtrfs_format::items::{DevExtent, DevItem, RootItem};
 use ubtrfs_format::key::Key;
 use ubtrfs_format::superblock::RootBackup;
 
+/// Default of `Trans::reloc_batch_bytes`: a group's address range is relocated in
+/// pieces of at most 256 MiB, one commit each (relocation/relocate.rs). A metadata
+/// piece rewrites at least its own blocks (256 MiB of copies) plus their ancestors
+/// before its commit.
+pub(crate) const RELOC_BATCH_BYTES_DEFAULT: u64 = 256 << 20;
+
 /// A write transaction (the kernel's transaction handle and running transaction in
 /// one): changes made through it are visible to its own reads at once and become
 /// durable at [`Trans::commit`]. Dropping it without committing writes nothing.
@@ -227,7 +233,7 @@ impl Trans {
             quota_limits: None,
             qgroup_stats: quota::QgroupStats::default(),
             quota_reserved_by_caller: false,
-            reloc_batch_bytes: crate::relocation::RELOC_BATCH_BYTES_DEFAULT,
+            reloc_batch_bytes: RELOC_BATCH_BYTES_DEFAULT,
         }
     }
 
