@@ -10,12 +10,15 @@
 # Printed per NSNAP: both times and the ratio; tree blocks rewritten; the quota
 # extents ubtrfs accounted (0: a move changes no subvolume's extents) against
 # those a whole-subtree trace of the moved blocks would record (pre-seed kernels).
+# TYPE=d balances data chunks instead (`-d`: every data extent copied, its
+# checksums too; the issue's second figure).
 # Needs root. Run: bench/balance-qgroup.sh   (SRC=/usr/share/doc NSNAPS=16 quick)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
 SRC=${SRC:-/usr/share}
 NSNAPS=${NSNAPS:-16 64}
+TYPE=${TYPE:-m}
 WORK=${WORK:-/var/tmp/ubtrfs-balance-bench}
 if [ -z "${UBTRFS:-}" ]; then
     cargo build --release -q -p ubtrfs-cli
@@ -51,10 +54,10 @@ for n in $NSNAPS; do
     cp --sparse=always "$img" "$WORK/k.img"; mv "$img" "$WORK/u.img"
     mount -o loop "$WORK/k.img" "$MNT"
     sync
-    k_ms=$(ms btrfs balance start -m "$MNT")
+    k_ms=$(ms btrfs balance start -"$TYPE" "$MNT")
     umount "$MNT"
     s=$(date +%s%N)
-    "$U" balance start -m -v "$WORK/u.img" >/dev/null 2>"$WORK/u.log"
+    "$U" balance start -"$TYPE" -v "$WORK/u.img" >/dev/null 2>"$WORK/u.log"
     e=$(date +%s%N)
     u_ms=$(( (e - s) / 1000000 ))
     total=$(grep '^total:' "$WORK/u.log")
