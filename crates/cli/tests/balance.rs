@@ -464,3 +464,107 @@ fn convert_raid1_on_two_devices() {
         }
     }
 }
+
+/// A kernel balance cut short mid-chunk: relocation trees in the root tree, in the
+/// relocation stage (refs 0) or merging (refs 1). The images come from the
+/// kernel's own `balance start -m` on a loop device whose backing file lives on a
+/// btrfs scratch filesystem, reflink-copied while the balance runs (each copy
+/// holds exactly the writes completed by then: a power cut's image). For each such
+/// image (up to 3): `ubtrfs balance resume` drops the relocation trees, resumes
+/// the balance and finishes it, btrfs check and ubtrfs check are clean and the
+/// kernel shows the files it showed before the balance; and the kernel's own
+/// recovery of one of them is clean too.
+#[test]
+fn kernel_interrupted_relocation_recovered() {
+    if !require_root("kernel_interrupted_relocation_recovered") {
+        return;
+    }
+    let _s = serial();
+    let scratch = ubtrfs_sim::mount::ScratchBtrfs::new();
+    let host = scratch.path();
+    let base = host.join("base.img");
+    mkfs_btrfs(&base, 1 << 30, &["-n", "4096"]);
+    kernel_writes(
+        &base,
+        "btrfs -q subvolume create src; \
+         python3 -c 'import os,random; r=random.Random(7); \
+           [os.mkdir(\"src/d%d\" % d) for d in range(40)]; \
+           [open(\"src/d%d/f%d\" % (d, f), \"wb\").write(r.randbytes(r.randint(100, 3000))) \
+            for d in range(40) for f in range(200)]'; \
+         sync; for i in $(seq 1 12); do btrfs -q subvolume snapshot src snap$i; \
+           for j in 1 2 3; do echo $i$j >> snap$i/d$((i * 3 + j))/f$j; done; done",
+        "8,000 files and 12 snapshots",
+    );
+    let before = kernel_view(&base);
+    let mut cuts: Vec<(std::path::PathBuf, String)> = Vec::new();
+    for _attempt in 0..3 {
+        sh(&format!(
+            "cd {h}; rm -f cut*.img done; cp --reflink=always base.img live.img; \
+             L=$(losetup -f --show live.img); M=$(mktemp -d); mount $L $M; \
+             trap 'umount $M 2>/dev/null; losetup -d $L 2>/dev/null; rmdir $M' EXIT; \
+             ( btrfs balance start -m $M >/dev/null 2>&1; touch done ) & \
+             i=0; while [ ! -e done ] && [ $i -lt 400 ]; do i=$((i+1)); \
+               cp --reflink=always live.img cut$i.img; sleep 0.01; done; wait",
+            h = host.display()
+        ));
+        for e in std::fs::read_dir(&host).expect("scratch dir") {
+            let p = e.expect("entry").path();
+            let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if !name.starts_with("cut") {
+                continue;
+            }
+            let roots = sh(&format!(
+                "btrfs inspect-internal dump-tree -t root {} 2>/dev/null | grep -A4 'key (TREE_RELOC ROOT_ITEM' | grep -o 'refs [0-9]*' | sort -u | tr '\\n' ' '",
+                p.display()
+            ));
+            if !roots.trim().is_empty() && !cuts.iter().any(|(_, r)| *r == roots) {
+                let keep = host.join(format!("reloc{}.img", cuts.len()));
+                std::fs::rename(&p, &keep).expect("keep a cut");
+                cuts.push((keep, roots));
+            }
+        }
+        if cuts.iter().any(|(_, r)| r.contains("refs 1")) || cuts.len() >= 3 {
+            break;
+        }
+    }
+    eprintln!(
+        "cuts with relocation trees: {:?}",
+        cuts.iter().map(|c| &c.1).collect::<Vec<_>>()
+    );
+    assert!(
+        !cuts.is_empty(),
+        "no cut caught the kernel's relocation trees"
+    );
+    for (i, (img, roots)) in cuts.iter().enumerate() {
+        let what = format!("cut with relocation trees ({roots})");
+        if i == 0 {
+            // The kernel's own recovery of the same state, on a copy.
+            let k = host.join("kernel.img");
+            std::fs::copy(img, &k).expect("copy");
+            let m = KernelMount::new(&k, "rw");
+            sh(&format!(
+                "for i in $(seq 1 300); do btrfs balance status {m} | grep -q running || break; sleep 0.1; done",
+                m = m.q()
+            ));
+            m.umount();
+            btrfs_check(&k, None).unwrap_or_else(|e| panic!("{what}: the kernel's recovery: {e}"));
+            std::fs::remove_file(&k).expect("rm");
+        }
+        let p = img.to_str().expect("utf-8");
+        let out = bin().stdout(&["balance", "resume", p]);
+        assert!(out.starts_with("Done, had to relocate"), "{what}: {out}");
+        let roots_left = sh(&format!(
+            "btrfs inspect-internal dump-tree -t root {p} | grep -c 'TREE_RELOC\\|BALANCE' || true"
+        ));
+        assert_eq!(
+            roots_left.trim(),
+            "0",
+            "{what}: relocation trees or BALANCE left"
+        );
+        btrfs_check(img, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let after = kernel_view(img);
+        assert_eq!(before.0, after.0, "{what}: files");
+        assert_eq!(before.1, after.1, "{what}: sharing");
+        std::fs::remove_file(img).expect("rm");
+    }
+}

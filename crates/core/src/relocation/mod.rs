@@ -9,8 +9,10 @@
 //! `alloc`. Unlike the kernel it never creates relocation trees: one commit per
 //! group rewrites every block above what moves (docs/relocation.md, design (b)).
 //! A balance the kernel left half done (relocation trees in the root tree) is
-//! still refused at open.
+//! recovered when a writer opens the filesystem (`recover.rs`): the relocation
+//! trees are dropped and the BALANCE item kept for a resume.
 
 pub(crate) mod balance;
+pub(crate) mod recover;
 pub(crate) mod relocate;
 pub(crate) mod shrink;

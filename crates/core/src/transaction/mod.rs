@@ -196,7 +196,10 @@ impl Trans {
         chunk_tree_uuid.copy_from_slice(&chunk_root.data[0x40..0x50]);
         drop(chunk_root);
         let mut t = Trans::bare(fs, chunk_tree_uuid);
-        t.refuse_unfinished_work()?;
+        // Work a kernel left half done: a paused balance (BALANCE item) is
+        // continued by `balance resume` or the kernel; relocation trees are
+        // dropped by Trans::open_paths/from_fs after a log replay
+        // (relocation/recover.rs).
         t.refuse_simple_quotas()?;
         t.start_quota_records();
         t.load_devices()?;
@@ -279,24 +282,6 @@ impl Trans {
     /// Keeps the lock files (held for the handle's life).
     pub fn hold_locks(&mut self, locks: Vec<std::fs::File>) {
         self._lock.extend(locks);
-    }
-
-    /// Relocation the kernel left half done (relocation trees) needs the kernel to
-    /// finish it. A paused balance (only its BALANCE item) is no obstacle: the
-    /// kernel, or `balance resume`, continues it from the item.
-    fn refuse_unfinished_work(&self) -> Result<()> {
-        let root = self.fs.info.root_tree_ptr();
-        let reloc = crate::tree::ctree::lookup_prev(
-            &self.fs.info,
-            &root,
-            Key::new(TREE_RELOC_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
-        )?;
-        if reloc.is_some_and(|(k, _)| k.objectid == TREE_RELOC_OBJECTID) {
-            return Err(Error::Unsupported(
-                "relocation trees exist (interrupted balance)".into(),
-            ));
-        }
-        Ok(())
     }
 
     fn load_devices(&mut self) -> Result<()> {

@@ -38,10 +38,13 @@ impl Trans {
     /// Opens image files or block devices for writing: refuses mounted devices, takes
     /// an exclusive lock, validates what a write depends on, and replays a tree log
     /// left by fsyncs before a crash (committing the replay, as the kernel's mount
-    /// does), so the handle starts from the state the fsyncs made durable.
+    /// does), so the handle starts from the state the fsyncs made durable; then
+    /// drops the relocation trees a kernel balance cut short left (committed), as
+    /// the kernel's mount recovers them.
     pub fn open_paths(paths: &[impl AsRef<Path>]) -> Result<Trans> {
         let mut t = Trans::open_paths_no_replay(paths)?;
         t.replay_log_if_any()?;
+        t.recover_relocation()?;
         Ok(t)
     }
 
@@ -50,6 +53,7 @@ impl Trans {
     pub fn from_fs(fs: FsInfo) -> Result<Trans> {
         let mut t = Trans::from_fs_no_replay(fs)?;
         t.replay_log_if_any()?;
+        t.recover_relocation()?;
         Ok(t)
     }
 
