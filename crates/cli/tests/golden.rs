@@ -354,3 +354,88 @@ fn golden_subvolume_du_matches_qgroup_rescan() {
     }
     report(diffs);
 }
+
+/// Balance of every kernel-made golden image the write engine can write (snapshots,
+/// reflinks, compression, prealloc, inline, DUP and RAID1 profiles, several
+/// checksums, the block-group tree, mixed groups...): a full balance (data,
+/// metadata, system) moves every chunk, and afterwards ubtrfs still reads exactly
+/// what the kernel showed; with root, single-device results also pass btrfs check.
+/// Sets whose features or profiles the engine does not write, or without room to
+/// move a chunk (as for the kernel), are listed, not balanced.
+#[test]
+fn golden_balance_keeps_every_file() {
+    use ubtrfs_core::{balance_flags as bf, BalanceEnd, BalanceRequest, Error, Trans};
+    let root = require_root("golden_balance_keeps_every_file: btrfs check of the results");
+    let mut diffs = Vec::new();
+    let (mut balanced, mut skipped) = (Vec::new(), Vec::new());
+    for (name, m) in manifests() {
+        let u = unpack_set(&m);
+        let mut t = match Trans::open_paths(&u.devices) {
+            Ok(t) => t,
+            Err(e @ (Error::Unsupported(_) | Error::Invalid(_))) => {
+                skipped.push(format!("{name} ({e})"));
+                continue;
+            }
+            Err(e) => {
+                diffs.push(format!("{name}: open for writing: {e}"));
+                continue;
+            }
+        };
+        let chunks_before = t.fs.info.chunk_map.len();
+        let req = BalanceRequest {
+            flags: bf::DATA | bf::METADATA | bf::SYSTEM | bf::FORCE,
+            ..Default::default()
+        };
+        match t.balance(&req, &mut |_, _| {}, &|| false) {
+            Ok((BalanceEnd::Finished, p)) => {
+                if p.completed as usize != chunks_before {
+                    diffs.push(format!(
+                        "{name}: relocated {} of {chunks_before} chunks",
+                        p.completed
+                    ));
+                }
+            }
+            Ok((end, _)) => diffs.push(format!("{name}: balance ended {end:?}")),
+            // raid1c4's four 160 MiB devices have no room for a new data chunk on
+            // every device: the kernel's own full balance of it fails with ENOSPC
+            // too.
+            Err(e @ (Error::Unsupported(_) | Error::NoSpace(_))) => {
+                skipped.push(format!("{name} ({e})"));
+                continue;
+            }
+            Err(e) => {
+                diffs.push(format!("{name}: balance: {e}"));
+                continue;
+            }
+        }
+        drop(t);
+        let fs = match Filesystem::open_paths(&u.devices, OpenOptions::default()) {
+            Ok(fs) => fs,
+            Err(e) => {
+                diffs.push(format!("{name}: open after balance: {e}"));
+                continue;
+            }
+        };
+        diffs.extend(compare(
+            &format!("{name} after balance"),
+            &entries_under(&m, ""),
+            &walk(&fs),
+        ));
+        drop(fs);
+        if root && u.devices.len() == 1 {
+            if let Err(e) = ubtrfs_sim::host::btrfs_check(&u.devices[0], None) {
+                diffs.push(format!("{name} after balance: {e}"));
+            }
+        }
+        balanced.push(name);
+    }
+    eprintln!(
+        "golden balance: {} sets balanced ({}), {} not written by the engine: {}",
+        balanced.len(),
+        balanced.join(", "),
+        skipped.len(),
+        skipped.join("; ")
+    );
+    assert!(balanced.len() >= 10, "too few golden sets balanced");
+    report(diffs);
+}
