@@ -333,6 +333,17 @@ fn run_balance(
             p.completed, p.considered
         )?,
         BalanceEnd::Paused => writeln!(out, "balance paused by user")?,
+        BalanceEnd::NoSpace(n) => {
+            writeln!(
+                out,
+                "Done, had to relocate {} out of {} chunks",
+                p.completed, p.considered
+            )?;
+            bail!(
+                "error during balancing '{}': No space left on device ({n} enospc errors during balance)",
+                image.display()
+            );
+        }
     }
     Ok(())
 }

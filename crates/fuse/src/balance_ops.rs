@@ -115,8 +115,10 @@ impl Ops {
             let (end, p) = t.balance(&req, &mut |_, _| {}, &|| false)?;
             Ok((end, p, req))
         })?;
-        if end != BalanceEnd::Finished {
-            return Err(errno::ECANCELED);
+        match end {
+            BalanceEnd::Finished => {}
+            BalanceEnd::NoSpace(_) => return Err(errno::ENOSPC),
+            BalanceEnd::Paused => return Err(errno::ECANCELED),
         }
         Ok(request_to_ioctl(
             &req,

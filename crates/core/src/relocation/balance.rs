@@ -420,6 +420,10 @@ pub enum BalanceEnd {
     /// Stopped on request between chunks; the BALANCE item stays (resume or
     /// cancel later; the kernel resumes it at mount).
     Paused,
+    /// Every selected chunk was looked at, this many could not be moved for lack
+    /// of room elsewhere (the kernel's "N enospc errors during balance"); the
+    /// others were relocated, and the BALANCE item is gone.
+    NoSpace(u64),
 }
 
 /// Chunk profile as balance filters see it (SINGLE has its own bit).
@@ -662,7 +666,7 @@ impl Trans {
         self.alloc.convert_to.clear();
         self.alloc.profiles.clear();
         let end = res?;
-        if end == BalanceEnd::Finished {
+        if matches!(end, BalanceEnd::Finished | BalanceEnd::NoSpace(_)) {
             self.delete_item(ROOT_TREE_OBJECTID, &balance_key())?;
             self.commit()?;
         }
@@ -679,6 +683,7 @@ impl Trans {
         stop: &dyn Fn() -> bool,
     ) -> Result<BalanceEnd> {
         let mut selecting = *req;
+        let mut enospc = 0u64;
         for e in chunks {
             if stop() {
                 return Ok(BalanceEnd::Paused);
@@ -699,9 +704,22 @@ impl Trans {
                 progress(prog, None);
                 continue;
             }
-            let stats = self.relocate_block_group(e.start)?;
+            // No room to move this chunk: counted, and on to the next, as the
+            // kernel's __btrfs_balance does.
+            let stats = match self.relocate_block_group(e.start) {
+                Ok(s) => s,
+                Err(Error::NoSpace(_)) if self.dirty_bytes() == 0 => {
+                    enospc += 1;
+                    progress(prog, None);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             prog.completed += 1;
             progress(prog, Some(&stats));
+        }
+        if enospc > 0 {
+            return Ok(BalanceEnd::NoSpace(enospc));
         }
         Ok(BalanceEnd::Finished)
     }

@@ -181,6 +181,7 @@ impl Trans {
                 )));
             }
         }
+        self.check_room(&plan, group)?;
         stats.blocks_in_group += plan.group_blocks.len() as u64;
         stats.data_extents += plan.data.len() as u64;
         stats.data_bytes += plan.data.values().map(|d| d.0).sum::<u64>();
@@ -190,6 +191,35 @@ impl Trans {
         let res = self.rewrite(&mut plan, stats);
         self.delayed.touched = touched;
         res
+    }
+
+    /// ENOSPC before anything is allocated when the new copies cannot fit (in the
+    /// other groups of their type or in new chunks), as the kernel's
+    /// btrfs_inc_block_group_ro refuses a group with no room elsewhere; the group
+    /// is usable again, and a balance goes on with the next chunk.
+    fn check_room(&mut self, plan: &Plan, group: u64) -> Result<()> {
+        let ns = self.fs.info.nodesize as u64;
+        // The commit's own copy-on-write of the extent, csum and free-space trees.
+        let margin = 64 * ns;
+        let total = self.fs.info.sb.total_bytes;
+        let meta = plan.order.len() as u64 * ns + margin;
+        let data: u64 = plan.data.values().map(|d| d.0).sum();
+        let short = if self.alloc.available(total, BLOCK_GROUP_METADATA) < meta {
+            Some(("metadata", meta))
+        } else if data > 0 && self.alloc.available(total, BLOCK_GROUP_DATA) < data {
+            Some(("data", data))
+        } else {
+            None
+        };
+        if let Some((what, need)) = short {
+            if let Some(b) = self.alloc.bgs.get_mut(&group) {
+                b.ro = false;
+            }
+            return Err(Error::NoSpace(format!(
+                "relocating block group {group}: no room for {need} bytes of {what} elsewhere"
+            )));
+        }
+        Ok(())
     }
 
     /// Every tree: the root tree, the chunk tree and each ROOT_ITEM's tree, as
