@@ -21,6 +21,10 @@ pub enum SubvolEditCmd {
         image: PathBuf,
         #[arg(required = true)]
         paths: Vec<String>,
+        /// Add the new subvolume's qgroup to this higher-level qgroup (repeatable),
+        /// like `btrfs subvolume create -i`.
+        #[arg(short = 'i', value_name = "QGROUPID")]
+        inherit: Vec<String>,
     },
     /// Snapshot a subvolume, like `btrfs subvolume snapshot` (constant time).
     Snapshot {
@@ -34,6 +38,10 @@ pub enum SubvolEditCmd {
         /// Make the snapshot read-only.
         #[arg(short = 'r')]
         readonly: bool,
+        /// Add the snapshot's qgroup to this higher-level qgroup (repeatable), like
+        /// `btrfs subvolume snapshot -i`; the numbers are exact at the commit.
+        #[arg(short = 'i', value_name = "QGROUPID")]
+        inherit: Vec<String>,
     },
     /// Delete subvolumes and drop their trees, like `btrfs subvolume delete` followed
     /// by the kernel's cleaner. Interrupted, the next `subvolume sync` (or a kernel
@@ -197,7 +205,14 @@ fn mounted_parent(mnt: &Path, path: &str) -> Result<(File, Vec<u8>)> {
 fn run_mounted(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
     use ubtrfs_fuse::subvol_ops::client;
     match cmd {
-        SubvolEditCmd::Create { image, paths } => {
+        SubvolEditCmd::Create {
+            image,
+            paths,
+            inherit,
+        } => {
+            if !inherit.is_empty() {
+                bail!("-i on a mounted directory: give the image (the mount does not take qgroup inheritance yet)");
+            }
             for p in &paths {
                 let (dir, name) = mounted_parent(&image, p)?;
                 client::create_subvolume(&dir, &name)
@@ -210,7 +225,11 @@ fn run_mounted(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             src,
             dest,
             readonly,
+            inherit,
         } => {
+            if !inherit.is_empty() {
+                bail!("-i on a mounted directory: give the image (the mount does not take qgroup inheritance yet)");
+            }
             let srcf = File::open(image.join(src.trim_start_matches('/')))
                 .with_context(|| format!("{src}: cannot open"))?;
             let d = image.join(dest.trim_start_matches('/'));
@@ -251,6 +270,19 @@ fn run_mounted(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
+/// `-i` qgroup ids: higher-level qgroups (level >= 1), as the kernel requires.
+fn parse_inherit(ids: &[String]) -> Result<Vec<u64>> {
+    ids.iter()
+        .map(|s| {
+            let q = crate::quota::parse_qgroupid(s)?;
+            if q >> 48 == 0 {
+                bail!("-i {s}: a qgroup of level 1 or higher (LEVEL/ID)");
+            }
+            Ok(q)
+        })
+        .collect()
+}
+
 fn target_is_mounted(cmd: &SubvolEditCmd) -> bool {
     let p = match cmd {
         SubvolEditCmd::Create { image, .. } | SubvolEditCmd::Snapshot { image, .. } => image,
@@ -265,13 +297,23 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
         return run_mounted(cmd, out);
     }
     match cmd {
-        SubvolEditCmd::Create { image, paths } => {
+        SubvolEditCmd::Create {
+            image,
+            paths,
+            inherit,
+        } => {
+            let inherit = parse_inherit(&inherit)?;
             let mut t = open_rw(&image)?;
             for p in &paths {
                 let (parent, name) = split(p)?;
                 let d = parent_dir(&t, &parent)?;
-                t.create_subvolume(d.root, d.ino, &name, 0o755, 0, 0, now())
+                let id = t
+                    .create_subvolume(d.root, d.ino, &name, 0o755, 0, 0, now())
                     .with_context(|| format!("{p}: cannot create subvolume"))?;
+                for &q in &inherit {
+                    t.qgroup_relation(id, q, true)
+                        .with_context(|| format!("{p}: qgroup inheritance"))?;
+                }
                 writeln!(out, "Create subvolume '{p}'")?;
             }
             t.commit()?;
@@ -281,7 +323,9 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             src,
             dest,
             readonly,
+            inherit,
         } => {
+            let inherit = parse_inherit(&inherit)?;
             let mut t = open_rw(&image)?;
             let id = subvol_at(&t.fs, &src)?;
             let (dir, name, shown) = match t.fs.resolve(&dest) {
@@ -306,8 +350,13 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
                 }
             };
             writable(&t, dir, dest.as_bytes())?;
-            t.create_snapshot(id, dir.root, dir.ino, &name, readonly, now())
+            let new = t
+                .create_snapshot(id, dir.root, dir.ino, &name, readonly, now())
                 .with_context(|| format!("{shown}: cannot snapshot"))?;
+            for &q in &inherit {
+                t.qgroup_relation(new, q, true)
+                    .with_context(|| format!("{shown}: qgroup inheritance"))?;
+            }
             t.commit()?;
             let ro = if readonly { "readonly " } else { "" };
             writeln!(out, "Create {ro}snapshot of '{src}' in '{shown}'")?;

@@ -341,3 +341,42 @@ fn quota_commands_on_a_mount() {
     assert!(shown[1].contains("3145728"), "limit shown: {}", shown[1]);
     assert!(shown[0].contains("3145728"), "limit shown: {}", shown[0]);
 }
+
+/// `subvolume snapshot -i` and `subvolume create -i`: the new subvolume's qgroup
+/// joins the given level-1 qgroup; the numbers ubtrfs keeps equal what the kernel
+/// shows for the same commands on a twin image after its rescan, and btrfs check's
+/// qgroup report is clean.
+#[test]
+fn snapshot_and_create_inherit_qgroups() {
+    if !require_root("snapshot_and_create_inherit_qgroups") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("q.img");
+    let twin = dir.path().join("k.img");
+    mkfs_btrfs(&img, 512 << 20, &[]);
+    let k = KernelMount::new(&img, "rw");
+    sh(&format!(
+        "cd {m}; btrfs -q subvolume create src; head -c 5M /dev/urandom > src/a; \
+         btrfs quota enable .; btrfs qgroup create 1/100 .; btrfs quota rescan -w . >/dev/null",
+        m = k.q()
+    ));
+    k.umount();
+    std::fs::copy(&img, &twin).expect("twin");
+    let p = img.display().to_string();
+    ubtrfs(&["subvolume", "snapshot", &p, "/src", "/snap", "-i", "1/100"]);
+    ubtrfs(&["subvolume", "create", &p, "/nsv", "-i", "1/100"]);
+    let k = KernelMount::new(&twin, "rw");
+    sh(&format!(
+        "cd {m}; btrfs subvolume snapshot -i 1/100 src snap >/dev/null; \
+         btrfs subvolume create -i 1/100 nsv >/dev/null; btrfs quota rescan -w . >/dev/null",
+        m = k.q()
+    ));
+    let theirs = sh(&format!("btrfs qgroup show --raw -pc {}", k.q()));
+    k.umount();
+    let ours = ubtrfs(&["qgroup", "show", &p, "--raw", "-p", "-c"]);
+    assert_eq!(ours, theirs, "qgroups after -i (ubtrfs left, kernel right)");
+    assert!(ours.contains("1/100"), "{ours}");
+    assert_exact(&img, "snapshot -i and create -i");
+}
