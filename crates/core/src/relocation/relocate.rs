@@ -386,7 +386,9 @@ impl Trans {
         let order = std::mem::take(&mut plan.order);
         let mut traced_data = std::collections::HashSet::new();
         for &(old, level) in &order {
-            let (new, generation) = plan.moved[&old];
+            let (new, generation) = *plan.moved.get(&old).ok_or_else(|| {
+                Error::corrupt(format!("internal: block {old} has no new address"))
+            })?;
             let blk = self.fs.info.read_tree_block(old, &Expect::default())?;
             if Self::is_shareable(blk.owner()) {
                 stats.trace_full_extents += 1;
