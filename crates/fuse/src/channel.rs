@@ -67,7 +67,11 @@ impl Channel {
         &self.mountpoint
     }
 
-    /// Reads one request. Ok(None): the filesystem was unmounted (ENODEV).
+    /// Reads one request. Ok(None): the filesystem was unmounted (ENODEV), or its
+    /// connection aborted (ECONNABORTED: the kernel says so instead of ENODEV when
+    /// `fc->aborted` is set, e.g. through /sys/fs/fuse/connections/N/abort; CI saw
+    /// it once at an ordinary unmount). Either way no request comes any more, and
+    /// the server ends as at an unmount: it commits and releases the image.
     pub fn receive(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         loop {
             match (&self.dev).read(buf) {
@@ -75,7 +79,7 @@ impl Channel {
                 Err(e) => match Errno::from_raw(e.raw_os_error().unwrap_or(0)) {
                     // ENOENT: the request was interrupted before we read it.
                     Errno::EINTR | Errno::EAGAIN | Errno::ENOENT => continue,
-                    Errno::ENODEV => return Ok(None),
+                    Errno::ENODEV | Errno::ECONNABORTED => return Ok(None),
                     _ => return Err(e),
                 },
             }
