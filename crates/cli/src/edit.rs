@@ -136,8 +136,8 @@ pub fn resize(image: &Path, spec: &str, out: &mut dyn std::io::Write) -> Result<
         out,
         "Resize device id {devid} ({}) from {} to {}",
         image.display(),
-        crate::quota::pretty_size(old),
-        crate::quota::pretty_size(set)
+        ubtrfs_core::tools::du::pretty_size(old),
+        ubtrfs_core::tools::du::pretty_size(set)
     )?;
     Ok(())
 }

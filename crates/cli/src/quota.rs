@@ -147,20 +147,8 @@ fn parse_size(s: &str) -> Result<Option<u64>> {
         .ok_or_else(|| anyhow::anyhow!("size {s:?} too large"))
 }
 
-/// btrfs-progs' human-readable size: two decimals and a base-1024 unit.
-pub fn pretty_size(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    let mut i = 0;
-    let mut last = bytes as f64;
-    let mut v = bytes;
-    while v >= 1024 && i + 1 < UNITS.len() {
-        last = v as f64;
-        v /= 1024;
-        i += 1;
-    }
-    let shown = if i == 0 { bytes as f64 } else { last / 1024.0 };
-    format!("{shown:.2}{}", UNITS[i])
-}
+/// btrfs-progs' human-readable size (the engine's, shared by every command).
+pub use ubtrfs_core::tools::du::pretty_size;
 
 /// A mounted directory given instead of an image: the quota ioctls go to the mount
 /// (a ubtrfs mount, or the kernel's), which makes and commits the change.
