@@ -119,6 +119,11 @@ fn balance_on_mount(
 ) -> Result<()> {
     let [_, considered, completed] = ubtrfs_fuse::balance_ops::client::balance(f, req)
         .with_context(|| format!("error during balancing '{}'", mnt.display()))?;
+    print_done(out, completed, considered)
+}
+
+/// btrfs-progs' closing line of a balance.
+fn print_done(out: &mut dyn std::io::Write, completed: u64, considered: u64) -> Result<()> {
     writeln!(
         out,
         "Done, had to relocate {completed} out of {considered} chunks"
@@ -327,18 +332,10 @@ fn run_balance(
         );
     }
     match end {
-        BalanceEnd::Finished => writeln!(
-            out,
-            "Done, had to relocate {} out of {} chunks",
-            p.completed, p.considered
-        )?,
+        BalanceEnd::Finished => print_done(out, p.completed, p.considered)?,
         BalanceEnd::Paused => writeln!(out, "balance paused by user")?,
         BalanceEnd::NoSpace(n) => {
-            writeln!(
-                out,
-                "Done, had to relocate {} out of {} chunks",
-                p.completed, p.considered
-            )?;
+            print_done(out, p.completed, p.considered)?;
             bail!(
                 "error during balancing '{}': No space left on device ({n} enospc errors during balance)",
                 image.display()

@@ -158,15 +158,33 @@ impl crate::transaction::Trans {
         let ss = self.fs.info.sectorsize as usize;
         let ct = self.fs.info.csum_type;
         let csize = ct.size();
+        let mut sums = Vec::with_capacity(data.len() / ss * csize);
+        for sector in data.chunks(ss) {
+            sums.extend_from_slice(&ct.compute(sector)[..csize]);
+        }
+        self.insert_csum_run(bytenr, &sums)
+    }
+
+    /// Inserts the checksums of consecutive sectors from logical `start` (`sums`:
+    /// one checksum after the other) as csum items of at most `csums_per_item`
+    /// sectors each. The range must hold no csum item yet.
+    pub(crate) fn insert_csum_run(&mut self, start: u64, sums: &[u8]) -> Result<()> {
+        let ss = self.fs.info.sectorsize as u64;
+        let csize = self.fs.info.csum_type.size();
         let per = self.csums_per_item();
-        let mut items = Vec::new();
-        for (ci, chunk) in data.chunks(per * ss).enumerate() {
-            let mut v = Vec::with_capacity(chunk.len() / ss * csize);
-            for sector in chunk.chunks(ss) {
-                v.extend_from_slice(&ct.compute(sector)[..csize]);
-            }
-            let start = bytenr + (ci * per * ss) as u64;
-            items.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, start), v));
+        let items: Vec<(Key, Vec<u8>)> = sums
+            .chunks(per * csize)
+            .enumerate()
+            .map(|(ci, chunk)| {
+                let at = start + (ci * per) as u64 * ss;
+                (
+                    Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, at),
+                    chunk.to_vec(),
+                )
+            })
+            .collect();
+        if items.is_empty() {
+            return Ok(());
         }
         self.insert_items(CSUM_TREE_OBJECTID, &items)
     }

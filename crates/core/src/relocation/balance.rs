@@ -268,50 +268,41 @@ pub fn parse_profile(p: &str) -> std::result::Result<u64, String> {
     })
 }
 
-/// `a..b`, `a..`, `..b` as progs' parse_range_u32 reads them.
-fn parse_range_u32(v: &str) -> std::result::Result<(u32, u32), String> {
+/// `a..b`, `a..` (to `open_end`) or `..b` (from 0), as progs' parse_range_*
+/// read them; `strict` also wants a < b (progs' parse_range_strict, for drange and
+/// vrange), else a <= b.
+fn parse_range<T: std::str::FromStr + PartialOrd + Default>(
+    v: &str,
+    open_end: T,
+    strict: bool,
+) -> std::result::Result<(T, T), String> {
     let bad = || format!("invalid range: {v}");
     let (lo, hi) = v.split_once("..").ok_or_else(bad)?;
     if lo.is_empty() && hi.is_empty() {
         return Err(bad());
     }
-    let lo: u32 = if lo.is_empty() {
-        0
+    let lo: T = if lo.is_empty() {
+        T::default()
     } else {
         lo.parse().map_err(|_| bad())?
     };
-    let hi: u32 = if hi.is_empty() {
-        u32::MAX
+    let hi: T = if hi.is_empty() {
+        open_end
     } else {
         hi.parse().map_err(|_| bad())?
     };
-    if lo > hi {
+    if lo > hi || (strict && lo >= hi) {
         return Err(bad());
     }
     Ok((lo, hi))
 }
 
-/// `a..b` with a < b (drange, vrange; progs' parse_range_strict).
+fn parse_range_u32(v: &str) -> std::result::Result<(u32, u32), String> {
+    parse_range(v, u32::MAX, false)
+}
+
 fn parse_range_strict(v: &str) -> std::result::Result<(u64, u64), String> {
-    let bad = || format!("invalid range: {v}");
-    let (lo, hi) = v.split_once("..").ok_or_else(bad)?;
-    if lo.is_empty() && hi.is_empty() {
-        return Err(bad());
-    }
-    let lo: u64 = if lo.is_empty() {
-        0
-    } else {
-        lo.parse().map_err(|_| bad())?
-    };
-    let hi: u64 = if hi.is_empty() {
-        u64::MAX
-    } else {
-        hi.parse().map_err(|_| bad())?
-    };
-    if lo >= hi {
-        return Err(bad());
-    }
-    Ok((lo, hi))
+    parse_range(v, u64::MAX, true)
 }
 
 /// A balance: which types, and each type's filters (struct btrfs_balance_item).

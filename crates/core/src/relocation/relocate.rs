@@ -436,27 +436,12 @@ impl Trans {
                 }
             }
             let first = eb::first_key(&data).unwrap_or(Key::MIN);
-            let mut created = false;
-            for (r, count) in refs {
-                let nr = translate(plan, r)?;
-                self.delayed.add(old, ns, false, r, -(count as i64));
-                let mut n = count as i64;
-                if !created {
-                    let tree = NewTreeBlock { level, key: first };
-                    self.delayed.add_new(new, ns, false, Some(tree), nr);
-                    self.delayed.set_generation(new, generation);
-                    created = true;
-                    n -= 1;
-                }
-                if n > 0 {
-                    self.delayed.add(new, ns, false, nr, n);
-                }
-            }
-            if !created {
-                return Err(Error::corrupt(format!(
-                    "tree block {old} has no references"
-                )));
-            }
+            let tree = NewTreeBlock { level, key: first };
+            let refs = refs
+                .into_iter()
+                .map(|(r, n)| Ok((r, translate(plan, r)?, n)))
+                .collect::<Result<Vec<_>>>()?;
+            self.rename_extent((old, new, ns), Some(tree), generation, &refs)?;
             if full {
                 self.delayed.set_flags(new, ns, BLOCK_FLAG_FULL_BACKREF);
             }
@@ -470,22 +455,41 @@ impl Trans {
             let (_, generation, refs) = self
                 .extent_refs(x)?
                 .ok_or_else(|| Error::corrupt(format!("data extent {x} has no extent item")))?;
-            let mut created = false;
-            for (r, count) in refs {
-                let nr = translate(plan, r)?;
-                self.delayed.add(x, len, true, r, -(count as i64));
-                let mut n = count as i64;
-                if !created {
-                    self.delayed.add_new(nx, len, true, None, nr);
-                    self.delayed.set_generation(nx, generation);
-                    created = true;
-                    n -= 1;
-                }
-                if n > 0 {
-                    self.delayed.add(nx, len, true, nr, n);
-                }
-            }
+            let refs = refs
+                .into_iter()
+                .map(|(r, n)| Ok((r, translate(plan, r)?, n)))
+                .collect::<Result<Vec<_>>>()?;
+            self.rename_extent((x, nx, len), None, generation, &refs)?;
             self.copy_data_extent(x, nx, len, plan.start)?;
+        }
+        Ok(())
+    }
+
+    /// Moves every reference of extent `old` to `new` (`(old, new, length)`;
+    /// `tree`: a tree block's level and first key, None for data): each `(ref on
+    /// old, the same ref translated to new addresses, count)` is dropped from the
+    /// old extent and added to the new one, whose item keeps `generation`. The old
+    /// extent ends with no reference and is freed at the commit.
+    fn rename_extent(
+        &mut self,
+        (old, new, len): (u64, u64, u64),
+        tree: Option<NewTreeBlock>,
+        generation: u64,
+        refs: &[(RefKey, RefKey, u64)],
+    ) -> Result<()> {
+        let is_data = tree.is_none();
+        let Some((&(_, first, _), _)) = refs.split_first() else {
+            return Err(Error::corrupt(format!("extent {old} has no references")));
+        };
+        // The new extent's item is made with one count of its first reference.
+        self.delayed.add_new(new, len, is_data, tree, first);
+        self.delayed.set_generation(new, generation);
+        for (i, &(r, nr, count)) in refs.iter().enumerate() {
+            self.delayed.add(old, len, is_data, r, -(count as i64));
+            let more = count as i64 - i64::from(i == 0);
+            if more != 0 {
+                self.delayed.add(new, len, is_data, nr, more);
+            }
         }
         Ok(())
     }
@@ -507,35 +511,28 @@ impl Trans {
             self.write_logical(new + off, &buf)?;
             off += n;
         }
-        let csums = self.fs.info.lookup_csums(old, (len / ss) as usize)?;
-        let per = self.csums_per_item();
-        let mut items: Vec<(Key, Vec<u8>)> = Vec::new();
-        let mut run: Option<(u64, Vec<u8>, usize)> = None;
-        for (i, c) in csums.into_iter().enumerate() {
-            match c {
-                Some(c) => {
-                    let at = new + i as u64 * ss;
-                    let r = run.get_or_insert_with(|| (at, Vec::new(), 0));
-                    r.1.extend_from_slice(&c);
-                    r.2 += 1;
-                    if r.2 == per {
-                        if let Some((s, v, _)) = run.take() {
-                            items.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, s), v));
-                        }
-                    }
-                }
-                None => {
-                    if let Some((s, v, _)) = run.take() {
-                        items.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, s), v));
+        // Runs of sectors that have checksums (nodatasum and prealloc ranges have
+        // none), each inserted at the same offset of the new extent.
+        let mut run: Option<(u64, Vec<u8>)> = None;
+        for (i, c) in self
+            .fs
+            .info
+            .lookup_csums(old, (len / ss) as usize)?
+            .into_iter()
+            .enumerate()
+        {
+            match (c, run.as_mut()) {
+                (Some(c), Some((_, sums))) => sums.extend_from_slice(&c),
+                (Some(c), None) => run = Some((new + i as u64 * ss, c)),
+                (None, _) => {
+                    if let Some((at, sums)) = run.take() {
+                        self.insert_csum_run(at, &sums)?;
                     }
                 }
             }
         }
-        if let Some((s, v, _)) = run.take() {
-            items.push((Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, s), v));
-        }
-        if !items.is_empty() {
-            self.insert_items(CSUM_TREE_OBJECTID, &items)?;
+        if let Some((at, sums)) = run {
+            self.insert_csum_run(at, &sums)?;
         }
         Ok(())
     }

@@ -862,18 +862,9 @@ impl Trans {
                 _ => runs.push((s, bytes.to_vec())),
             }
         }
-        let per = self.csums_per_item();
         for (s, bytes) in runs {
             self.del_csums(s, bytes.len() as u64 / csize * ss)?;
-            let mut items = Vec::new();
-            for (ci, chunk) in bytes.chunks(per * csize as usize).enumerate() {
-                let at = s + (ci * per) as u64 * ss;
-                items.push((
-                    Key::new(EXTENT_CSUM_OBJECTID, EXTENT_CSUM_KEY, at),
-                    chunk.to_vec(),
-                ));
-            }
-            self.insert_items(CSUM_TREE_OBJECTID, &items)?;
+            self.insert_csum_run(s, &bytes)?;
         }
         Ok(())
     }
