@@ -45,7 +45,7 @@ pub struct MkfsArgs {
     #[arg(long, short = 'm', default_value = "dup")]
     pub metadata: String,
     /// Features, comma separated: block-group-tree, ^no-holes, quota (qgroups on,
-    /// counted, as mkfs.btrfs -O quota).
+    /// counted, as mkfs.btrfs -O quota), squota (simple quotas, as -O squota).
     #[arg(long, short = 'O')]
     pub features: Option<String>,
     /// Copy this directory's contents into the new filesystem.
@@ -214,12 +214,17 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         bail!("--shrink needs --rootdir");
     }
     let mut quota = false;
+    let mut simple_quota = false;
     if let Some(f) = &a.features {
         for feat in f.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             match feat {
                 // mkfs.btrfs's runtime feature: quotas on, every subvolume counted.
                 "quota" => quota = true,
                 "^quota" => quota = false,
+                // Simple quotas (as mkfs.btrfs -O squota): extents of later
+                // transactions are charged to the subvolume that made them.
+                "squota" => (quota, simple_quota) = (true, true),
+                "^squota" => (quota, simple_quota) = (false, false),
                 "block-group-tree" | "bgt" => opts.block_group_tree = true,
                 "^block-group-tree" => opts.block_group_tree = false,
                 "no-holes" | "extref" | "skinny-metadata" | "free-space-tree" => {}
@@ -309,7 +314,7 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         c.finish();
         t.commit()?;
         if quota {
-            t.quota_enable()?;
+            t.quota_enable(simple_quota)?;
             t.commit()?;
             quota = false;
         }
@@ -329,7 +334,7 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         }
     }
     if quota {
-        t.quota_enable()?;
+        t.quota_enable(simple_quota)?;
         t.commit()?;
     }
     if !a.quiet {

@@ -13,6 +13,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use ubtrfs_core::format::key::fmt_qgroupid;
 use ubtrfs_core::{Filesystem, OpenOptions, QgroupEntry, QgroupLimitKind, QuotaReport};
+use ubtrfs_fuse::quota_ops::client::QuotaCtl;
 
 #[derive(Subcommand)]
 pub enum QuotaCmd {
@@ -21,7 +22,8 @@ pub enum QuotaCmd {
     Enable {
         /// Image file, or a directory of a mounted filesystem (ubtrfs or kernel).
         image: PathBuf,
-        /// Simple quotas (not supported: refused).
+        /// Simple quotas (squota, kernel 6.7+): each extent is charged to the
+        /// subvolume that wrote it, from the next transaction on; no rescans.
         #[arg(short = 's', long)]
         simple: bool,
     },
@@ -182,11 +184,16 @@ fn on_mount(what: &str, r: std::io::Result<()>) -> Result<()> {
 
 pub fn run_quota(cmd: QuotaCmd, out: &mut dyn Write) -> Result<()> {
     let cmd = match cmd {
-        QuotaCmd::Enable { image, simple } if !simple => {
+        QuotaCmd::Enable { image, simple } => {
             if let Some(f) = mounted(&image) {
+                let ctl = if simple {
+                    QuotaCtl::EnableSimple
+                } else {
+                    QuotaCtl::Enable
+                };
                 return on_mount(
                     "quota enable",
-                    ubtrfs_fuse::quota_ops::client::quota_ctl(&f, true),
+                    ubtrfs_fuse::quota_ops::client::quota_ctl(&f, ctl),
                 );
             }
             QuotaCmd::Enable { image, simple }
@@ -195,7 +202,7 @@ pub fn run_quota(cmd: QuotaCmd, out: &mut dyn Write) -> Result<()> {
             if let Some(f) = mounted(&image) {
                 return on_mount(
                     "quota disable",
-                    ubtrfs_fuse::quota_ops::client::quota_ctl(&f, false),
+                    ubtrfs_fuse::quota_ops::client::quota_ctl(&f, QuotaCtl::Disable),
                 );
             }
             QuotaCmd::Disable { image }
@@ -233,11 +240,8 @@ pub fn run_quota(cmd: QuotaCmd, out: &mut dyn Write) -> Result<()> {
     };
     match cmd {
         QuotaCmd::Enable { image, simple } => {
-            if simple {
-                bail!("simple quotas (-s) are not supported by ubtrfs");
-            }
             let mut t = open_rw(&image)?;
-            t.quota_enable()?;
+            t.quota_enable(simple)?;
             t.commit()?;
         }
         QuotaCmd::Disable { image } => {
@@ -294,7 +298,7 @@ pub fn run_quota(cmd: QuotaCmd, out: &mut dyn Write) -> Result<()> {
             };
             writeln!(out, "{:<25}yes", "Enabled:")?;
             let mode = if r.simple() {
-                "squota (simple accounting)"
+                "squota (simplified accounting)"
             } else {
                 "qgroup (full accounting)"
             };
@@ -410,9 +414,11 @@ fn relation(image: &std::path::Path, src: &str, dst: &str, add: bool) -> Result<
 }
 
 /// The path column: the subvolume's path for level 0 (`<toplevel>`, `<stale>` when
-/// the subvolume is gone), `<N member qgroups>` above (btrfs-progs counts the
-/// qgroups it is a member of); JSON has "" for the top level and higher levels.
-fn path_of(g: &QgroupEntry, paths: &BTreeMap<u64, String>, json: bool) -> String {
+/// the subvolume is gone; `<squota space holder>` when, with simple quotas, it
+/// still holds space its deleted subvolume made), `<N member qgroups>` above
+/// (btrfs-progs counts the qgroups it is a member of); JSON has "" for the top
+/// level and higher levels.
+fn path_of(g: &QgroupEntry, paths: &BTreeMap<u64, String>, json: bool, simple: bool) -> String {
     if g.qgroupid >> 48 > 0 {
         if json {
             return String::new();
@@ -428,7 +434,11 @@ fn path_of(g: &QgroupEntry, paths: &BTreeMap<u64, String>, json: bool) -> String
             "<toplevel>".into()
         };
     }
-    paths.get(&id).cloned().unwrap_or_else(|| "<stale>".into())
+    match paths.get(&id) {
+        Some(p) => p.clone(),
+        None if simple && (g.referenced, g.exclusive) != (0, 0) => "<squota space holder>".into(),
+        None => "<stale>".into(),
+    }
 }
 
 fn show(a: ShowArgs, out: &mut dyn Write) -> Result<()> {
@@ -441,6 +451,7 @@ fn show(a: ShowArgs, out: &mut dyn Write) -> Result<()> {
         .into_iter()
         .map(|s| (s.id, s.path))
         .collect();
+    let simple = r.simple();
     let mut rows = r.qgroups.clone();
     if let Some(spec) = &a.sort {
         let mut keys = Vec::new();
@@ -461,7 +472,9 @@ fn show(a: ShowArgs, out: &mut dyn Write) -> Result<()> {
                     "excl" => x.exclusive.cmp(&y.exclusive),
                     "max_rfer" => x.max_referenced.cmp(&y.max_referenced),
                     "max_excl" => x.max_exclusive.cmp(&y.max_exclusive),
-                    "path" => path_of(x, &paths, false).cmp(&path_of(y, &paths, false)),
+                    "path" => {
+                        path_of(x, &paths, false, simple).cmp(&path_of(y, &paths, false, simple))
+                    }
                     _ => x.qgroupid.cmp(&y.qgroupid),
                 };
                 let o = if *desc { o.reverse() } else { o };
@@ -483,7 +496,7 @@ fn show(a: ShowArgs, out: &mut dyn Write) -> Result<()> {
                     "max_referenced": limit(g.max_referenced),
                     "exclusive": g.exclusive,
                     "max_exclusive": limit(g.max_exclusive),
-                    "path": path_of(g, &paths, true),
+                    "path": path_of(g, &paths, true, simple),
                     "parents": g.parents.iter().map(|&p| fmt_qgroupid(p)).collect::<Vec<_>>(),
                     "children": g.children.iter().map(|&p| fmt_qgroupid(p)).collect::<Vec<_>>(),
                 })
@@ -551,7 +564,7 @@ fn show(a: ShowArgs, out: &mut dyn Write) -> Result<()> {
             if a.children {
                 v.push(ids(&g.children));
             }
-            v.push(path_of(g, &paths, false));
+            v.push(path_of(g, &paths, false, simple));
             v
         })
         .collect();

@@ -90,9 +90,11 @@ impl Ops {
         let mut out = Vec::new();
         match cmd {
             BTRFS_IOC_QUOTA_CTL => match word(input, 0)? {
-                QUOTA_CTL_ENABLE => w.change("quota enable", |t| t.quota_enable())?,
+                QUOTA_CTL_ENABLE => w.change("quota enable", |t| t.quota_enable(false))?,
+                QUOTA_CTL_ENABLE_SIMPLE => {
+                    w.change("quota enable --simple", |t| t.quota_enable(true))?
+                }
                 QUOTA_CTL_DISABLE => w.change("quota disable", |t| t.quota_disable())?,
-                QUOTA_CTL_ENABLE_SIMPLE => return Err(errno::EOPNOTSUPP),
                 _ => return Err(errno::EINVAL),
             },
             BTRFS_IOC_QGROUP_ASSIGN => {
@@ -162,13 +164,24 @@ pub mod client {
     }
 
     /// QUOTA_CTL: quotas on (true) or off.
-    pub fn quota_ctl(mnt: &File, enable: bool) -> io::Result<()> {
-        let cmd = if enable {
-            super::QUOTA_CTL_ENABLE
-        } else {
-            super::QUOTA_CTL_DISABLE
+    pub fn quota_ctl(mnt: &File, ctl: QuotaCtl) -> io::Result<()> {
+        let cmd = match ctl {
+            QuotaCtl::Enable => super::QUOTA_CTL_ENABLE,
+            QuotaCtl::EnableSimple => super::QUOTA_CTL_ENABLE_SIMPLE,
+            QuotaCtl::Disable => super::QUOTA_CTL_DISABLE,
         };
         ioctl(mnt, super::BTRFS_IOC_QUOTA_CTL, &mut words(&[cmd, 0], 16))
+    }
+
+    /// What QUOTA_CTL asks for.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum QuotaCtl {
+        /// `btrfs quota enable`: full accounting.
+        Enable,
+        /// `btrfs quota enable -s`: simple quotas.
+        EnableSimple,
+        /// `btrfs quota disable`.
+        Disable,
     }
 
     /// QUOTA_RESCAN then QUOTA_RESCAN_WAIT (a rescan already running, as the

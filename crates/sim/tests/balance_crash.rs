@@ -91,7 +91,7 @@ fn run_workload() -> (Arc<RecordingDevice>, Files, Vec<(u64, usize)>) {
     let dev: Arc<dyn Device> = rec.clone();
     let mut h = Harness::mkfs(dev, &fsc).unwrap_or_else(|e| panic!("mkfs: {e}"));
     let t = &mut h.t;
-    t.quota_enable().expect("quota enable");
+    t.quota_enable(false).expect("quota enable");
     let id = t
         .create_subvolume(5, 256, b"sv", 0o755, 0, 0, t0(0))
         .expect("subvolume");

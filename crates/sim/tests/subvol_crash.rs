@@ -90,7 +90,7 @@ fn run_workload() -> (Arc<RecordingDevice>, Vec<Commit>) {
     let mut h = Harness::mkfs(dev, &fsc).unwrap_or_else(|e| panic!("mkfs: {e}"));
     let t = &mut h.t;
     // Quotas on: every commit accounts the snapshot and the drop's steps.
-    t.quota_enable().expect("quota enable");
+    t.quota_enable(false).expect("quota enable");
     t.commit().expect("commit");
     let mut commits = Vec::new();
     let mut sv = Files::new();

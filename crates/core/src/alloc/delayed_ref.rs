@@ -40,6 +40,10 @@ pub(crate) struct Head {
     /// Generation of a new extent's item when not the transaction's (relocation
     /// renames an extent and keeps its generation).
     pub generation: Option<u64>,
+    /// The subvolume a new extent is charged to under simple quotas (its
+    /// EXTENT_OWNER_REF for data): the tree of its first reference unless set
+    /// (relocation keeps the old extent's owner).
+    pub owner: Option<u64>,
 }
 
 impl Head {
@@ -103,7 +107,19 @@ impl DelayedRefs {
         let h = self.head(bytenr, num_bytes, is_data);
         h.new_extent = true;
         h.tree = tree;
+        if h.owner.is_none() {
+            h.owner = match r {
+                RefKey::TreeRoot(root) | RefKey::Data { root, .. } => Some(root),
+                RefKey::TreeShared(_) | RefKey::DataShared(_) => None,
+            };
+        }
         self.add(bytenr, num_bytes, is_data, r, 1);
+    }
+    /// Charges a new extent to another subvolume than its first reference's.
+    pub(crate) fn set_owner(&mut self, bytenr: u64, owner: Option<u64>) {
+        if let Some(h) = self.heads.get_mut(&bytenr) {
+            h.owner = owner;
+        }
     }
     /// Gives a new extent's item another generation than the transaction's.
     pub(crate) fn set_generation(&mut self, bytenr: u64, generation: u64) {

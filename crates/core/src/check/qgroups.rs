@@ -67,7 +67,7 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
         return None;
     };
     if status.flags & QGROUP_STATUS_FLAG_SIMPLE_MODE != 0 {
-        return Some("simple quotas are not recounted yet".into());
+        return check_simple(fs, &status, &info, &parents, f);
     }
     if status.flags & (QGROUP_STATUS_FLAG_INCONSISTENT | QGROUP_STATUS_FLAG_RESCAN) != 0 {
         // As btrfs check: numbers of an inconsistent or rescanning qgroup tree are
@@ -155,7 +155,17 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
         let set = sets.sets[s as usize].clone();
         account(&set, len, &mut counted);
     }
-    for (&q, &(k, rfer, excl)) in &info {
+    compare(&info, &counted, f);
+    None
+}
+
+/// Every qgroup's numbers against the recount.
+fn compare(
+    info: &BTreeMap<u64, (Key, u64, u64)>,
+    counted: &BTreeMap<u64, (u64, u64)>,
+    f: &mut Findings,
+) {
+    for (&q, &(k, rfer, excl)) in info {
         let (cr, ce) = counted.get(&q).copied().unwrap_or((0, 0));
         if cr != rfer || ce != excl {
             f.add(
@@ -170,7 +180,7 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
             );
         }
     }
-    for (&q, &(cr, _)) in &counted {
+    for (&q, &(cr, _)) in counted {
         if q >> 48 == 0 && cr > 0 && !info.contains_key(&q) {
             f.add(
                 "qgroup",
@@ -181,5 +191,50 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
             );
         }
     }
+}
+
+/// Simple quotas: each subvolume's owned bytes (qgroup/squota.rs) added to its
+/// qgroup and every qgroup above it, referenced and exclusive alike, as btrfs
+/// check's simple mode counts them. A subvolume without a qgroup counts nowhere
+/// (the kernel skips it too).
+fn check_simple(
+    fs: &Filesystem,
+    status: &ubtrfs_format::items::QgroupStatus,
+    info: &BTreeMap<u64, (Key, u64, u64)>,
+    parents: &BTreeMap<u64, BTreeSet<u64>>,
+    f: &mut Findings,
+) -> Option<String> {
+    let enable_gen = status.enable_gen.unwrap_or(0);
+    let owned = match crate::qgroup::squota::owned_bytes(&fs.info, enable_gen) {
+        Ok(o) => o,
+        Err(e) => {
+            f.add(
+                "qgroup",
+                Some(EXTENT_TREE_OBJECTID),
+                None,
+                None,
+                format!("simple quotas cannot be recounted: {e}"),
+            );
+            return None;
+        }
+    };
+    let mut counted: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for (&root, &bytes) in &owned {
+        if !info.contains_key(&root) {
+            continue;
+        }
+        let mut seen = BTreeSet::new();
+        let mut todo = vec![root];
+        while let Some(q) = todo.pop() {
+            if !seen.insert(q) {
+                continue;
+            }
+            let c = counted.entry(q).or_default();
+            c.0 = c.0.saturating_add(bytes);
+            c.1 = c.1.saturating_add(bytes);
+            todo.extend(parents.get(&q).into_iter().flatten().copied());
+        }
+    }
+    compare(info, &counted, f);
     None
 }

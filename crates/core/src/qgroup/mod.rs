@@ -7,7 +7,8 @@
 //! roots of an extent in one state of the filesystem ([`roots::RootFinder`], bottom-up
 //! through the back references as the kernel's btrfs_find_all_roots), and the full
 //! recount ([`rescan`]). May use: error, tree, io, backref. Writing the quota tree is
-//! the transaction's (transaction/quota.rs): this module never writes.
+//! the transaction's (transaction/quota.rs): this module never writes. Simple
+//! quotas' recount from the extent tree is [`squota::owned_bytes`].
 //!
 //! Names: a qgroup id is `level << 48 | id` ("1/100"); level-0 qgroup `0/N` belongs to
 //! subvolume N. referenced (rfer) = bytes reachable from any of the qgroup's
@@ -17,6 +18,7 @@
 
 pub(crate) mod rescan;
 pub(crate) mod roots;
+pub(crate) mod squota;
 
 use crate::error::{Error, Result};
 use crate::io::disk_io::FsInfo;
@@ -225,6 +227,35 @@ impl QgroupTable {
         }
     }
 
+    /// Simple quotas: adds `bytes` (< 0: removes) to subvolume `root`'s qgroup and
+    /// every qgroup above it (the kernel's btrfs_record_squota_delta). A subvolume
+    /// without a qgroup is skipped, as the kernel skips it.
+    pub(crate) fn charge(&mut self, root: u64, bytes: i64) {
+        for q in self.ancestors(root) {
+            self.charge_one(q, bytes);
+        }
+    }
+
+    /// Simple quotas: adds `bytes` to one qgroup's referenced and exclusive
+    /// numbers; a release larger than what is held empties it (the kernel's clamp).
+    pub(crate) fn charge_one(&mut self, q: u64, bytes: i64) {
+        let Some(g) = self.groups.get_mut(&q) else {
+            return;
+        };
+        if bytes == 0 {
+            return;
+        }
+        let i = &mut g.info;
+        if bytes < 0 && i.excl < bytes.unsigned_abs() {
+            i.excl = 0;
+            i.rfer = 0;
+        } else {
+            i.excl = i.excl.saturating_add_signed(bytes);
+            i.rfer = i.rfer.saturating_add_signed(bytes);
+        }
+        self.dirty.insert(q);
+    }
+
     /// Sets every qgroup's numbers from a full recount.
     pub(crate) fn set_from(&mut self, sharing: &rescan::Sharing) {
         let ids: Vec<u64> = self.groups.keys().copied().collect();
@@ -296,6 +327,8 @@ pub struct QuotaReport {
     pub flags: u64,
     /// Transaction the numbers were last written in.
     pub generation: u64,
+    /// Simple quotas: the first transaction whose extents are charged.
+    pub enable_gen: Option<u64>,
     /// Every qgroup, by id.
     pub qgroups: Vec<QgroupEntry>,
 }
@@ -334,6 +367,7 @@ impl crate::fs::Filesystem {
         Ok(Some(QuotaReport {
             flags: t.status.flags,
             generation: t.status.generation,
+            enable_gen: t.status.enable_gen,
             qgroups,
         }))
     }

@@ -409,10 +409,10 @@ impl Trans {
                 eb::set_generation(&mut data, generation);
             }
             eb::set_flags(&mut data, hflags);
-            let (eflags, _, refs) = self
+            let ext = self
                 .extent_refs(old)?
                 .ok_or_else(|| Error::corrupt(format!("tree block {old} has no extent item")))?;
-            let full = eflags & BLOCK_FLAG_FULL_BACKREF != 0;
+            let full = ext.flags & BLOCK_FLAG_FULL_BACKREF != 0;
             if level > 0 {
                 for i in 0..eb::nritems(&data) {
                     let c = eb::node_blockptr(&data, i);
@@ -437,11 +437,14 @@ impl Trans {
             }
             let first = eb::first_key(&data).unwrap_or(Key::MIN);
             let tree = NewTreeBlock { level, key: first };
-            let refs = refs
+            let refs = ext
+                .refs
                 .into_iter()
                 .map(|(r, n)| Ok((r, translate(plan, r)?, n)))
                 .collect::<Result<Vec<_>>>()?;
             self.rename_extent((old, new, ns), Some(tree), generation, &refs)?;
+            // Simple quotas charge the copy to the tree the block belongs to.
+            self.delayed.set_owner(new, Some(blk.owner()));
             if full {
                 self.delayed.set_flags(new, ns, BLOCK_FLAG_FULL_BACKREF);
             }
@@ -452,14 +455,20 @@ impl Trans {
             stats.blocks_rewritten += 1;
         }
         for (&x, &(len, nx)) in &plan.data {
-            let (_, generation, refs) = self
+            let ext = self
                 .extent_refs(x)?
                 .ok_or_else(|| Error::corrupt(format!("data extent {x} has no extent item")))?;
-            let refs = refs
+            let refs = ext
+                .refs
                 .into_iter()
                 .map(|(r, n)| Ok((r, translate(plan, r)?, n)))
                 .collect::<Result<Vec<_>>>()?;
-            self.rename_extent((x, nx, len), None, generation, &refs)?;
+            self.rename_extent((x, nx, len), None, ext.generation, &refs)?;
+            // The copy stays charged where the original was (simple quotas); its
+            // generation is kept too, so the charge moves without changing.
+            if ext.owner.is_some() {
+                self.delayed.set_owner(nx, ext.owner);
+            }
             self.copy_data_extent(x, nx, len, plan.start)?;
         }
         Ok(())

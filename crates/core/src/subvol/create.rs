@@ -78,7 +78,7 @@ impl Trans {
         };
         self.create_root_item(id, Key::new(id, ROOT_ITEM_KEY, 0), item)?;
         *self.root_bytes_delta.entry(id).or_insert(0) -= ns as i64;
-        self.qgroup_new_subvolume(id, None)?;
+        self.qgroup_new_subvolume(id, None, parent)?;
         let ino = InodeItem {
             generation: transid,
             transid,

@@ -580,6 +580,9 @@ impl Trans {
         self.root_bytes_delta.remove(&id);
         self.fs.info.tree_roots.remove(&id);
         self.fs.forget_root(id);
+        // Its qgroup goes at the commit once empty (the kernel's
+        // btrfs_qgroup_cleanup_dropped_subvolume).
+        self.quota_pending.dropped.push(id);
         Ok(())
     }
 }

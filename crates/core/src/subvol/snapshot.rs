@@ -88,7 +88,7 @@ impl Trans {
         let (uuid, received) = (item.uuid, item.received_uuid);
         // Snapshots key their ROOT_ITEM by the creating transaction.
         self.create_root_item(id, Key::new(id, ROOT_ITEM_KEY, transid), item)?;
-        self.qgroup_new_subvolume(id, Some(src))?;
+        self.qgroup_new_subvolume(id, Some(src), parent)?;
         let index = self.add_subvol_entry(parent, dir, name, id, t)?;
         let rr = RootRef {
             dirid: dir,

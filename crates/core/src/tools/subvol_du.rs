@@ -3,3 +3,4 @@
 //! rescan writes into the quota tree) offered to `ubtrfs subvolume du`.
 
 pub use crate::qgroup::rescan::{compute_sharing, live_fs_roots, QgroupNumbers, Sharing};
+pub use crate::qgroup::squota::owned_bytes;

@@ -24,10 +24,26 @@ struct ExtentRec {
     generation: u64,
     flags: u64,
     tree_info: Option<Vec<u8>>,
+    /// The inline EXTENT_OWNER_REF of a data extent (simple quotas): the subvolume
+    /// it is charged to. Always the first inline ref (its type sorts lowest).
+    owner: Option<u64>,
     inline: Vec<(RefKey, u64)>,
     /// Keyed backref items: (item key, ref, count).
     keyed: Vec<(Key, RefKey, u64)>,
 }
+
+/// A committed extent item, read: flags, generation, owner (simple quotas) and
+/// every back reference with its count.
+#[derive(Clone, Debug)]
+pub(crate) struct CommittedExtent {
+    pub flags: u64,
+    pub generation: u64,
+    pub owner: Option<u64>,
+    pub refs: Vec<(RefKey, u64)>,
+}
+
+/// Size of an inline EXTENT_OWNER_REF: type byte and root id.
+const OWNER_REF_SIZE: usize = 9;
 
 fn ref_type(r: &RefKey) -> u8 {
     match r {
@@ -54,6 +70,7 @@ fn inline_size(r: &RefKey) -> usize {
 impl ExtentRec {
     fn item_size(&self) -> usize {
         24 + self.tree_info.as_ref().map_or(0, |t| t.len())
+            + self.owner.map_or(0, |_| OWNER_REF_SIZE)
             + self
                 .inline
                 .iter()
@@ -67,6 +84,10 @@ impl ExtentRec {
         out.extend_from_slice(&self.flags.to_le_bytes());
         if let Some(t) = &self.tree_info {
             out.extend_from_slice(t);
+        }
+        if let Some(root) = self.owner {
+            out.push(EXTENT_OWNER_REF_KEY);
+            out.extend_from_slice(&root.to_le_bytes());
         }
         let mut refs = self.inline.clone();
         refs.sort_by(|a, b| {
@@ -320,6 +341,7 @@ impl Trans {
                         pos = 42;
                     }
                     let mut inline = Vec::new();
+                    let mut owner = None;
                     while pos < d.len() {
                         let t = d[pos];
                         let off = le64(d, pos + 1, "inline ref")
@@ -349,8 +371,10 @@ impl Trans {
                                     29,
                                 )
                             }
-                            EXTENT_OWNER_REF_KEY => {
-                                return Err(Error::Unsupported("simple quota owner refs".into()));
+                            EXTENT_OWNER_REF_KEY if inline.is_empty() && owner.is_none() => {
+                                owner = Some(off);
+                                pos += OWNER_REF_SIZE;
+                                continue;
                             }
                             _ => return Err(bad(&k, "unknown inline ref type")),
                         };
@@ -363,6 +387,7 @@ impl Trans {
                         generation,
                         flags,
                         tree_info,
+                        owner,
                         inline,
                         keyed: Vec::new(),
                     });
@@ -402,18 +427,18 @@ impl Trans {
         Ok(rec)
     }
 
-    /// The committed extent item of `bytenr`: its flags, generation and every
-    /// back reference with its count (inline and keyed), pending delayed refs not
-    /// included.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn extent_refs(
-        &self,
-        bytenr: u64,
-    ) -> Result<Option<(u64, u64, Vec<(RefKey, u64)>)>> {
+    /// The committed extent item of `bytenr` (inline and keyed refs), pending
+    /// delayed refs not included.
+    pub(crate) fn extent_refs(&self, bytenr: u64) -> Result<Option<CommittedExtent>> {
         Ok(self.load_extent(bytenr, 0)?.map(|r| {
             let mut refs = r.inline;
             refs.extend(r.keyed.into_iter().map(|(_, k, c)| (k, c)));
-            (r.flags, r.generation, refs)
+            CommittedExtent {
+                flags: r.flags,
+                generation: r.generation,
+                owner: r.owner,
+                refs,
+            }
         }))
     }
 
@@ -474,19 +499,29 @@ impl Trans {
                     )
                 }
             };
+            let generation = head.generation.unwrap_or(self.transid);
             let mut rec = ExtentRec {
                 key,
                 refs: 0,
-                generation: head.generation.unwrap_or(self.transid),
+                generation,
                 flags: if head.is_data {
                     EXTENT_FLAG_DATA
                 } else {
                     EXTENT_FLAG_TREE_BLOCK
                 } | head.set_flags,
                 tree_info,
+                // Simple quotas: a data extent names the subvolume it is charged to.
+                owner: if head.is_data && self.squota.is_some() {
+                    head.owner
+                } else {
+                    None
+                },
                 inline: Vec::new(),
                 keyed: Vec::new(),
             };
+            if let (Some(sq), Some(owner)) = (self.squota.as_mut(), head.owner) {
+                sq.charge(owner, generation, head.num_bytes as i64);
+            }
             let mut keyed_new = Vec::new();
             for (r, d) in &head.refs {
                 self.add_ref_to_rec(&mut rec, r, *d as u64, &mut keyed_new);
@@ -576,8 +611,21 @@ impl Trans {
             } else {
                 old_key.offset
             };
-            if head.is_data || rec.flags & EXTENT_FLAG_DATA != 0 {
+            let is_data = head.is_data || rec.flags & EXTENT_FLAG_DATA != 0;
+            if is_data {
                 self.del_csums(bytenr, len)?;
+            }
+            if self.squota.is_some() {
+                // Charged to the owner ref (data) or the block's owner tree, as at
+                // allocation; data from before simple quotas has no owner ref.
+                let owner = if is_data {
+                    rec.owner
+                } else {
+                    Some(self.tree_block_owner(bytenr)?)
+                };
+                if let (Some(sq), Some(owner)) = (self.squota.as_mut(), owner) {
+                    sq.charge(owner, rec.generation, -(len as i64));
+                }
             }
             self.alloc.pinned.push((bytenr, len));
             return self.account_extent(bytenr, len, false);
@@ -621,6 +669,15 @@ impl Trans {
         let v = keyed_bytes(r, count);
         rec.keyed.push((key, *r, count));
         keyed_new.push((key, v));
+    }
+
+    /// The tree a committed tree block belongs to (its header's owner).
+    fn tree_block_owner(&self, bytenr: u64) -> Result<u64> {
+        let blk = self
+            .fs
+            .info
+            .read_tree_block(bytenr, &crate::tree::tree_checker::Expect::default())?;
+        Ok(blk.owner())
     }
 
     /// Extent-tree view of space changes: block group `used`, superblock bytes_used,

@@ -104,6 +104,8 @@ pub struct Trans {
     /// address range, one commit each, so the new copies held in memory until a
     /// commit stay bounded (relocation/relocate.rs).
     pub reloc_batch_bytes: u64,
+    /// Simple quotas' charges, when they are on (transaction/quota.rs).
+    pub(crate) squota: Option<quota::Squota>,
 }
 
 impl std::fmt::Debug for Trans {
@@ -165,7 +167,6 @@ impl Trans {
         let bad_incompat = FEATURE_INCOMPAT_ZONED
             | FEATURE_INCOMPAT_EXTENT_TREE_V2
             | FEATURE_INCOMPAT_RAID_STRIPE_TREE
-            | FEATURE_INCOMPAT_SIMPLE_QUOTA
             | FEATURE_INCOMPAT_REMAP_TREE;
         if sb.incompat_flags & bad_incompat != 0 {
             return Err(Error::Unsupported(format!(
@@ -200,8 +201,7 @@ impl Trans {
         // continued by `balance resume` or the kernel; relocation trees are
         // dropped by Trans::open_paths/from_fs after a log replay
         // (relocation/recover.rs).
-        t.refuse_simple_quotas()?;
-        t.start_quota_records();
+        t.start_quota_records()?;
         t.load_devices()?;
         t.alloc.load_block_groups(&t.fs.info)?;
         Ok(t)
@@ -237,6 +237,7 @@ impl Trans {
             qgroup_stats: quota::QgroupStats::default(),
             quota_reserved_by_caller: false,
             reloc_batch_bytes: RELOC_BATCH_BYTES_DEFAULT,
+            squota: None,
         }
     }
 
@@ -250,22 +251,6 @@ impl Trans {
             generation: 0,
         });
         (rt, et)
-    }
-
-    /// Simple quotas (owner-based, kernel 6.7+) are not kept by this engine.
-    fn refuse_simple_quotas(&self) -> Result<()> {
-        let Some(ptr) = self.fs.info.tree_ptr(QUOTA_TREE_OBJECTID) else {
-            return Ok(());
-        };
-        let key = Key::new(0, QGROUP_STATUS_KEY, 0);
-        if let Some(item) = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &key)? {
-            let flags = ubtrfs_format::bytes::le64(item.data(), 16, "qgroup status")
-                .map_err(|e| Error::corrupt(format!("qgroup status item: {e}")))?;
-            if flags & crate::qgroup::STATUS_FLAG_SIMPLE_MODE != 0 {
-                return Err(Error::Unsupported("writing with simple quotas".into()));
-            }
-        }
-        Ok(())
     }
 
     /// The read side, once the transaction is done with (a read-only open that
@@ -489,9 +474,10 @@ impl Trans {
             self.create_pending_chunks()?;
             self.run_delayed_refs()?;
             self.remove_emptied_block_groups()?;
-            if rounds == 1 {
+            if rounds == 1 || self.squota_pending() {
                 // The subvolume trees' references are all in the extent tree now;
-                // nothing later in the commit changes a subvolume tree.
+                // nothing later in the commit changes a subvolume tree (simple
+                // quotas would still take a late charge).
                 self.qgroup_commit()?;
             }
             self.update_root_items()?;

@@ -17,6 +17,15 @@
 //!   extent below it is traced (`Trans::qgroup_trace_subtree`), as the kernel's
 //!   btrfs_qgroup_trace_subtree.
 //!
+//! Simple quotas (squota, kernel 6.7+; the status item's SIMPLE_MODE flag) keep
+//! no sets of roots: every extent is charged to one subvolume, its owner, while it
+//! exists. [`Squota`] collects the charges as delayed refs create and free extent
+//! items (transaction/extent_tree.rs), and the commit adds them to the owner's qgroup
+//! and every qgroup above it (the kernel's btrfs_record_squota_delta). Data names
+//! its owner in an inline EXTENT_OWNER_REF; a tree block's owner is its header's.
+//! Extents of transactions before quotas were enabled (`enable_gen`) are never
+//! charged, so nothing is ever recounted.
+//!
 //! Where the incremental rule cannot be exact (quotas just enabled, a relation added
 //! or removed, a rescan asked for), the commit recounts everything instead (the
 //! kernel would mark the numbers inconsistent and need a rescan). Either way the
@@ -28,7 +37,8 @@ use crate::error::{Error, Result};
 use crate::qgroup::roots::RootFinder;
 use crate::qgroup::{
     is_fs_tree, level_of, rescan, rescan::leaf_data_extents, QgroupTable, LIMIT_MAX_EXCL,
-    LIMIT_MAX_RFER, STATUS_FLAG_INCONSISTENT, STATUS_FLAG_ON, STATUS_FLAG_RESCAN, STATUS_VERSION,
+    LIMIT_MAX_RFER, STATUS_FLAG_INCONSISTENT, STATUS_FLAG_ON, STATUS_FLAG_RESCAN,
+    STATUS_FLAG_SIMPLE_MODE, STATUS_VERSION,
 };
 use crate::tree::ctree::{tree_block_addrs, TreeIter};
 use crate::tree::tree_checker::Expect;
@@ -44,6 +54,29 @@ pub(crate) struct QuotaPending {
     pub rescan: bool,
     /// A snapshot made in this transaction: (source, snapshot).
     pub snapshot: Option<(u64, u64)>,
+    /// Subvolumes whose drop finished in this transaction: their qgroups are
+    /// removed at commit once their numbers are zero.
+    pub dropped: Vec<u64>,
+}
+
+/// Simple quotas' bookkeeping for the running transaction.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Squota {
+    /// The first transaction whose extents are charged (the status item's
+    /// `enable_gen`).
+    pub enable_gen: u64,
+    /// Bytes charged (+) and released (-) per subvolume since the last commit.
+    pub deltas: BTreeMap<u64, i64>,
+}
+
+impl Squota {
+    /// Charges (`bytes` > 0) or releases an extent of transaction `generation` to
+    /// subvolume `owner`; other trees and older extents are not counted.
+    pub(crate) fn charge(&mut self, owner: u64, generation: u64, bytes: i64) {
+        if generation >= self.enable_gen && is_fs_tree(owner) {
+            *self.deltas.entry(owner).or_insert(0) += bytes;
+        }
+    }
 }
 
 /// Counters of the last commit's accounting (for tests and the benchmark).
@@ -72,11 +105,85 @@ impl Trans {
         self.fs.info.tree_ptr(QUOTA_TREE_OBJECTID).is_some()
     }
 
-    /// Starts recording extents for the commit's accounting when quotas are on.
-    pub(crate) fn start_quota_records(&mut self) {
-        if self.quotas_enabled() && self.delayed.touched.is_none() {
+    /// Are simple quotas (squota) on?
+    pub fn simple_quotas(&self) -> bool {
+        self.squota.is_some()
+    }
+
+    /// Starts recording extents for the commit's accounting when (full) quotas
+    /// are on, or the owners' charges with simple quotas.
+    pub(crate) fn start_quota_records(&mut self) -> Result<()> {
+        if !self.quotas_enabled() {
+            return Ok(());
+        }
+        let status = self.quota_table()?.status;
+        if status.flags & STATUS_FLAG_SIMPLE_MODE != 0 {
+            if self.fs.info.sb.incompat_flags & FEATURE_INCOMPAT_SIMPLE_QUOTA == 0 {
+                return Err(Error::corrupt(
+                    "the quota status item says simple quotas, the superblock has no SIMPLE_QUOTA feature",
+                ));
+            }
+            self.squota = Some(Squota {
+                enable_gen: status.enable_gen.unwrap_or(0),
+                deltas: BTreeMap::new(),
+            });
+        } else if self.delayed.touched.is_none() {
             self.delayed.touched = Some(BTreeMap::new());
         }
+        Ok(())
+    }
+
+    /// Are charges of simple quotas waiting for the commit?
+    pub(crate) fn squota_pending(&self) -> bool {
+        self.squota.as_ref().is_some_and(|s| !s.deltas.is_empty())
+    }
+
+    /// The commit's work with simple quotas: each subvolume's charges go to its
+    /// qgroup and every qgroup above it (rfer and excl alike; the compressed
+    /// numbers are not kept, as in the kernel).
+    fn squota_commit(&mut self) -> Result<()> {
+        let pending = std::mem::take(&mut self.quota_pending);
+        self.delayed.touched = None;
+        let deltas = match self.squota.as_mut() {
+            Some(sq) => std::mem::take(&mut sq.deltas),
+            None => return Ok(()),
+        };
+        let mut table = self.quota_table()?;
+        for (root, d) in deltas {
+            table.charge(root, d);
+        }
+        self.qgroup_stats = QgroupStats::default();
+        self.write_qgroup_table(&table)?;
+        self.remove_dropped_qgroups(&table, &pending.dropped)
+    }
+
+    /// Removes the qgroups of subvolumes dropped in this transaction, with their
+    /// relations, when they hold nothing: with simple quotas a qgroup still
+    /// charged for extents its subvolume made stays (btrfs-progs shows it as a
+    /// "squota space holder"); with full accounting the drop's tracing has
+    /// brought it to zero.
+    fn remove_dropped_qgroups(&mut self, table: &QgroupTable, dropped: &[u64]) -> Result<()> {
+        for &id in dropped {
+            let Some(g) = table.groups.get(&id) else {
+                continue;
+            };
+            let i = &g.info;
+            if (i.rfer, i.excl, i.rfer_cmpr, i.excl_cmpr) != (0, 0, 0, 0) || !g.children.is_empty()
+            {
+                continue;
+            }
+            for &p in &g.parents {
+                self.delete_item(QUOTA_TREE_OBJECTID, &Key::new(id, QGROUP_RELATION_KEY, p))?;
+                self.delete_item(QUOTA_TREE_OBJECTID, &Key::new(p, QGROUP_RELATION_KEY, id))?;
+            }
+            for ty in [QGROUP_INFO_KEY, QGROUP_LIMIT_KEY] {
+                match self.delete_item(QUOTA_TREE_OBJECTID, &Key::new(0, ty, id)) {
+                    Ok(()) | Err(Error::NotFound(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
     }
 
     fn quota_table(&self) -> Result<QgroupTable> {
@@ -88,6 +195,9 @@ impl Trans {
     /// changed QGROUP_INFO items and the status item. Runs after the subvolume trees'
     /// delayed refs are in the extent tree and before the trees are written.
     pub(crate) fn qgroup_commit(&mut self) -> Result<()> {
+        if self.squota.is_some() {
+            return self.squota_commit();
+        }
         let records = self.delayed.touched.take().unwrap_or_default();
         let pending = std::mem::take(&mut self.quota_pending);
         if !self.quotas_enabled() {
@@ -152,7 +262,8 @@ impl Trans {
             stats.lookups = old.lookups + new.lookups;
         }
         self.qgroup_stats = stats;
-        self.write_qgroup_table(&table)
+        self.write_qgroup_table(&table)?;
+        self.remove_dropped_qgroups(&table, &pending.dropped)
     }
 
     fn write_qgroup_table(&mut self, table: &QgroupTable) -> Result<()> {
@@ -224,19 +335,30 @@ impl Trans {
         Ok(())
     }
 
-    /// Turns quotas on (`btrfs quota enable`): the quota tree with a qgroup per
-    /// subvolume, counted at commit. Nothing happens when they are on already.
-    pub fn quota_enable(&mut self) -> Result<()> {
+    /// Turns quotas on (`btrfs quota enable [-s]`): the quota tree with a qgroup
+    /// per subvolume, counted at commit (full accounting), or, `simple`, charging
+    /// only extents made from the next transaction on (squota: the kernel's
+    /// enable_gen is the enabling transaction + 1, so what this transaction
+    /// allocated is never charged; its changes are committed first). Nothing
+    /// happens when quotas are on already.
+    pub fn quota_enable(&mut self, simple: bool) -> Result<()> {
         if self.quotas_enabled() {
             return Ok(());
+        }
+        if simple && (self.dirty_bytes() > 0 || self.has_pending_work()) {
+            self.commit()?;
         }
         self.create_tree(QUOTA_TREE_OBJECTID)?;
         let status = QgroupStatus {
             version: STATUS_VERSION,
             generation: self.transid,
-            flags: STATUS_FLAG_ON,
-            rescan: u64::MAX,
-            enable_gen: Some(0),
+            flags: if simple {
+                STATUS_FLAG_ON | STATUS_FLAG_SIMPLE_MODE
+            } else {
+                STATUS_FLAG_ON
+            },
+            rescan: if simple { 0 } else { u64::MAX },
+            enable_gen: Some(if simple { self.transid + 1 } else { 0 }),
         };
         let mut items = vec![(Key::new(0, QGROUP_STATUS_KEY, 0), status.to_bytes())];
         // The top level and every subvolume that has a name (a ROOT_REF), as the
@@ -260,9 +382,12 @@ impl Trans {
         items.extend(self.qgroup_items(&ids));
         items.sort_by_key(|a| a.0);
         self.insert_items(QUOTA_TREE_OBJECTID, &items)?;
-        self.start_quota_records();
-        self.quota_pending.rescan = true;
-        Ok(())
+        if simple {
+            self.fs.info.sb.incompat_flags |= FEATURE_INCOMPAT_SIMPLE_QUOTA;
+        } else {
+            self.quota_pending.rescan = true;
+        }
+        self.start_quota_records()
     }
 
     fn qgroup_items(&self, ids: &[u64]) -> Vec<(Key, Vec<u8>)> {
@@ -287,6 +412,9 @@ impl Trans {
         self.delete_tree(QUOTA_TREE_OBJECTID)?;
         self.quota_limits = None;
         self.delayed.touched = None;
+        // The SIMPLE_QUOTA feature and the extents' owner refs stay, as in the
+        // kernel.
+        self.squota = None;
         self.quota_pending = QuotaPending::default();
         Ok(())
     }
@@ -294,6 +422,12 @@ impl Trans {
     /// Recounts every qgroup at the next commit (`btrfs quota rescan`).
     pub fn quota_rescan(&mut self) -> Result<()> {
         self.require_quotas()?;
+        if self.squota.is_some() {
+            // The kernel's EINVAL: simple quotas are exact by construction.
+            return Err(Error::Invalid(
+                "a rescan is not possible with simple quotas".into(),
+            ));
+        }
         self.quota_pending.rescan = true;
         // Something must be committed for the recount to run.
         self.touch_quota_status()
@@ -315,14 +449,37 @@ impl Trans {
         }
     }
 
-    /// Adds the qgroup of a subvolume made in this transaction (the kernel's
-    /// btrfs_qgroup_inherit without an inherit list); `snapshot_of` names the source
-    /// of a snapshot, whose numbers it starts from at commit.
-    pub(crate) fn qgroup_new_subvolume(&mut self, id: u64, snapshot_of: Option<u64>) -> Result<()> {
+    /// Adds the qgroup of a subvolume made in this transaction in a directory of
+    /// subvolume `dir_root` (the kernel's btrfs_qgroup_inherit without an inherit
+    /// list); `snapshot_of` names the source of a snapshot, whose numbers and
+    /// limits it starts from at commit. With simple quotas it starts empty (it owns
+    /// nothing yet) and joins every qgroup `dir_root` is a member of (the kernel's
+    /// qgroup_auto_inherit).
+    pub(crate) fn qgroup_new_subvolume(
+        &mut self,
+        id: u64,
+        snapshot_of: Option<u64>,
+        dir_root: u64,
+    ) -> Result<()> {
         if !self.quotas_enabled() {
             return Ok(());
         }
         let mut items = self.qgroup_items(&[id]);
+        if self.squota.is_some() {
+            let table = self.quota_table()?;
+            let Some(g) = table.groups.get(&dir_root) else {
+                return Err(Error::NotFound(format!(
+                    "qgroup {} (simple quotas inherit its parents)",
+                    fmt_qgroupid(dir_root)
+                )));
+            };
+            for &p in &g.parents {
+                items.push((Key::new(id, QGROUP_RELATION_KEY, p), Vec::new()));
+                items.push((Key::new(p, QGROUP_RELATION_KEY, id), Vec::new()));
+            }
+            items.sort_by_key(|a| a.0);
+            return self.insert_items(QUOTA_TREE_OBJECTID, &items);
+        }
         if let Some(src) = snapshot_of {
             // A snapshot starts with its source's limits, as the kernel's inherit.
             let key = Key::new(0, QGROUP_LIMIT_KEY, src);
@@ -382,6 +539,17 @@ impl Trans {
         if level_of(qgroupid) == 0 && self.fs.info.read_root_item(qgroupid)?.is_some() {
             return Err(Error::Busy(format!(
                 "qgroup {} belongs to an existing subvolume",
+                fmt_qgroupid(qgroupid)
+            )));
+        }
+        let i = &g.info;
+        if self.squota.is_some()
+            && level_of(qgroupid) == 0
+            && (i.rfer, i.excl, i.rfer_cmpr, i.excl_cmpr) != (0, 0, 0, 0)
+        {
+            // It still holds the space of extents its deleted subvolume made.
+            return Err(Error::Busy(format!(
+                "qgroup {} still holds space (simple quotas)",
                 fmt_qgroupid(qgroupid)
             )));
         }
@@ -450,8 +618,19 @@ impl Trans {
                 &Key::new(parent, QGROUP_RELATION_KEY, child),
             )?;
         }
-        self.quota_pending.rescan = true;
-        Ok(())
+        if self.squota.is_none() {
+            self.quota_pending.rescan = true;
+            return Ok(());
+        }
+        // Simple quotas: rfer equals excl everywhere, so the member's bytes simply
+        // move in or out of the parent and every qgroup above it (the kernel's
+        // quick_update_accounting).
+        let mut table = table;
+        let bytes = table.groups[&child].info.excl as i64;
+        for q in table.ancestors(parent) {
+            table.charge_one(q, if add { bytes } else { -bytes });
+        }
+        self.write_qgroup_table(&table)
     }
 
     /// `btrfs qgroup limit`: sets (Some) or clears (None) a limit of a qgroup.

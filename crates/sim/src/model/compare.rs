@@ -242,6 +242,38 @@ pub fn open_ro(dev: Arc<dyn Device>) -> Result<Filesystem, Error> {
     )?))
 }
 
+/// Simple quotas: every qgroup holds the bytes its subvolumes own (a recount of
+/// the extent tree: owner refs of data, header owners of tree blocks), referenced
+/// and exclusive alike.
+fn compare_simple_quotas(fs: &Filesystem, report: &ubtrfs_core::QuotaReport) -> Result<(), String> {
+    let owned =
+        ubtrfs_core::tools::subvol_du::owned_bytes(&fs.info, report.enable_gen.unwrap_or(0))
+            .map_err(|e| format!("simple quota recount: {e}"))?;
+    let groups: BTreeMap<u64, &ubtrfs_core::QgroupEntry> =
+        report.qgroups.iter().map(|g| (g.qgroupid, g)).collect();
+    for g in &report.qgroups {
+        let mut members = BTreeSet::new();
+        let mut todo = vec![g.qgroupid];
+        while let Some(q) = todo.pop() {
+            if members.insert(q) {
+                if let Some(x) = groups.get(&q) {
+                    todo.extend(x.children.iter().copied());
+                }
+            }
+        }
+        let want: u64 = members.iter().filter_map(|q| owned.get(q)).sum();
+        if (g.referenced, g.exclusive) != (want, want) {
+            return Err(format!(
+                "qgroup {} (simple quotas): referenced {} exclusive {}, its subvolumes own {want}",
+                ubtrfs_core::format::key::fmt_qgroupid(g.qgroupid),
+                g.referenced,
+                g.exclusive
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// With quotas on: every qgroup's referenced and exclusive bytes equal a full recount
 /// of the filesystem (`subvolume du`'s, computed independently of the quota tree),
 /// through the relations for higher levels. Only meaningful when no deleted
@@ -253,6 +285,9 @@ pub fn compare_quotas(fs: &Filesystem) -> Result<(), String> {
     };
     if report.inconsistent() {
         return Err("qgroups are marked inconsistent".into());
+    }
+    if report.simple() {
+        return compare_simple_quotas(fs, &report);
     }
     let sharing = ubtrfs_core::tools::subvol_du::compute_sharing(&fs.info)
         .map_err(|e| format!("recount: {e}"))?;

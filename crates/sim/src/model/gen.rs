@@ -511,6 +511,8 @@ pub struct FsConfig {
     pub compress: Option<Compression>,
     /// Quotas on from the start (every commit's accounting compared with a recount).
     pub quotas: bool,
+    /// With `quotas`: simple quotas (squota) instead of full accounting.
+    pub simple_quotas: bool,
 }
 
 impl Default for FsConfig {
@@ -524,6 +526,7 @@ impl Default for FsConfig {
             block_group_tree: false,
             compress: None,
             quotas: false,
+            simple_quotas: false,
         }
     }
 }
@@ -562,6 +565,7 @@ impl FsConfig {
             },
             // Not drawn from `r`: older seeds keep their configurations.
             quotas: seed % 3 == 1,
+            simple_quotas: seed % 9 == 4,
         }
     }
 

@@ -335,7 +335,7 @@ impl Harness {
         let opts = cfg.mkfs_options();
         let mut t = make_filesystem(dev, &opts).map_err(|e| format!("mkfs: {e}"))?;
         if cfg.quotas {
-            t.quota_enable()
+            t.quota_enable(cfg.simple_quotas)
                 .and_then(|()| t.commit())
                 .map_err(|e| format!("quota enable: {e}"))?;
         }
