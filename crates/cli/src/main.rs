@@ -324,6 +324,15 @@ enum InspectCmd {
         #[arg(short = 'b', long)]
         block: Option<u64>,
     },
+    /// The id of the subvolume a path is in, like `btrfs inspect-internal rootid`:
+    /// `rootid PATH` on a mounted filesystem (ubtrfs or the kernel's), or `rootid
+    /// IMAGE PATH` in an image.
+    Rootid {
+        /// A path on a mount, or an image file.
+        target: std::path::PathBuf,
+        /// With an image: the path inside it.
+        path: Option<String>,
+    },
 }
 
 fn open(img: &Image) -> Result<Filesystem> {
@@ -816,6 +825,22 @@ fn run(cli: Cli) -> Result<()> {
                 let r = ubtrfs_core::tools::print_tree::dump_tree(&fs.info, tree, block, &mut out);
                 flush_warnings(&fs);
                 r?;
+            }
+            InspectCmd::Rootid { target, path } => {
+                let id = match path {
+                    None => {
+                        let f = std::fs::File::open(&target)
+                            .with_context(|| format!("{}: cannot open", target.display()))?;
+                        ubtrfs_fuse::subvol_ops::client::subvolume_id(&f).with_context(|| {
+                            format!("{}: not on a btrfs or ubtrfs mount", target.display())
+                        })?
+                    }
+                    Some(p) => {
+                        let fs = Filesystem::open_replayed(&[&target], OpenOptions::default())?;
+                        fs.resolve(&p)?.root
+                    }
+                };
+                writeln!(out, "{id}")?;
             }
         },
     }

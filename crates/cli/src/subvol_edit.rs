@@ -210,12 +210,11 @@ fn run_mounted(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             paths,
             inherit,
         } => {
-            if !inherit.is_empty() {
-                bail!("-i on a mounted directory: give the image (the mount does not take qgroup inheritance yet)");
-            }
+            let inherit = parse_inherit(&inherit)?;
             for p in &paths {
                 let (dir, name) = mounted_parent(&image, p)?;
-                client::create_subvolume(&dir, &name)
+                let new_path = image.join(p.trim_start_matches('/'));
+                create_mounted(&image, &dir, None, &name, false, &inherit, &new_path)
                     .with_context(|| format!("{p}: cannot create subvolume"))?;
                 writeln!(out, "Create subvolume '{p}'")?;
             }
@@ -227,30 +226,38 @@ fn run_mounted(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             readonly,
             inherit,
         } => {
-            if !inherit.is_empty() {
-                bail!("-i on a mounted directory: give the image (the mount does not take qgroup inheritance yet)");
-            }
+            let inherit = parse_inherit(&inherit)?;
             let srcf = File::open(image.join(src.trim_start_matches('/')))
                 .with_context(|| format!("{src}: cannot open"))?;
             let d = image.join(dest.trim_start_matches('/'));
-            let (dir, name, shown) = if d.is_dir() {
+            let (dir, name, shown, new_path) = if d.is_dir() {
                 let (_, n) = split(&src)?;
                 let shown = format!(
                     "{}/{}",
                     dest.trim_end_matches('/'),
                     String::from_utf8_lossy(&n)
                 );
+                let new_path = d.join(String::from_utf8_lossy(&n).as_ref());
                 (
                     File::open(&d).with_context(|| format!("{dest}: cannot open"))?,
                     n,
                     shown,
+                    new_path,
                 )
             } else {
                 let (f, n) = mounted_parent(&image, &dest)?;
-                (f, n, dest.clone())
+                (f, n, dest.clone(), image.join(dest.trim_start_matches('/')))
             };
-            client::create_snapshot(&dir, &srcf, &name, readonly)
-                .with_context(|| format!("{shown}: cannot snapshot '{src}'"))?;
+            create_mounted(
+                &image,
+                &dir,
+                Some(&srcf),
+                &name,
+                readonly,
+                &inherit,
+                &new_path,
+            )
+            .with_context(|| format!("{shown}: cannot snapshot '{src}'"))?;
             let ro = if readonly { "readonly " } else { "" };
             writeln!(out, "Create {ro}snapshot of '{src}' in '{shown}'")?;
         }
@@ -266,6 +273,49 @@ fn run_mounted(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             }
         }
         _ => bail!("this subvolume command takes an image, not a mounted directory"),
+    }
+    Ok(())
+}
+
+/// Creates a subvolume (or, `src` given, a snapshot) `name` in `dir` of a mounted
+/// filesystem, joining the `inherit` qgroups. The kernel's mount takes them with
+/// the create (QGROUP_INHERIT); a ubtrfs mount cannot carry that list through
+/// FUSE, so the new subvolume (`new_path`) is looked up and assigned to each
+/// qgroup right after, which leaves the same qgroups and numbers at the next
+/// commit.
+fn create_mounted(
+    mnt: &Path,
+    dir: &File,
+    src: Option<&File>,
+    name: &[u8],
+    readonly: bool,
+    inherit: &[u64],
+    new_path: &Path,
+) -> Result<()> {
+    use ubtrfs_fuse::subvol_ops::client;
+    let kernel = ubtrfs_fuse::mount_source(&mnt.canonicalize()?).is_some_and(|(t, _)| t == "btrfs");
+    if !inherit.is_empty() && kernel {
+        return Ok(client::create_inheriting(
+            dir, src, name, readonly, inherit,
+        )?);
+    }
+    match src {
+        Some(s) => client::create_snapshot(dir, s, name, readonly)?,
+        None => client::create_subvolume(dir, name)?,
+    }
+    if inherit.is_empty() {
+        return Ok(());
+    }
+    let new =
+        File::open(new_path).with_context(|| format!("{}: cannot open", new_path.display()))?;
+    let id = client::subvolume_id(&new).context("the new subvolume's id")?;
+    for &q in inherit {
+        ubtrfs_fuse::quota_ops::client::qgroup_assign(&new, id, q, true).with_context(|| {
+            format!(
+                "assigning the new subvolume {id} to qgroup {}",
+                ubtrfs_core::format::key::fmt_qgroupid(q)
+            )
+        })?;
     }
     Ok(())
 }

@@ -345,10 +345,12 @@ fn quota_commands_on_a_mount() {
 /// `subvolume snapshot -i` and `subvolume create -i`: the new subvolume's qgroup
 /// joins the given level-1 qgroup; the numbers ubtrfs keeps equal what the kernel
 /// shows for the same commands on a twin image after its rescan, and btrfs check's
-/// qgroup report is clean.
+/// qgroup report is clean. Done three ways with ubtrfs: on the image, on a ubtrfs
+/// mount (create, then QGROUP_ASSIGN of the id INO_LOOKUP gives), and on the
+/// kernel's mount (QGROUP_INHERIT with the create).
 #[test]
 fn snapshot_and_create_inherit_qgroups() {
-    if !require_root("snapshot_and_create_inherit_qgroups") {
+    if !require_fuse("snapshot_and_create_inherit_qgroups") {
         return;
     }
     let _s = serial();
@@ -364,6 +366,10 @@ fn snapshot_and_create_inherit_qgroups() {
     ));
     k.umount();
     std::fs::copy(&img, &twin).expect("twin");
+    let on_fuse = dir.path().join("fuse.img");
+    let on_kernel = dir.path().join("kmnt.img");
+    std::fs::copy(&img, &on_fuse).expect("copy");
+    std::fs::copy(&img, &on_kernel).expect("copy");
     let p = img.display().to_string();
     ubtrfs(&["subvolume", "snapshot", &p, "/src", "/snap", "-i", "1/100"]);
     ubtrfs(&["subvolume", "create", &p, "/nsv", "-i", "1/100"]);
@@ -375,8 +381,40 @@ fn snapshot_and_create_inherit_qgroups() {
     ));
     let theirs = sh(&format!("btrfs qgroup show --raw -pc {}", k.q()));
     k.umount();
-    let ours = ubtrfs(&["qgroup", "show", &p, "--raw", "-p", "-c"]);
-    assert_eq!(ours, theirs, "qgroups after -i (ubtrfs left, kernel right)");
-    assert!(ours.contains("1/100"), "{ours}");
-    assert_exact(&img, "snapshot -i and create -i");
+    let u = env!("CARGO_BIN_EXE_ubtrfs");
+    let script = format!(
+        "set -e; {u} subvolume snapshot . /src /snap -i 1/100 >/dev/null
+        {u} subvolume create . /nsv -i 1/100 >/dev/null
+        test \"$({u} inspect rootid nsv)\" -gt 256"
+    );
+    let mut fm = FuseMount::start(&bin(), &[&on_fuse], &["rw"]);
+    fm.run(&script, "create and snapshot -i on a ubtrfs mount");
+    fm.unmount();
+    let k = KernelMount::new(&on_kernel, "rw");
+    sh(&format!(
+        "cd {m}; {script}; btrfs quota rescan -w . >/dev/null
+        test \"$({u} inspect rootid snap)\" = \"$(btrfs inspect-internal rootid snap)\"",
+        m = k.q()
+    ));
+    k.umount();
+    for (what, image) in [
+        ("on the image", &img),
+        ("on a ubtrfs mount", &on_fuse),
+        ("on the kernel's mount", &on_kernel),
+    ] {
+        let ours = ubtrfs(&[
+            "qgroup",
+            "show",
+            &image.display().to_string(),
+            "--raw",
+            "-p",
+            "-c",
+        ]);
+        assert_eq!(
+            ours, theirs,
+            "qgroups after -i {what} (ubtrfs left, kernel right)"
+        );
+        assert!(ours.contains("1/100"), "{ours}");
+        assert_exact(image, &format!("snapshot -i and create -i {what}"));
+    }
 }

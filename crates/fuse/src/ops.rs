@@ -866,6 +866,8 @@ impl Ops {
             Some(self.balance_ioctl(h, cmd, input))
         } else if crate::quota_ops::is_quota_ioctl(cmd) {
             Some(self.quota_ioctl(h, cmd, input))
+        } else if cmd == crate::subvol_ops::BTRFS_IOC_INO_LOOKUP {
+            Some(self.ino_lookup(h, input))
         } else {
             None
         };

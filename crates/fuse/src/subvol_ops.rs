@@ -9,6 +9,12 @@
 //! subvolume create|snapshot|delete` on a mounted directory issue these ioctls (on a
 //! kernel btrfs mount too).
 //!
+//! INO_LOOKUP (`btrfs inspect-internal rootid`, and how `ubtrfs subvolume
+//! create|snapshot -i` on a ubtrfs mount finds the new subvolume's id) answers the
+//! subvolume of a descriptor and the path of an inode in a tree. QGROUP_INHERIT
+//! is refused (its qgroup list is behind a pointer FUSE does not carry): the
+//! ubtrfs client assigns the new subvolume's qgroup after creating it instead.
+//!
 //! The changed directory's cached names and attributes are invalidated with FUSE
 //! notifications after the reply (the kernel did not see the change happen).
 
@@ -32,6 +38,11 @@ pub(crate) const BTRFS_IOC_SNAP_DESTROY: u32 = vol_ioctl(15);
 pub(crate) const BTRFS_IOC_SNAP_CREATE_V2: u32 = vol_ioctl(23);
 pub(crate) const BTRFS_IOC_SUBVOL_CREATE_V2: u32 = vol_ioctl(24);
 pub(crate) const BTRFS_IOC_SNAP_DESTROY_V2: u32 = vol_ioctl(63);
+/// `_IOWR(0x94, 18, struct btrfs_ioctl_ino_lookup_args)` (4096 bytes: treeid,
+/// objectid, name).
+pub(crate) const BTRFS_IOC_INO_LOOKUP: u32 = (3 << 30) | (4096 << 16) | (0x94 << 8) | 18;
+/// Bytes of INO_LOOKUP's name field.
+const INO_LOOKUP_PATH_MAX: usize = 4080;
 
 /// True for the commands this module answers.
 pub(crate) fn is_subvol_ioctl(cmd: u32) -> bool {
@@ -48,6 +59,7 @@ pub(crate) fn is_subvol_ioctl(cmd: u32) -> bool {
 
 /// vol_args_v2 flags.
 const SUBVOL_RDONLY: u64 = 1 << 1;
+const SUBVOL_QGROUP_INHERIT: u64 = 1 << 2;
 const SUBVOL_SPEC_BY_ID: u64 = 1 << 4;
 
 /// FUSE notification codes.
@@ -76,6 +88,10 @@ fn parse(cmd: u32, input: &[u8]) -> Result<VolArgs, i32> {
     let (flags, name_at) = if v2 { (word(16)?, 56) } else { (0, 8) };
     if flags & SUBVOL_SPEC_BY_ID != 0 {
         // Deleting by id: the name field holds the id; ubtrfs asks by name.
+        return Err(errno::EOPNOTSUPP);
+    }
+    if flags & SUBVOL_QGROUP_INHERIT != 0 {
+        // The qgroup list is behind a pointer into the caller's memory.
         return Err(errno::EOPNOTSUPP);
     }
     let raw = input.get(name_at..).ok_or(errno::EINVAL)?;
@@ -151,6 +167,53 @@ impl Ops {
         send(ch, 0, h.unique, &[&o.buf]);
         invalidate(ch, h.nodeid, &a.name);
         Ok(())
+    }
+
+    /// INO_LOOKUP on inode `h.nodeid`: tree `treeid` (0: the inode's own
+    /// subvolume) and the path of inode `objectid` in it from the subvolume's root,
+    /// each name followed by '/' (empty for the root directory), as the kernel's
+    /// btrfs_ioctl_ino_lookup answers; like the kernel, only root may ask for
+    /// another inode than a subvolume's root.
+    pub(crate) fn ino_lookup(&self, h: &InHeader, input: &[u8]) -> Result<Vec<u8>, i32> {
+        let word = |o: usize| -> Result<u64, i32> {
+            let b = input.get(o..o + 8).ok_or(errno::EINVAL)?;
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            Ok(u64::from_ne_bytes(a))
+        };
+        let (mut treeid, objectid) = (word(0)?, word(8)?);
+        if treeid == 0 {
+            treeid = self.node(h.nodeid)?.node.root;
+        }
+        let mut path: Vec<u8> = Vec::new();
+        if objectid != FIRST_FREE_OBJECTID {
+            if h.uid != 0 {
+                return Err(errno::EPERM);
+            }
+            let mut cur = objectid;
+            let mut depth = 0usize;
+            while cur != FIRST_FREE_OBJECTID {
+                depth += 1;
+                let r = self
+                    .engine
+                    .read(|fs| fs.inode_refs(Node::new(treeid, cur)))
+                    .map_err(|e| e.errno())?;
+                let first = r.first().ok_or(errno::ENOENT)?;
+                let mut part = first.name.clone();
+                part.push(b'/');
+                part.extend_from_slice(&path);
+                path = part;
+                if path.len() >= INO_LOOKUP_PATH_MAX || depth > INO_LOOKUP_PATH_MAX {
+                    return Err(errno::ENAMETOOLONG);
+                }
+                cur = first.parent;
+            }
+        }
+        let mut out = vec![0u8; 16 + INO_LOOKUP_PATH_MAX];
+        out[..8].copy_from_slice(&treeid.to_ne_bytes());
+        out[8..16].copy_from_slice(&objectid.to_ne_bytes());
+        out[16..16 + path.len()].copy_from_slice(&path);
+        Ok(out)
     }
 
     /// The subvolume whose root the caller's descriptor `fd` opens, on this mount.
@@ -260,6 +323,58 @@ pub mod client {
         let flags = if readonly { super::SUBVOL_RDONLY } else { 0 };
         let mut a = vol_args_v2(src.as_raw_fd() as i64, flags, name)?;
         ioctl(dir, super::BTRFS_IOC_SNAP_CREATE_V2, &mut a)
+    }
+
+    /// The qgroup_inherit struct of a create or snapshot `-i` (flags, counts, a
+    /// zero limit, then the qgroup ids), as the kernel reads it.
+    fn qgroup_inherit(qgroups: &[u64]) -> Vec<u8> {
+        let mut b = Vec::with_capacity(72 + 8 * qgroups.len());
+        b.extend_from_slice(&0u64.to_ne_bytes());
+        b.extend_from_slice(&(qgroups.len() as u64).to_ne_bytes());
+        b.extend_from_slice(&[0u8; 16 + 40]);
+        for q in qgroups {
+            b.extend_from_slice(&q.to_ne_bytes());
+        }
+        b
+    }
+
+    /// SUBVOL_CREATE_V2 or SNAP_CREATE_V2 (`src` given) with QGROUP_INHERIT: the
+    /// new subvolume joins `qgroups` at its creation. The kernel's mounts only
+    /// (see the module comment).
+    pub fn create_inheriting(
+        dir: &File,
+        src: Option<&File>,
+        name: &[u8],
+        readonly: bool,
+        qgroups: &[u64],
+    ) -> io::Result<()> {
+        let mut flags = super::SUBVOL_QGROUP_INHERIT;
+        if readonly {
+            flags |= super::SUBVOL_RDONLY;
+        }
+        let fd = src.map_or(0, |s| s.as_raw_fd() as i64);
+        let inherit = qgroup_inherit(qgroups);
+        let mut a = vol_args_v2(fd, flags, name)?;
+        a[24..32].copy_from_slice(&(inherit.len() as u64).to_ne_bytes());
+        // The kernel copies the struct from this address during the call.
+        a[32..40].copy_from_slice(&(inherit.as_ptr() as u64).to_ne_bytes());
+        let cmd = if src.is_some() {
+            super::BTRFS_IOC_SNAP_CREATE_V2
+        } else {
+            super::BTRFS_IOC_SUBVOL_CREATE_V2
+        };
+        ioctl(dir, cmd, &mut a)
+    }
+
+    /// INO_LOOKUP with tree 0 and the root directory: the id of the subvolume
+    /// `f` is in (`btrfs inspect-internal rootid`).
+    pub fn subvolume_id(f: &File) -> io::Result<u64> {
+        let mut a = vec![0u8; 4096];
+        a[8..16].copy_from_slice(&super::FIRST_FREE_OBJECTID.to_ne_bytes());
+        ioctl(f, super::BTRFS_IOC_INO_LOOKUP, &mut a)?;
+        let mut id = [0u8; 8];
+        id.copy_from_slice(&a[..8]);
+        Ok(u64::from_ne_bytes(id))
     }
 
     /// BTRFS_IOC_SNAP_DESTROY_V2: deletes subvolume `name` in `dir`.
