@@ -43,9 +43,16 @@ pub enum BalanceCmd {
         /// The image file or block device.
         image: PathBuf,
     },
-    /// Drop a paused balance.
+    /// Drop a paused balance, or stop a balance running on a ubtrfs mount (before
+    /// its next chunk) and drop it.
     Cancel {
-        /// The image file or block device.
+        /// The image file or block device, or a directory of a ubtrfs mount.
+        image: PathBuf,
+    },
+    /// Pause a balance running on a ubtrfs mount before its next chunk; `resume`
+    /// continues it (an image has no running balance to pause).
+    Pause {
+        /// A directory of a read-write ubtrfs mount.
         image: PathBuf,
     },
     /// Show whether a balance is paused, and its filters.
@@ -117,9 +124,41 @@ fn balance_on_mount(
     req: &BalanceRequest,
     out: &mut dyn std::io::Write,
 ) -> Result<()> {
-    let [_, considered, completed] = ubtrfs_fuse::balance_ops::client::balance(f, req)
-        .with_context(|| format!("error during balancing '{}'", mnt.display()))?;
-    print_done(out, completed, considered)
+    match ubtrfs_fuse::balance_ops::client::balance(f, req) {
+        Ok([_, considered, completed]) => print_done(out, completed, considered),
+        // Stopped by `balance pause` or `cancel`: which one, the image says.
+        Err(e) if e.raw_os_error() == Some(nix::libc::ECANCELED) => {
+            if paused_on_mount(mnt)?.is_some() {
+                eprintln!("balance paused by user");
+            } else {
+                eprintln!("balance canceled by user");
+            }
+            Ok(())
+        }
+        Err(e) => Err(e).with_context(|| format!("error during balancing '{}'", mnt.display())),
+    }
+}
+
+/// The paused balance of an image (its BALANCE item).
+fn paused(devices: &[PathBuf]) -> Result<Option<BalanceRequest>> {
+    let fs = ubtrfs_core::Filesystem::open_paths(devices, Default::default())?;
+    let rt = fs.info.root_tree_ptr();
+    let key = ubtrfs_core::format::key::Key::new(
+        ubtrfs_core::format::consts::BALANCE_OBJECTID,
+        ubtrfs_core::format::consts::TEMPORARY_ITEM_KEY,
+        0,
+    );
+    match ubtrfs_core::lookup_exact(&fs.info, &rt, &key)? {
+        None => Ok(None),
+        Some(item) => Ok(Some(BalanceRequest::parse(item.data())?)),
+    }
+}
+
+/// The paused balance of a mounted filesystem, read from its image after a
+/// commit.
+fn paused_on_mount(mnt: &Path) -> Result<Option<BalanceRequest>> {
+    let image = crate::quota::image_of_mount(mnt)?;
+    paused(&devices(&image))
 }
 
 /// btrfs-progs' closing line of a balance.
@@ -214,10 +253,25 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             let req = req.for_resume();
             run_balance(&mut t, &image, &req, false, out)
         }
+        BalanceCmd::Pause { image } => {
+            let Some(f) = mounted(&image)? else {
+                bail!(
+                    "balance pause on '{}' failed: Not in progress (only a mount runs one)",
+                    image.display()
+                );
+            };
+            match ubtrfs_fuse::balance_ops::client::ctl(&f, 1) {
+                Ok(()) => Ok(()),
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENOTCONN) => {
+                    bail!("balance pause on '{}' failed: Not running", image.display())
+                }
+                Err(e) => Err(e).context("balance pause"),
+            }
+        }
         BalanceCmd::Cancel { image } => {
             if let Some(f) = mounted(&image)? {
-                // A balance on a ubtrfs mount runs inside its request: by the
-                // time this one is served, none is running.
+                // A running balance stops before its next chunk; a paused one is
+                // dropped.
                 return match ubtrfs_fuse::balance_ops::client::ctl(&f, 2) {
                     Ok(()) => Ok(()),
                     Err(e) if e.raw_os_error() == Some(nix::libc::ENOTCONN) => bail!(
@@ -238,24 +292,36 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
             Ok(())
         }
         BalanceCmd::Status { image } => {
-            if let Some(f) = mounted(&image)? {
-                match ubtrfs_fuse::balance_ops::client::progress(&f)? {
-                    None => writeln!(out, "No balance found on '{}'", image.display())?,
-                    Some(_) => writeln!(out, "Balance on '{}' is running", image.display())?,
+            let found = match mounted(&image)? {
+                Some(f) => {
+                    if let Some(r) = ubtrfs_fuse::balance_ops::client::progress(&f)? {
+                        let asked = if r.cancel_requested {
+                            ", cancel requested"
+                        } else if r.pause_requested {
+                            ", pause requested"
+                        } else {
+                            ""
+                        };
+                        writeln!(out, "Balance on '{}' is running{asked}", image.display())?;
+                        let left = if r.expected == 0 {
+                            0.0
+                        } else {
+                            100.0 * (1.0 - r.completed as f64 / r.expected as f64)
+                        };
+                        writeln!(
+                            out,
+                            "{} out of about {} chunks balanced ({} considered), {left:3.0}% left",
+                            r.completed, r.expected, r.considered
+                        )?;
+                        return Ok(());
+                    }
+                    paused_on_mount(&image)?
                 }
-                return Ok(());
-            }
-            let fs = ubtrfs_core::Filesystem::open_paths(&devices(&image), Default::default())?;
-            let rt = fs.info.root_tree_ptr();
-            let key = ubtrfs_core::format::key::Key::new(
-                ubtrfs_core::format::consts::BALANCE_OBJECTID,
-                ubtrfs_core::format::consts::TEMPORARY_ITEM_KEY,
-                0,
-            );
-            match ubtrfs_core::lookup_exact(&fs.info, &rt, &key)? {
+                None => paused(&devices(&image))?,
+            };
+            match found {
                 None => writeln!(out, "No balance found on '{}'", image.display())?,
-                Some(item) => {
-                    let req = BalanceRequest::parse(item.data())?;
+                Some(req) => {
                     writeln!(out, "Balance on '{}' is paused", image.display())?;
                     for (bit, name, a) in [
                         (balance_flags::DATA, "DATA", &req.data),
@@ -333,7 +399,8 @@ fn run_balance(
     }
     match end {
         BalanceEnd::Finished => print_done(out, p.completed, p.considered)?,
-        BalanceEnd::Paused => writeln!(out, "balance paused by user")?,
+        // On stderr, as btrfs-progs prints it.
+        BalanceEnd::Paused => eprintln!("balance paused by user"),
         BalanceEnd::NoSpace(n) => {
             print_done(out, p.completed, p.considered)?;
             bail!(

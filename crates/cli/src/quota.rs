@@ -163,7 +163,7 @@ fn mounted(p: &std::path::Path) -> Option<std::fs::File> {
 
 /// The image behind a mounted directory (the mount's source), read after a commit
 /// of the mount (BTRFS_IOC_SYNC), for the commands that print.
-fn image_of_mount(dir: &std::path::Path) -> Result<PathBuf> {
+pub(crate) fn image_of_mount(dir: &std::path::Path) -> Result<PathBuf> {
     let canon = dir
         .canonicalize()
         .with_context(|| dir.display().to_string())?;

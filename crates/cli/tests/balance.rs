@@ -237,8 +237,9 @@ fn balance_like_the_kernel() {
         .output()
         .expect("run ubtrfs");
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "");
     assert_eq!(
-        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
         "balance paused by user\n"
     );
     let st = bin().stdout(&["balance", "status", img.to_str().expect("utf-8")]);
@@ -567,4 +568,123 @@ fn kernel_interrupted_relocation_recovered() {
         assert_eq!(before.1, after.1, "{what}: sharing");
         std::fs::remove_file(img).expect("rm");
     }
+}
+
+/// Waits (up to 60 s) until `balance status MNT` says a balance is running; its
+/// output then.
+fn wait_running(mnt: &str) -> String {
+    for _ in 0..600 {
+        let st = bin().stdout(&["balance", "status", mnt]);
+        if st.contains("is running") {
+            return st;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("no balance ever ran on {mnt}");
+}
+
+/// A balance on a ubtrfs mount is driven a chunk at a time with the writer free in
+/// between: while it runs, `balance status` shows its counters as btrfs-progs
+/// prints them and files are written; `balance pause` stops it before its next
+/// chunk ("balance paused by user", the BALANCE item kept, status "paused"),
+/// `balance resume` finishes it; a second balance is stopped by `balance cancel`
+/// ("balance canceled by user", no balance left). The image is then clean in
+/// btrfs check and the kernel shows what the mount showed. (The server waits
+/// UBTRFS_BALANCE_STEP_DELAY_MS before each chunk, so the test can act while
+/// the balance runs.)
+#[test]
+fn pause_resume_and_cancel_on_a_mount() {
+    if !ubtrfs_sim::host::require_fuse("pause_resume_and_cancel_on_a_mount") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("p.img");
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    kernel_writes(
+        &img,
+        "for i in $(seq 1 5); do head -c 60M /dev/urandom > f$i; done; sync; rm f2 f4",
+        "files across several data chunks",
+    );
+    let m = ubtrfs_sim::mount::FuseMount::start_env(
+        &bin(),
+        &[&img],
+        &["rw"],
+        &[("UBTRFS_BALANCE_STEP_DELAY_MS", "700")],
+    );
+    let mnt = m.mnt.to_str().expect("utf-8").to_string();
+    let start = |args: &[&str]| {
+        bin()
+            .command()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn ubtrfs balance")
+    };
+    let running = start(&["balance", "start", "-d", &mnt]);
+    let st = wait_running(&mnt);
+    assert!(
+        st.lines()
+            .nth(1)
+            .is_some_and(|l| l.contains(" out of about ")
+                && l.contains(" chunks balanced (")
+                && l.ends_with("% left")),
+        "{st}"
+    );
+    // The writer is free between chunks: files are written meanwhile.
+    m.run(
+        "head -c 3M /dev/urandom > during; sync during; cmp during during",
+        "a write while the balance runs",
+    );
+    assert!(
+        bin()
+            .stdout(&["balance", "status", &mnt])
+            .contains("is running"),
+        "the balance ended before the write did: make the delay longer"
+    );
+    bin().stdout(&["balance", "pause", &mnt]);
+    let o = running.wait_with_output().expect("balance start");
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "balance paused by user\n"
+    );
+    let st = bin().stdout(&["balance", "status", &mnt]);
+    assert!(
+        st.starts_with(&format!("Balance on '{mnt}' is paused")),
+        "{st}"
+    );
+    let out = bin().stdout(&["balance", "resume", &mnt]);
+    assert!(out.starts_with("Done, had to relocate "), "{out}");
+    assert_eq!(
+        bin().stdout(&["balance", "status", &mnt]),
+        format!("No balance found on '{mnt}'\n")
+    );
+    // Cancel a running one.
+    let running = start(&["balance", "start", "-d", &mnt]);
+    wait_running(&mnt);
+    bin().stdout(&["balance", "cancel", &mnt]);
+    let o = running.wait_with_output().expect("balance start");
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr),
+        "balance canceled by user\n"
+    );
+    assert_eq!(
+        bin().stdout(&["balance", "status", &mnt]),
+        format!("No balance found on '{mnt}'\n")
+    );
+    let o = bin().output(&["balance", "pause", &mnt]);
+    assert!(
+        !o.status.success() && String::from_utf8_lossy(&o.stderr).contains("Not running"),
+        "{o:?}"
+    );
+    let seen = m.walk_and_unmount();
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("after pause, resume and cancel: {e}"));
+    ubtrfs_sim::mount::kernel_round_trip(
+        &img,
+        &seen,
+        "balance paused, resumed and cancelled on the mount",
+    );
 }

@@ -60,8 +60,8 @@ pub use io::salvage::{losses_met_by_this_thread, LostBlock};
 pub use qgroup::{QgroupEntry, QuotaReport};
 pub use relocation::balance::{
     args as balance_args, flags as balance_flags, parse_profile as parse_balance_profile,
-    BalanceArgs, BalanceEnd, BalanceProgress, BalanceRequest, AVAIL_ALLOC_BIT_SINGLE,
-    BALANCE_ARGS_SIZE, BALANCE_ITEM_SIZE,
+    BalanceArgs, BalanceEnd, BalanceProgress, BalanceRequest, BalanceRun, BalanceStep,
+    AVAIL_ALLOC_BIT_SINGLE, BALANCE_ARGS_SIZE, BALANCE_ITEM_SIZE,
 };
 pub use relocation::relocate::RelocStats;
 pub use subvol::subvol::SubvolInfo;

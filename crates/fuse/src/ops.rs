@@ -29,6 +29,7 @@ pub(crate) mod errno {
     pub(crate) const EPERM: i32 = 1;
     pub(crate) const ENOTCONN: i32 = 107;
     pub(crate) const ECANCELED: i32 = 125;
+    pub(crate) const EINPROGRESS: i32 = 115;
     pub(crate) const ENOENT: i32 = 2;
     pub(crate) const EIO: i32 = 5;
     pub(crate) const ENXIO: i32 = 6;
@@ -88,6 +89,9 @@ pub struct Ops {
     /// taken at OPENDIR and again when a listing restarts at offset 0 (rewinddir).
     dir_ends: Mutex<std::collections::HashMap<u64, u64>>,
     next_dir_fh: std::sync::atomic::AtomicU64,
+    /// The balance a BALANCE_V2 request is running, for BALANCE_CTL and
+    /// BALANCE_PROGRESS from other requests (balance_ops.rs).
+    pub(crate) balance: Mutex<Option<Arc<crate::balance_ops::RunningBalance>>>,
 }
 
 /// Longest name btrfs stores (BTRFS_NAME_LEN).
@@ -159,6 +163,7 @@ impl Ops {
             no_opendir: AtomicBool::new(false),
             dir_ends: Mutex::new(std::collections::HashMap::new()),
             next_dir_fh: std::sync::atomic::AtomicU64::new(1),
+            balance: Mutex::new(None),
         }
     }
 

@@ -269,6 +269,17 @@ impl FuseMount {
     /// `rw`) and waits until the mount is there (panics if the server exits first or
     /// it takes 30 s).
     pub fn start<P: AsRef<Path>>(ubtrfs: &Ubtrfs, devices: &[P], opts: &[&str]) -> FuseMount {
+        Self::start_env(ubtrfs, devices, opts, &[])
+    }
+
+    /// [`FuseMount::start`] with environment variables for the server (test
+    /// knobs such as `UBTRFS_BALANCE_STEP_DELAY_MS`).
+    pub fn start_env<P: AsRef<Path>>(
+        ubtrfs: &Ubtrfs,
+        devices: &[P],
+        opts: &[&str],
+        env: &[(&str, &str)],
+    ) -> FuseMount {
         let dir = tempdir("ubtrfs-fuse.").unwrap_or_else(|e| panic!("{e}"));
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).expect("mkdir");
@@ -287,6 +298,7 @@ impl FuseMount {
         for o in opts {
             cmd.arg("-o").arg(o);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -609,6 +609,26 @@ impl Trans {
         progress: &mut dyn FnMut(&BalanceProgress, Option<&RelocStats>),
         stop: &dyn Fn() -> bool,
     ) -> Result<(BalanceEnd, BalanceProgress)> {
+        let mut run = self.balance_start(req)?;
+        let res = (|| loop {
+            if stop() {
+                return Ok(BalanceEnd::Paused);
+            }
+            match self.balance_step(&mut run)? {
+                BalanceStep::Looked(stats) => progress(&run.progress, stats.as_ref()),
+                BalanceStep::Done(end) => return Ok(end),
+            }
+        })();
+        let end = self.balance_finish(&run, res)?;
+        Ok((end, run.progress))
+    }
+
+    /// Starts a balance that the caller drives a chunk at a time with
+    /// [`Trans::balance_step`] (a mount lets other requests in between), then ends
+    /// with [`Trans::balance_finish`]: checks the request, writes and commits the
+    /// BALANCE item, counts the chunks the filters select and, converting, makes
+    /// every new allocation take the target profile.
+    pub fn balance_start(&mut self, req: &BalanceRequest) -> Result<BalanceRun> {
         self.validate_balance(req)?;
         let mut item = *req;
         item.flags &= !flags::RESUME;
@@ -619,22 +639,28 @@ impl Trans {
         self.commit()?;
         let mut chunks: Vec<MapEntry> = self.fs.info.chunk_map.iter().cloned().collect();
         chunks.sort_by_key(|e| std::cmp::Reverse(e.start));
-        let used_of = |t: &Trans, e: &MapEntry| t.alloc.bgs.get(&e.start).map(|b| b.used);
         // Counting pass.
         let mut counting = *req;
-        let mut prog = BalanceProgress::default();
-        let mut per_type = std::collections::HashMap::<u64, u32>::new();
-        for e in &chunks {
+        let mut run = BalanceRun {
+            req: *req,
+            selecting: *req,
+            chunks,
+            next: 0,
+            per_type: std::collections::HashMap::new(),
+            enospc: 0,
+            progress: BalanceProgress::default(),
+        };
+        for e in &run.chunks {
             let bit = BalanceRequest::type_bit(e.ty);
             if req.flags & bit == 0 {
                 continue;
             }
-            let Some(used) = used_of(self, e) else {
+            let Some(used) = self.alloc.bgs.get(&e.start).map(|b| b.used) else {
                 continue;
             };
             if chunk_selected(counting.args_for(e.ty), e, used) {
-                prog.expected += 1;
-                *per_type.entry(bit).or_default() += 1;
+                run.progress.expected += 1;
+                *run.per_type.entry(bit).or_default() += 1;
             }
         }
         // Converting: new chunks and every allocation take the target profile.
@@ -653,7 +679,56 @@ impl Trans {
                 self.alloc.profiles.insert(ty, p);
             }
         }
-        let res = self.balance_pass(req, &chunks, &per_type, &mut prog, progress, stop);
+        Ok(run)
+    }
+
+    /// Looks at the next chunk of a balance and relocates it when the filters
+    /// select it (its own commits); a chunk that cannot move for lack of room is
+    /// counted and skipped, as the kernel's __btrfs_balance does.
+    pub fn balance_step(&mut self, run: &mut BalanceRun) -> Result<BalanceStep> {
+        let Some(e) = run.chunks.get(run.next).cloned() else {
+            return Ok(BalanceStep::Done(if run.enospc > 0 {
+                BalanceEnd::NoSpace(run.enospc)
+            } else {
+                BalanceEnd::Finished
+            }));
+        };
+        run.next += 1;
+        run.progress.considered += 1;
+        let bit = BalanceRequest::type_bit(e.ty);
+        // Gone since the start (relocated by the same balance's convert, or the
+        // group emptied and removed).
+        let Some(used) = self.alloc.bgs.get(&e.start).map(|b| b.used) else {
+            return Ok(BalanceStep::Looked(None));
+        };
+        let a = run.selecting.args_for(e.ty);
+        let limit_min = (a.flags & args::LIMIT_RANGE != 0).then(|| a.limit_min());
+        if run.req.flags & bit == 0 || !chunk_selected(a, &e, used) {
+            return Ok(BalanceStep::Looked(None));
+        }
+        if limit_min.is_some_and(|m| run.per_type.get(&bit).copied().unwrap_or(0) < m) {
+            return Ok(BalanceStep::Looked(None));
+        }
+        let stats = match self.relocate_block_group(e.start) {
+            Ok(s) => s,
+            Err(Error::NoSpace(_)) if self.dirty_bytes() == 0 => {
+                run.enospc += 1;
+                return Ok(BalanceStep::Looked(None));
+            }
+            Err(e) => return Err(e),
+        };
+        run.progress.completed += 1;
+        Ok(BalanceStep::Looked(Some(stats)))
+    }
+
+    /// Ends a balance with how its steps went (`res`): allocation stops
+    /// converting, and unless it was paused (or failed) the BALANCE item goes, in
+    /// its own commit.
+    pub fn balance_finish(
+        &mut self,
+        _run: &BalanceRun,
+        res: Result<BalanceEnd>,
+    ) -> Result<BalanceEnd> {
         self.alloc.convert_to.clear();
         self.alloc.profiles.clear();
         let end = res?;
@@ -661,59 +736,33 @@ impl Trans {
             self.delete_item(ROOT_TREE_OBJECTID, &balance_key())?;
             self.commit()?;
         }
-        Ok((end, prog))
+        Ok(end)
     }
+}
 
-    fn balance_pass(
-        &mut self,
-        req: &BalanceRequest,
-        chunks: &[MapEntry],
-        per_type: &std::collections::HashMap<u64, u32>,
-        prog: &mut BalanceProgress,
-        progress: &mut dyn FnMut(&BalanceProgress, Option<&RelocStats>),
-        stop: &dyn Fn() -> bool,
-    ) -> Result<BalanceEnd> {
-        let mut selecting = *req;
-        let mut enospc = 0u64;
-        for e in chunks {
-            if stop() {
-                return Ok(BalanceEnd::Paused);
-            }
-            prog.considered += 1;
-            let bit = BalanceRequest::type_bit(e.ty);
-            let Some(used) = self.alloc.bgs.get(&e.start).map(|b| b.used) else {
-                progress(prog, None);
-                continue;
-            };
-            let a = selecting.args_for(e.ty);
-            let limit_min = (a.flags & args::LIMIT_RANGE != 0).then(|| a.limit_min());
-            if req.flags & bit == 0 || !chunk_selected(a, e, used) {
-                progress(prog, None);
-                continue;
-            }
-            if limit_min.is_some_and(|m| per_type.get(&bit).copied().unwrap_or(0) < m) {
-                progress(prog, None);
-                continue;
-            }
-            // No room to move this chunk: counted, and on to the next, as the
-            // kernel's __btrfs_balance does.
-            let stats = match self.relocate_block_group(e.start) {
-                Ok(s) => s,
-                Err(Error::NoSpace(_)) if self.dirty_bytes() == 0 => {
-                    enospc += 1;
-                    progress(prog, None);
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            prog.completed += 1;
-            progress(prog, Some(&stats));
-        }
-        if enospc > 0 {
-            return Ok(BalanceEnd::NoSpace(enospc));
-        }
-        Ok(BalanceEnd::Finished)
-    }
+/// A balance under way ([`Trans::balance_start`]).
+#[derive(Debug)]
+pub struct BalanceRun {
+    req: BalanceRequest,
+    /// The request whose `limit` counters the relocating pass uses up.
+    selecting: BalanceRequest,
+    /// Every chunk at the start, highest address first.
+    chunks: Vec<MapEntry>,
+    next: usize,
+    /// Chunks selected per type by the counting pass (for `limit=min..`).
+    per_type: std::collections::HashMap<u64, u32>,
+    enospc: u64,
+    /// The counters so far.
+    pub progress: BalanceProgress,
+}
+
+/// What one [`Trans::balance_step`] did.
+#[derive(Debug)]
+pub enum BalanceStep {
+    /// Looked at a chunk; relocated it when there are stats.
+    Looked(Option<RelocStats>),
+    /// No chunk left: how the balance ends.
+    Done(BalanceEnd),
 }
 
 #[cfg(test)]
