@@ -339,6 +339,39 @@ pub fn run(cmd: BalanceCmd, out: &mut dyn std::io::Write) -> Result<()> {
     }
 }
 
+/// Ctrl-C (SIGINT, or SIGTERM) during an offline balance pauses it before the
+/// next chunk, keeping the BALANCE item for `balance resume` (or the kernel, at
+/// mount); a second one ends the program at once (what is committed stays). The
+/// signals are taken by a thread that waits for them, so nothing runs inside a
+/// signal handler.
+fn pause_on_interrupt() -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+    use nix::sys::signal::{SigSet, Signal};
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut sigs = SigSet::empty();
+    sigs.add(Signal::SIGINT);
+    sigs.add(Signal::SIGTERM);
+    if sigs.thread_block().is_err() {
+        return flag;
+    }
+    let f = flag.clone();
+    let spawned = std::thread::Builder::new()
+        .name("ubtrfs-balance-signal".into())
+        .spawn(move || {
+            while let Ok(sig) = sigs.wait() {
+                if f.swap(true, std::sync::atomic::Ordering::AcqRel) {
+                    std::process::exit(128 + sig as i32);
+                }
+                eprintln!(
+                    "{sig}: pausing the balance after the chunk being moved (again to stop now)"
+                );
+            }
+        });
+    if spawned.is_err() {
+        let _ = sigs.thread_unblock();
+    }
+    flag
+}
+
 fn run_balance(
     t: &mut Trans,
     image: &Path,
@@ -379,7 +412,19 @@ fn run_balance(
         ));
         bar.tick();
     };
-    let stop = || stop_after.is_some_and(|n| done.get() >= n);
+    let interrupted = pause_on_interrupt();
+    // Tests: time to interrupt between chunks (as on a mount, balance_ops.rs).
+    let delay = std::env::var("UBTRFS_BALANCE_STEP_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(std::time::Duration::from_millis);
+    let stop = || {
+        if let Some(d) = delay {
+            std::thread::sleep(d);
+        }
+        stop_after.is_some_and(|n| done.get() >= n)
+            || interrupted.load(std::sync::atomic::Ordering::Acquire)
+    };
     let (end, p) = t
         .balance(req, &mut progress, &stop)
         .with_context(|| format!("error during balancing '{}'", image.display()))?;

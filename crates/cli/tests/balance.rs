@@ -688,3 +688,43 @@ fn pause_resume_and_cancel_on_a_mount() {
         "balance paused, resumed and cancelled on the mount",
     );
 }
+
+/// Ctrl-C (SIGINT) during an offline `balance start` pauses it before the next
+/// chunk: "balance paused by user", exit 0, the BALANCE item kept (status
+/// "paused"), and `balance resume` finishes it; btrfs check is clean after each.
+#[test]
+fn interrupted_offline_balance_pauses() {
+    if !require_root("interrupted_offline_balance_pauses") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("i.img");
+    let p = img.to_str().expect("utf-8").to_string();
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    kernel_writes(
+        &img,
+        "for i in $(seq 1 5); do head -c 60M /dev/urandom > f$i; done; sync; rm f2 f4",
+        "files across several data chunks",
+    );
+    let child = bin()
+        .command()
+        .env("UBTRFS_BALANCE_STEP_DELAY_MS", "1500")
+        .args(["balance", "start", "-d", &p])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn ubtrfs balance");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    sh(&format!("kill -INT {}", child.id()));
+    let o = child.wait_with_output().expect("balance start");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{o:?}");
+    assert!(err.ends_with("balance paused by user\n"), "{err}");
+    let st = bin().stdout(&["balance", "status", &p]);
+    assert!(st.contains("is paused"), "{st}");
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("after the interrupted balance: {e}"));
+    let out = bin().stdout(&["balance", "resume", &p]);
+    assert!(out.starts_with("Done, had to relocate "), "{out}");
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("after the resume: {e}"));
+}
