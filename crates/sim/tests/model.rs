@@ -1,8 +1,12 @@
 //! Differential test of the write engine against the model filesystem
 //! (`ubtrfs_sim::model`): random operation sequences, checked after every operation
 //! (the touched paths, through the uncommitted state), and in full after every commit,
-//! through the handle and through a fresh open of a copy of the device. The final image
-//! of every tenth seed also goes through `btrfs check`.
+//! through the handle and through a fresh open of a copy of the device. After a sixth
+//! of the operations, a random file or directory is fsynced through the tree log and
+//! a power cut is simulated: a copy of the device, replayed by a fresh handle, must
+//! hold the fsynced inode exactly as the model has it (`check_fsync_cut`). The final
+//! image of every tenth seed also goes through `btrfs check` (and a quarter of its
+//! fsync cuts, replayed).
 //!
 //! Environment:
 //! * `UBTRFS_MODEL_SEEDS=N`: run seeds 0..N (default 1000; more for a long run);
@@ -33,6 +37,8 @@ struct Totals {
     commits: u64,
     reopens: u64,
     balances: u64,
+    fsyncs: u64,
+    fsyncs_logged: u64,
     expected_errors: u64,
     unsupported: u64,
     btrfs_checks: u64,
@@ -47,6 +53,8 @@ impl Totals {
         self.commits += st.commits;
         self.reopens += st.reopens;
         self.balances += st.balances;
+        self.fsyncs += st.fsyncs;
+        self.fsyncs_logged += st.fsyncs_logged;
         self.expected_errors += st.expected_errors;
         self.unsupported += st.unsupported;
         self.btrfs_checks += u64::from(checked);
@@ -125,8 +133,8 @@ fn model_random_workloads() {
     let failures = failures.into_inner().unwrap();
     let t = totals.into_inner().unwrap();
     eprintln!(
-        "model: {} of {} seeds x {} ops passed in {:.1?} ({threads} threads): {} ops, {} commits, {} balances, {} reopens for \
-         writing, {} expected errors matched, {} fallocate calls refused as unsupported, {} final images passed \
+        "model: {} of {} seeds x {} ops passed in {:.1?} ({threads} threads): {} ops, {} commits, {} balances, {} fsyncs \
+         with a power cut after each ({} through the tree log), {} reopens for writing, {} expected errors matched, {} fallocate calls refused as unsupported, {} final images passed \
          btrfs check; deepest FS tree: level {}, most files: {}",
         t.seeds,
         seeds.len(),
@@ -135,6 +143,8 @@ fn model_random_workloads() {
         t.ops,
         t.commits,
         t.balances,
+        t.fsyncs,
+        t.fsyncs_logged,
         t.reopens,
         t.expected_errors,
         t.unsupported,

@@ -188,14 +188,28 @@ pub(crate) fn dir_entry_span(d: &[u8], name: &[u8]) -> Option<(usize, usize)> {
 }
 
 impl Trans {
+    /// The index of a new name in directory `dir`: after its highest DIR_INDEX,
+    /// and after every index handed out or freed since the last commit. An index
+    /// freed by an unlink in this transaction is not given again before the commit
+    /// (the kernel's in-memory index_cnt only grows): the committed tree may still
+    /// have it, and a tree log replayed over that tree would find it taken.
     pub(crate) fn next_dir_index(&mut self, root: u64, dir: u64) -> Result<u64> {
         let ptr = self.root_ptr(root)?;
-        Ok(
+        let in_tree =
             match lookup_prev(&self.fs.info, &ptr, Key::new(dir, DIR_INDEX_KEY, u64::MAX))? {
                 Some((k, _)) if k.objectid == dir && k.ty == DIR_INDEX_KEY => k.offset + 1,
                 _ => 2,
-            },
-        )
+            };
+        let floor = self.dir_index_next.entry((root, dir)).or_insert(0);
+        let index = in_tree.max(*floor);
+        *floor = index + 1;
+        Ok(index)
+    }
+
+    /// Notes that `index` of directory `dir` was removed (see `next_dir_index`).
+    pub(crate) fn dir_index_freed(&mut self, root: u64, dir: u64, index: u64) {
+        let floor = self.dir_index_next.entry((root, dir)).or_insert(0);
+        *floor = (*floor).max(index.saturating_add(1));
     }
 
     /// Appends bytes to an item, creating it if missing.

@@ -339,6 +339,7 @@ impl Trans {
             crate::inode::dir_item::dir_entry_span(d, name)
         })?;
         self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
+        self.dir_index_freed(root, dir, index);
         let mut d = self.read_inode(root, dir)?;
         d.size = d.size.saturating_sub(name.len() as u64 * 2);
         self.touch(&mut d, t, true);

@@ -62,6 +62,9 @@ pub struct Trans {
     pub(crate) root_bytes_delta: HashMap<u64, i64>,
     /// Inode numbers handed out per tree in this transaction.
     pub(crate) next_ino: HashMap<u64, u64>,
+    /// Per (tree, directory): the lowest index a new name may take in this
+    /// transaction (inode/dir_item.rs `next_dir_index`); emptied at commit.
+    pub(crate) dir_index_next: HashMap<(u64, u64), u64>,
     /// Keep inodes whose last link goes as orphans (a mount: they may still be open)
     /// instead of deleting them at once; see [`Trans::evict_orphan`].
     pub defer_eviction: bool,
@@ -221,6 +224,7 @@ impl Trans {
             dirty_roots: BTreeSet::new(),
             root_bytes_delta: HashMap::new(),
             next_ino: HashMap::new(),
+            dir_index_next: HashMap::new(),
             defer_eviction: false,
             orphans: Vec::new(),
             file_extent_changes: None,
@@ -498,6 +502,7 @@ impl Trans {
         self.fs.info.sb.generation = self.transid;
         self.commit_view = Self::view_of(&self.fs.info);
         self.quota_reserved.clear();
+        self.dir_index_next.clear();
         self.fs.clear_data_caches();
         if let Some(c) = self.file_extent_changes.as_mut() {
             c.clear();

@@ -569,7 +569,11 @@ impl TreeLog {
                 INODE_REF_KEY => {
                     // A subvolume root's ".." names itself: nothing to link.
                     if k.offset != ino {
-                        parents.push(k.offset);
+                        for r in ubtrfs_format::items::parse_inode_refs(k.offset, &d)
+                            .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
+                        {
+                            parents.push((r.parent, r.name));
+                        }
                         items.push((k, d));
                     }
                 }
@@ -577,7 +581,7 @@ impl TreeLog {
                     for r in ubtrfs_format::items::parse_inode_extrefs(&d)
                         .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
                     {
-                        parents.push(r.parent);
+                        parents.push((r.parent, r.name));
                     }
                     items.push((k, d));
                 }
@@ -672,7 +676,8 @@ impl TreeLog {
             },
         );
         // The names must be replayable: every parent exists after the replay.
-        for p in parents {
+        let dirs: BTreeSet<u64> = parents.iter().map(|(p, _)| *p).collect();
+        for p in dirs {
             if let Some(why) = self.log_parent(t, root, p, v)? {
                 return Ok(Some(why));
             }
@@ -827,17 +832,19 @@ impl TreeLog {
         Ok(None)
     }
 
-    /// The replay replaces an inode's names per parent directory: a parent that had
-    /// one of its names at the last commit and has none now would keep it, so that
-    /// directory is logged whole too (its range then drops the stale name), as the
-    /// kernel logs the old parents of an inode unlinked in the transaction. A parent
-    /// directory that is gone: commit instead.
+    /// The replay adds the logged names of an inode, and drops only names in the
+    /// same log item key (INODE_REF per parent; INODE_EXTREF per name hash): a
+    /// name the inode lost since the last commit would come back, so every
+    /// directory where it lost one is logged too (its changed ranges then drop the
+    /// stale name), as the kernel logs all parents of an inode unlinked in the
+    /// transaction. A parent directory that is gone: commit instead. `names`: the
+    /// inode's (parent, name) pairs now.
     fn log_lost_parents(
         &mut self,
         t: &Trans,
         root: u64,
         ino: u64,
-        parents: &[u64],
+        names: &[(u64, Vec<u8>)],
         v: &mut Visit,
     ) -> Result<Fallback> {
         let then = self.committed_items(
@@ -846,22 +853,20 @@ impl TreeLog {
             Key::new(ino, INODE_REF_KEY, 0),
             Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
         )?;
+        let now: BTreeSet<(u64, &[u8])> = names.iter().map(|(p, n)| (*p, n.as_slice())).collect();
         let mut lost = BTreeSet::new();
         for (k, d) in then {
-            match k.ty {
+            let bad = |e| Error::corrupt(format!("tree {root} item {k}: {e}"));
+            let refs = match k.ty {
+                INODE_REF_KEY if k.offset == ino => continue,
                 INODE_REF_KEY => {
-                    if k.offset != ino && !parents.contains(&k.offset) {
-                        lost.insert(k.offset);
-                    }
+                    ubtrfs_format::items::parse_inode_refs(k.offset, &d).map_err(bad)?
                 }
-                _ => {
-                    for r in ubtrfs_format::items::parse_inode_extrefs(&d)
-                        .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?
-                    {
-                        if !parents.contains(&r.parent) {
-                            lost.insert(r.parent);
-                        }
-                    }
+                _ => ubtrfs_format::items::parse_inode_extrefs(&d).map_err(bad)?,
+            };
+            for r in refs {
+                if !now.contains(&(r.parent, r.name.as_slice())) {
+                    lost.insert(r.parent);
                 }
             }
         }

@@ -16,7 +16,7 @@ use ubtrfs_core::mode::S_IFREG;
 use ubtrfs_core::tools::mkfs::make_filesystem;
 use ubtrfs_core::Device;
 use ubtrfs_core::NewInode;
-use ubtrfs_core::{Error, FilePos, FsInfo, OpenOptions, Trans};
+use ubtrfs_core::{Error, FilePos, Filesystem, FsInfo, OpenOptions, Synced, Trans, TreeLog};
 
 use super::op::{bulk_data, bulk_name, bulk_victims, link_name};
 use super::{
@@ -327,6 +327,8 @@ pub struct Harness {
     pub expected_errors: u64,
     /// Compression set on every handle.
     pub compress: Option<Compression>,
+    /// The tree log fsyncs write to.
+    pub tree_log: TreeLog,
 }
 
 impl Harness {
@@ -352,6 +354,7 @@ impl Harness {
             unsupported: 0,
             expected_errors: 0,
             compress: cfg.compress,
+            tree_log: TreeLog::new(),
         })
     }
 
@@ -367,6 +370,7 @@ impl Harness {
         .map_err(|e| format!("reopen for writing: {e}"))?;
         self.t = Trans::from_fs(info).map_err(|e| format!("Trans::from_fs: {e}"))?;
         self.t.compress = self.compress.map(|c| (c, None));
+        self.tree_log = TreeLog::new();
         self.log.push("reopen for writing".into());
         self.steps.push(Step::Reopen);
         compare_tree(&self.t.fs, &self.model).map_err(|e| format!("reopened for writing: {e}"))
@@ -453,6 +457,25 @@ impl Harness {
             .retain(|id, _| self.model.nodes.contains_key(id));
         compare_paths(&self.t.fs, &self.model, &op.touched())
             .map_err(|e| format!("after {op:?}: {e}"))
+    }
+
+    /// fsync (`datasync`: fdatasync) of the model path `path` through the tree
+    /// log: no commit unless the log cannot say it (the reason is returned).
+    pub fn fsync(&mut self, path: &[u8], datasync: bool) -> Result<Synced, String> {
+        let what = if datasync { "fdatasync" } else { "fsync" };
+        self.log.push(format!("{what} {}", show(path)));
+        self.steps.push(Step::Fsync(path.to_vec(), datasync));
+        let id = self
+            .model
+            .resolve(path)
+            .ok_or_else(|| format!("{what} {}: not in the model", show(path)))?;
+        let ino = *self
+            .ino_of
+            .get(&id)
+            .ok_or_else(|| format!("{what} {}: no inode mapped", show(path)))?;
+        self.tree_log
+            .fsync(&mut self.t, FS_TREE, ino, datasync)
+            .map_err(|e| format!("{what} {}: {e}", show(path)))
     }
 
     /// Commits the engine and compares the whole tree with the model.
@@ -543,6 +566,10 @@ pub struct RunStats {
     pub reopens: u64,
     /// Balances run (after a commit).
     pub balances: u64,
+    /// fsyncs (each followed by a checked power cut).
+    pub fsyncs: u64,
+    /// Of those, fsyncs the tree log answered (the others committed).
+    pub fsyncs_logged: u64,
     /// Calls that failed as the model predicted.
     pub expected_errors: u64,
     /// Calls the engine refused as unsupported where the model expected success.
@@ -584,6 +611,23 @@ fn run_seed_inner(
             let op = gen_op(&h.model, &mut r);
             h.step(&op)?;
             stats.ops += 1;
+            if r.chance(1, 6) {
+                // fsync something (a file or directory), then a power cut.
+                let paths: Vec<Vec<u8>> = h.model.paths().into_keys().collect();
+                let path = paths[r.below(paths.len() as u64) as usize].clone();
+                let synced = h.fsync(&path, r.chance(1, 3))?;
+                stats.fsyncs += 1;
+                if synced == Synced::Logged {
+                    stats.fsyncs_logged += 1;
+                }
+                check_fsync_cut(
+                    &mem,
+                    &h.model,
+                    &path,
+                    synced,
+                    cfg.btrfs_check && r.chance(1, 4),
+                )?;
+            }
             let last = i + 1 == cfg.ops;
             if last || r.chance(1, 5) {
                 h.commit()?;
@@ -630,6 +674,93 @@ fn run_seed_inner(
     Ok(stats)
 }
 
+/// A power cut right after an fsync of `path` (which answered `synced`): the
+/// device as it is (a transaction writes its trees only at its commit, and the
+/// log is flushed before fsync returns, so every byte there is durable) is opened
+/// by a writing handle on a copy, which replays the log and commits as a mount
+/// does. The fsynced inode must be as the model has it now: a file under every
+/// one of its names, with its data, size, mode, nlink and xattrs; a directory
+/// with exactly its names. (Other changes since the commit may or may not be
+/// there.) Every file of the replayed tree must read; an fsync that committed
+/// instead makes the whole tree equal the model. `btrfs_check`: btrfs check the
+/// replayed image too.
+pub fn check_fsync_cut(
+    mem: &SparseMem,
+    m: &Model,
+    path: &[u8],
+    synced: Synced,
+    btrfs_check: bool,
+) -> Result<(), String> {
+    let cut = mem.copy("cut");
+    let dev: Arc<dyn Device> = cut.clone();
+    let info = FsInfo::open(
+        vec![dev],
+        OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    )
+    .map_err(|e| format!("a cut after fsync {}: open: {e}", show(path)))?;
+    let t = Trans::from_fs(info)
+        .map_err(|e| format!("a cut after fsync {}: replay: {e}", show(path)))?;
+    let fs = &t.fs;
+    let fail = |e: String| format!("a cut after fsync {} ({synced:?}): {e}", show(path));
+    if let Synced::Committed(_) = synced {
+        compare_tree(fs, m).map_err(fail)?;
+    } else {
+        let id = m
+            .resolve(path)
+            .ok_or_else(|| fail("not in the model".into()))?;
+        for (p, _) in m.paths().into_iter().filter(|(_, i)| *i == id) {
+            let node = fs
+                .resolve_bytes(&p)
+                .map_err(|e| fail(format!("{}: {e}", show(&p))))?;
+            super::compare_node(fs, node, m, id, &p).map_err(fail)?;
+        }
+        read_everything(fs).map_err(fail)?;
+    }
+    if btrfs_check {
+        btrfs_check_image(mem.size(), |f| cut.write_to(f), None)
+            .map_err(|e| fail(format!("the replayed image: {e}")))?;
+    }
+    Ok(())
+}
+
+/// Reads every name, file and symlink of the top-level subvolume (errors only).
+fn read_everything(fs: &Filesystem) -> Result<(), String> {
+    let mut stack = vec![(Vec::new(), fs.top())];
+    let mut seen = 0u64;
+    while let Some((p, node)) = stack.pop() {
+        seen += 1;
+        if seen > 1 << 24 {
+            return Err("the tree does not end".into());
+        }
+        let st = fs
+            .stat(node)
+            .map_err(|e| format!("{}: stat: {e}", show(&p)))?;
+        match st.mode & ubtrfs_core::mode::S_IFMT {
+            ubtrfs_core::mode::S_IFDIR => {
+                for e in fs
+                    .readdir(node)
+                    .map_err(|e| format!("{}: readdir: {e}", show(&p)))?
+                {
+                    stack.push((join(&p, &e.name), e.node));
+                }
+            }
+            S_IFREG => {
+                fs.read(node, 0, st.size as usize)
+                    .map_err(|e| format!("{}: read: {e}", show(&p)))?;
+            }
+            ubtrfs_core::mode::S_IFLNK => {
+                fs.readlink(node)
+                    .map_err(|e| format!("{}: readlink: {e}", show(&p)))?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// One step of a recorded run.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Step {
@@ -641,6 +772,9 @@ pub enum Step {
     Reopen,
     /// Commit, balance (see [`Harness::balance`]), compare.
     Balance(u8),
+    /// fsync (true: fdatasync) of a path, then a power cut checked
+    /// ([`check_fsync_cut`]).
+    Fsync(Vec<u8>, bool),
 }
 
 impl fmt::Debug for Step {
@@ -650,6 +784,9 @@ impl fmt::Debug for Step {
             Step::Commit => write!(f, "commit"),
             Step::Reopen => write!(f, "reopen for writing"),
             Step::Balance(w) => write!(f, "balance {w}"),
+            Step::Fsync(p, d) => {
+                write!(f, "{} {}", if *d { "fdatasync" } else { "fsync" }, show(p))
+            }
         }
     }
 }
@@ -673,8 +810,17 @@ pub fn replay(fsc: &FsConfig, steps: &[Step], btrfs_check: bool) -> Result<(), S
         match s {
             Step::Op(op) => h.step(op)?,
             Step::Commit => commit(&mut h)?,
-            Step::Reopen => h.reopen(dev.clone())?,
+            Step::Reopen => {
+                // A reopen reads the last commit: in a run it always follows one; a
+                // shortened sequence (minimize) may have lost it.
+                commit(&mut h)?;
+                h.reopen(dev.clone())?
+            }
             Step::Balance(w) => h.balance(*w)?,
+            Step::Fsync(p, d) => {
+                let synced = h.fsync(p, *d)?;
+                check_fsync_cut(&mem, &h.model, p, synced, false)?;
+            }
         }
     }
     commit(&mut h)?;
