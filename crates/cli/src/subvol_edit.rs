@@ -306,8 +306,22 @@ fn create_mounted(
     if inherit.is_empty() {
         return Ok(());
     }
-    let new =
-        File::open(new_path).with_context(|| format!("{}: cannot open", new_path.display()))?;
+    // The mount tells the kernel to forget its cached names of `dir` just after
+    // answering, so a lookup made before (a "not there" the kernel kept) may
+    // still be answered for a moment: try again briefly.
+    let mut tries = 0;
+    let new = loop {
+        match File::open(new_path) {
+            Ok(f) => break f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => {
+                return Err(e).with_context(|| format!("{}: cannot open", new_path.display()))
+            }
+        }
+    };
     let id = client::subvolume_id(&new).context("the new subvolume's id")?;
     for &q in inherit {
         ubtrfs_fuse::quota_ops::client::qgroup_assign(&new, id, q, true).with_context(|| {

@@ -262,9 +262,19 @@ impl Trans {
     }
 
     pub(crate) fn alloc_ino(&mut self, root: u64) -> Result<u64> {
-        if let Some(n) = self.next_ino.get_mut(&root) {
-            *n += 1;
-            return Ok(*n - 1);
+        let n = self.next_ino_of(root)?;
+        if n > LAST_FREE_OBJECTID {
+            return Err(Error::NoSpace("inode numbers exhausted".into()));
+        }
+        self.next_ino.insert(root, n + 1);
+        Ok(n)
+    }
+
+    /// The number the next new inode of tree `root` takes: above every inode the
+    /// tree had when this handle first asked, and above every one given since.
+    fn next_ino_of(&mut self, root: u64) -> Result<u64> {
+        if let Some(&n) = self.next_ino.get(&root) {
+            return Ok(n);
         }
         let ptr = self.root_ptr(root)?;
         let highest = match lookup_prev(
@@ -276,10 +286,7 @@ impl Trans {
             _ => FIRST_FREE_OBJECTID,
         };
         let n = (highest + 1).max(FIRST_FREE_OBJECTID + 1);
-        if n > LAST_FREE_OBJECTID {
-            return Err(Error::NoSpace("inode numbers exhausted".into()));
-        }
-        self.next_ino.insert(root, n + 1);
+        self.next_ino.insert(root, n);
         Ok(n)
     }
 
@@ -582,6 +589,10 @@ impl Trans {
     }
 
     pub(crate) fn evict_inode(&mut self, root: u64, ino: u64) -> Result<()> {
+        // The number is not given to a new inode while this handle lives (the
+        // kernel's free_objectid only grows): a tree log replayed over the last
+        // commit, where the inode may still exist, would merge the two.
+        self.next_ino_of(root)?;
         self.drop_extents(root, ino, 0, u64::MAX)?;
         self.delete_range(
             root,

@@ -490,7 +490,9 @@ impl TreeLog {
                 && !v.changes.contains_key(&(root, ino))
                 && current_inode_bytes(t, root, ino)?.as_deref() == Some(l.inode.as_slice())
             {
-                return Ok(None);
+                // A directory above it may have moved since (a rename changes the
+                // directories, not this inode): checked as at the first logging.
+                return self.check_parents(t, root, ino, v);
             }
         }
         let ptr = t.root_ptr(root)?;
@@ -684,6 +686,39 @@ impl TreeLog {
         }
         for c in new_children {
             if let Some(why) = self.log_inode(t, root, c, Mode::Full, v)? {
+                return Ok(Some(why));
+            }
+        }
+        Ok(None)
+    }
+
+    /// [`TreeLog::log_parent`] for every directory an inode has a name in now.
+    fn check_parents(&mut self, t: &Trans, root: u64, ino: u64, v: &mut Visit) -> Result<Fallback> {
+        let ptr = t.root_ptr(root)?;
+        let names = copy_items(
+            t,
+            &ptr,
+            Key::new(ino, INODE_REF_KEY, 0),
+            Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
+            &mut self.stats,
+        )?;
+        let mut dirs = BTreeSet::new();
+        for (k, d) in names {
+            let bad = |e| Error::corrupt(format!("tree {root} item {k}: {e}"));
+            match k.ty {
+                INODE_REF_KEY if k.offset != ino => {
+                    dirs.insert(k.offset);
+                }
+                INODE_EXTREF_KEY => {
+                    for r in ubtrfs_format::items::parse_inode_extrefs(&d).map_err(bad)? {
+                        dirs.insert(r.parent);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for p in dirs {
+            if let Some(why) = self.log_parent(t, root, p, v)? {
                 return Ok(Some(why));
             }
         }
