@@ -29,7 +29,7 @@
 //! Where a log could not say what the fsync must make durable, the fsync commits the
 //! transaction instead, as the kernel falls back to a full commit, and counts why
 //! ([`LogStats::full_commits`]): an ancestor directory renamed, an old parent
-//! directory removed, a
+//! directory removed, a directory logged earlier in the transaction removed, a
 //! subvolume entry in a directory to log, a chunk allocated in this transaction
 //! (the log could not be read before the commit), metadata space short, items this
 //! log does not copy (verity), or a log past its size limit.
@@ -548,16 +548,12 @@ impl TreeLog {
         let inode_bytes = match src.first() {
             Some((k, d)) if k.ty == INODE_ITEM_KEY => d.clone(),
             // Gone since it was logged: the log forgets it.
-            _ => {
-                self.forget(root, ino);
-                return Ok(None);
-            }
+            _ => return Ok(self.forget_gone(root, ino)),
         };
         let inode = InodeItem::parse(&inode_bytes)
             .map_err(|e| Error::corrupt(format!("inode {ino} of tree {root}: {e}")))?;
         if inode.nlink == 0 {
-            self.forget(root, ino);
-            return Ok(None);
+            return Ok(self.forget_gone(root, ino));
         }
         self.stats.inodes_logged += 1;
         self.stats.fast_path += u64::from(fast_from.is_some());
@@ -914,6 +910,21 @@ impl TreeLog {
             }
         }
         Ok(None)
+    }
+
+    /// An inode logged earlier is gone (or unlinked): the log forgets it, unless
+    /// it is a directory logged with its changed names: those may remove a name of
+    /// another inode the log must keep (an fsynced file unlinked from it), and a
+    /// directory that is gone cannot be logged any more, so commit instead.
+    fn forget_gone(&mut self, root: u64, ino: u64) -> Fallback {
+        let was_dir = self.logged.get(&(root, ino)).is_some_and(|l| {
+            l.mode == Mode::Full && InodeItem::parse(&l.inode).is_ok_and(|i| is_dir(i.mode))
+        });
+        if was_dir {
+            return Some("a logged directory was removed");
+        }
+        self.forget(root, ino);
+        None
     }
 
     fn forget(&mut self, root: u64, ino: u64) {

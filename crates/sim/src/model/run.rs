@@ -715,7 +715,19 @@ pub fn check_fsync_cut(
             let node = fs
                 .resolve_bytes(&p)
                 .map_err(|e| fail(format!("{}: {e}", show(&p))))?;
-            super::compare_node(fs, node, m, id, &p).map_err(fail)?;
+            super::compare_node(fs, node, m, id, &p).map_err(|e| {
+                // Which names the replayed inode has, for the report.
+                let names = fs
+                    .inode_refs(node)
+                    .map(|r| {
+                        r.iter()
+                            .map(|r| format!("{}:{}", r.parent, show(&r.name)))
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    })
+                    .unwrap_or_else(|e| e.to_string());
+                fail(format!("{e} (inode {}, replayed names: {names})", node.ino))
+            })?;
         }
         read_everything(fs).map_err(fail)?;
     }
