@@ -25,6 +25,7 @@ ALL_SETS=(
     raid1 raid10 raid0 raid5 raid6 raid1c3 raid1c4 dup-data
     bgt balance-resize
     explicit-holes mixed-bg sharing
+    treelog
 )
 
 usage() {
@@ -570,6 +571,61 @@ work_explicit_holes() {
 cfg_mixed_bg() { MKFS_OPTS=(-M); DEVSIZE=128M; }
 work_mixed_bg() { csum_workload; small_tree "$M/tree" 5 20 mixed; }
 
+# a tree log the kernel wrote and did not replay: files and directories changed
+# after the last commit and fsynced, the device copied while still mounted (as
+# after a power cut). The manifest is what the kernel shows once its mount has
+# replayed the log; the committed image keeps the log unreplayed.
+cfg_treelog() { DEVSIZE=160M; SYNC_BEFORE_UMOUNT=0; }
+work_treelog() {
+    mkdir d keep moved-from
+    mkf random t1 300000 d/overwritten
+    mkf random t2 100000 d/appended
+    mkf random t3 200000 d/truncated
+    mkf text t4 500 d/small
+    mkf random t5 50000 keep/unchanged
+    mkf random t6 40000 d/unlinked
+    mkf random t7 40000 moved-from/renamed
+    for i in $(seq 1 300); do echo "entry $i" > "keep/e$i"; done
+    sync
+    # The kernel commits instead of logging a file moved to another directory.
+    mv moved-from/renamed d/renamed
+    xfs_io -c fsync d/renamed
+    # From here: only the fsyncs below reach the log.
+    pwrite random t8 4096 d/overwritten 8192
+    pwrite random t9 70000 d/appended 100000
+    truncate -s 5000 d/truncated
+    truncate -s 900000 d/small
+    mkdir -p new/deeper
+    mkf random t10 123456 new/deeper/made
+    ln d/appended new/deeper/link
+    setfattr -n user.golden -v logged d/overwritten
+    rm d/unlinked
+    for i in $(seq 1 100); do rm "keep/e$i"; done
+    for i in $(seq 301 350); do echo "entry $i" > "keep/e$i"; done
+    fallocate -p -o 65536 -l 65536 d/overwritten
+    for f in d/overwritten d/appended d/truncated d/small new/deeper/made d keep; do
+        xfs_io -c fsync "$f"
+    done
+    # Not fsynced: lost at the cut.
+    mkf random t11 10000 d/never-synced
+    cp --sparse=always "$WORK/dev1.img" "$WORK/cut.img"
+}
+post_treelog() {
+    # The device becomes the copy taken before the unmount (a fresh loop device,
+    # so no cached block of the unmounted filesystem is read).
+    btrfs device scan --forget "${LOOPS[0]}" >/dev/null 2>&1 || true
+    losetup -d "${LOOPS[0]}"
+    cp --sparse=always "$WORK/cut.img" "$WORK/dev1.img"
+    LOOPS[0]=$(losetup -f --show "$WORK/dev1.img")
+    btrfs inspect-internal dump-super "${LOOPS[0]}" | awk -v notes="$NOTES" \
+        '$1 == "log_root" && $2 != 0 { print "superblock log_root " $2 " (unreplayed tree log)" >> notes }'
+    grep -q "unreplayed tree log" "$NOTES" || die "treelog: the copy has no tree log"
+}
+pre_pack_treelog() {
+    # The read-only mount replayed the log into the device: keep the copy instead.
+    cp --sparse=always "$WORK/cut.img" "$WORK/dev1.img"
+}
+
 # ---------------------------------------------------------------------------
 
 build_set() {
@@ -643,6 +699,7 @@ build_set() {
     done
     LOOPS=()
 
+    if declare -F "pre_pack_$fn" >/dev/null; then "pre_pack_$fn"; fi
     for i in $(seq 1 "$NDEV"); do
         zstd -19 -q -f "${imgs[$((i - 1))]}" -o "$OUTDIR/${names[$((i - 1))]}"
     done

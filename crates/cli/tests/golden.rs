@@ -117,12 +117,23 @@ fn compare(
     diffs
 }
 
+/// A set whose image keeps a tree log the kernel wrote and did not replay
+/// (make-golden.sh `treelog`): readers show it replayed.
+fn has_log(m: &Value) -> bool {
+    m["notes"].as_array().is_some_and(|n| {
+        n.iter().any(|x| {
+            x.as_str()
+                .is_some_and(|s| s.contains("unreplayed tree log"))
+        })
+    })
+}
+
 #[test]
 fn golden_walk_matches_kernel() {
     let mut diffs = Vec::new();
     for (name, m) in manifests() {
         let u = unpack_set(&m);
-        let fs = match Filesystem::open_paths(&u.devices, OpenOptions::default()) {
+        let fs = match Filesystem::open_replayed(&u.devices, OpenOptions::default()) {
             Ok(fs) => fs,
             Err(e) => {
                 diffs.push(format!("{name}: open failed: {e}"));
@@ -132,6 +143,10 @@ fn golden_walk_matches_kernel() {
         let ours = walk(&fs);
         diffs.extend(compare(&name, &entries_under(&m, ""), &ours));
         for w in fs.info.take_warnings() {
+            // A set left with the kernel's tree log is shown replayed, and says so.
+            if has_log(&m) && w.contains("has a tree log") {
+                continue;
+            }
             diffs.push(format!("{name}: unexpected warning: {w}"));
         }
     }
@@ -262,7 +277,7 @@ fn golden_fiemap_matches_kernel() {
     let mut checked = 0usize;
     for (name, m) in manifests() {
         let u = unpack_set(&m);
-        let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
+        let fs = Filesystem::open_replayed(&u.devices, OpenOptions::default()).unwrap();
         let mut share = ubtrfs_core::ShareCtx::new(&fs.info).unwrap();
         for (p, k) in entries_under(&m, "") {
             let Some(kf) = k.get("fiemap") else { continue };
@@ -296,7 +311,7 @@ fn golden_du_matches_kernel() {
             continue;
         };
         let u = unpack_set(&m);
-        let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
+        let fs = Filesystem::open_replayed(&u.devices, OpenOptions::default()).unwrap();
         let mut share = ubtrfs_core::ShareCtx::new(&fs.info).unwrap();
         for (p, want) in du {
             let lines = fs
@@ -322,7 +337,7 @@ fn golden_subvolume_du_matches_qgroup_rescan() {
             continue;
         };
         let u = unpack_set(&m);
-        let fs = Filesystem::open_paths(&u.devices, OpenOptions::default()).unwrap();
+        let fs = Filesystem::open_replayed(&u.devices, OpenOptions::default()).unwrap();
         let sharing = ubtrfs_core::tools::subvol_du::compute_sharing(&fs.info).unwrap();
         let ours: BTreeMap<String, Value> = sharing
             .numbers()
@@ -340,6 +355,17 @@ fn golden_subvolume_du_matches_qgroup_rescan() {
                 continue;
             }
             let got = ours.get(id).cloned().unwrap_or(serde_json::json!([0, 0]));
+            if has_log(&m) && got != *want {
+                // The replayed trees are ubtrfs's own: a leaf more or less than the
+                // kernel's replay makes. Data must be the same; tree blocks may
+                // differ by a few.
+                let ns = fs.info.nodesize as i64;
+                let n = |v: &Value, i: usize| v[i].as_i64().unwrap_or(0);
+                let (dr, de) = (n(&got, 0) - n(want, 0), n(&got, 1) - n(want, 1));
+                if dr % ns == 0 && de % ns == 0 && dr.abs() <= 4 * ns && de.abs() <= 4 * ns {
+                    continue;
+                }
+            }
             if &got != want {
                 diffs.push(format!("{name}: qgroup {id}: kernel {want} ubtrfs {got}"));
             }
@@ -415,7 +441,7 @@ fn golden_balance_keeps_every_file() {
             }
         }
         drop(t);
-        let fs = match Filesystem::open_paths(&u.devices, OpenOptions::default()) {
+        let fs = match Filesystem::open_replayed(&u.devices, OpenOptions::default()) {
             Ok(fs) => fs,
             Err(e) => {
                 diffs.push(format!("{name}: open after balance: {e}"));

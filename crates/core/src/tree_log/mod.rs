@@ -45,6 +45,7 @@ impl Trans {
         let mut t = Trans::open_paths_no_replay(paths)?;
         t.replay_log_if_any()?;
         t.recover_relocation()?;
+        t.clean_orphans()?;
         Ok(t)
     }
 
@@ -54,7 +55,18 @@ impl Trans {
         let mut t = Trans::from_fs_no_replay(fs)?;
         t.replay_log_if_any()?;
         t.recover_relocation()?;
+        t.clean_orphans()?;
         Ok(t)
+    }
+
+    /// Deletes the inodes left orphaned (by a crash while they were open, or by a
+    /// log replay), committed when there were any, as the kernel's read-write mount
+    /// does.
+    fn clean_orphans(&mut self) -> Result<()> {
+        if self.orphan_cleanup()? > 0 || self.has_pending_work() || self.dirty_bytes() > 0 {
+            self.commit()?;
+        }
+        Ok(())
     }
 
     /// Replays the tree log, if the superblock has one, and commits.
@@ -97,6 +109,9 @@ impl Filesystem {
             let o = FsInfo::open(devs.clone(), strict)?;
             let mut t = Trans::from_fs_no_replay(o)?;
             let stats = t.replay_log()?;
+            // What a read-write mount shows after its replay: the inodes the log
+            // left without names are gone too.
+            t.orphan_cleanup()?;
             t.commit()?;
             let fs = if opts.salvage {
                 drop(t);

@@ -14,8 +14,8 @@
 //!    removing the names they no longer have), file extents (with their data
 //!    references and checksums);
 //! 5. link counts of every inode touched are recounted from its back references; an
-//!    inode left with none gets an ORPHAN item (the kernel deletes it at its next
-//!    orphan cleanup).
+//!    inode left with none gets an ORPHAN item (deleted by the orphan cleanup that
+//!    follows every replay, `Trans::orphan_cleanup`, as the kernel's mount does).
 //!
 //! The kernel keeps the set of inodes to recount as TREE_LOG_FIXUP items inside the
 //! subvolume during the replay; here it is a set in memory (the items never outlive
