@@ -6,7 +6,8 @@
 //! a power cut is simulated: a copy of the device, replayed by a fresh handle, must
 //! hold the fsynced inode exactly as the model has it (`check_fsync_cut`). The final
 //! image of every tenth seed also goes through `btrfs check` (and a quarter of its
-//! fsync cuts, replayed).
+//! fsync cuts, replayed), and, as root, the kernel replays its first logged cut: its
+//! mount must show the same tree as ubtrfs's replay.
 //!
 //! Environment:
 //! * `UBTRFS_MODEL_SEEDS=N`: run seeds 0..N (default 1000; more for a long run);
@@ -39,6 +40,7 @@ struct Totals {
     balances: u64,
     fsyncs: u64,
     fsyncs_logged: u64,
+    kernel_replays: u64,
     expected_errors: u64,
     unsupported: u64,
     btrfs_checks: u64,
@@ -55,6 +57,7 @@ impl Totals {
         self.balances += st.balances;
         self.fsyncs += st.fsyncs;
         self.fsyncs_logged += st.fsyncs_logged;
+        self.kernel_replays += st.kernel_replays;
         self.expected_errors += st.expected_errors;
         self.unsupported += st.unsupported;
         self.btrfs_checks += u64::from(checked);
@@ -106,7 +109,13 @@ fn model_random_workloads() {
                 if failures.lock().unwrap().len() >= max_failures {
                     break;
                 }
-                let cfg = RunConfig { btrfs_check: check_every != 0 && seed % check_every == 0, ..cfg.clone() };
+                let checked = check_every != 0 && seed % check_every == 0;
+                let cfg = RunConfig {
+                    btrfs_check: checked,
+                    // Those seeds also have the kernel replay a logged cut (root).
+                    kernel_replay: checked && nix::unistd::geteuid().is_root(),
+                    ..cfg.clone()
+                };
                 let res = catch_unwind(AssertUnwindSafe(|| run_seed_recorded(seed, &cfg)));
                 let err = match res {
                     Ok(Ok(st)) => {
@@ -134,7 +143,7 @@ fn model_random_workloads() {
     let t = totals.into_inner().unwrap();
     eprintln!(
         "model: {} of {} seeds x {} ops passed in {:.1?} ({threads} threads): {} ops, {} commits, {} balances, {} fsyncs \
-         with a power cut after each ({} through the tree log), {} reopens for writing, {} expected errors matched, {} fallocate calls refused as unsupported, {} final images passed \
+         with a power cut after each ({} through the tree log, {} replayed by the kernel too), {} reopens for writing, {} expected errors matched, {} fallocate calls refused as unsupported, {} final images passed \
          btrfs check; deepest FS tree: level {}, most files: {}",
         t.seeds,
         seeds.len(),
@@ -145,6 +154,7 @@ fn model_random_workloads() {
         t.balances,
         t.fsyncs,
         t.fsyncs_logged,
+        t.kernel_replays,
         t.reopens,
         t.expected_errors,
         t.unsupported,

@@ -5,7 +5,7 @@
 //! workload; [`replay`] reruns recorded [`Step`]s and [`minimize`] shrinks a failing
 //! sequence to a short reproduction.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io;
 use std::sync::Arc;
@@ -543,6 +543,8 @@ pub struct RunConfig {
     pub dev_size: u64,
     /// Run `btrfs check` on the final image.
     pub btrfs_check: bool,
+    /// Have the kernel replay one logged fsync cut (needs root).
+    pub kernel_replay: bool,
 }
 
 impl Default for RunConfig {
@@ -551,6 +553,7 @@ impl Default for RunConfig {
             ops: 60,
             dev_size: 0,
             btrfs_check: false,
+            kernel_replay: false,
         }
     }
 }
@@ -570,6 +573,8 @@ pub struct RunStats {
     pub fsyncs: u64,
     /// Of those, fsyncs the tree log answered (the others committed).
     pub fsyncs_logged: u64,
+    /// Cuts the kernel replayed too (equal to ubtrfs's replay).
+    pub kernel_replays: u64,
     /// Calls that failed as the model predicted.
     pub expected_errors: u64,
     /// Calls the engine refused as unsupported where the model expected success.
@@ -620,13 +625,12 @@ fn run_seed_inner(
                 if synced == Synced::Logged {
                     stats.fsyncs_logged += 1;
                 }
-                check_fsync_cut(
-                    &mem,
-                    &h.model,
-                    &path,
-                    synced,
-                    cfg.btrfs_check && r.chance(1, 4),
-                )?;
+                let with_check = cfg.btrfs_check && r.chance(1, 4);
+                // The kernel replays the first logged cut of the seeds asked.
+                let kernel =
+                    cfg.kernel_replay && synced == Synced::Logged && stats.kernel_replays == 0;
+                check_fsync_cut(&mem, &h.model, &path, synced, with_check, kernel)?;
+                stats.kernel_replays += u64::from(kernel);
             }
             let last = i + 1 == cfg.ops;
             if last || r.chance(1, 5) {
@@ -683,14 +687,19 @@ fn run_seed_inner(
 /// with exactly its names. (Other changes since the commit may or may not be
 /// there.) Every file of the replayed tree must read; an fsync that committed
 /// instead makes the whole tree equal the model. `btrfs_check`: btrfs check the
-/// replayed image too.
+/// replayed image too. `kernel`: the kernel's mount replays the same cut too, and
+/// must show the same tree as ubtrfs's replay (every path, mode, nlink, size,
+/// contents, symlink target, xattrs): the log ubtrfs writes is the kernel's format.
 pub fn check_fsync_cut(
     mem: &SparseMem,
     m: &Model,
     path: &[u8],
     synced: Synced,
     btrfs_check: bool,
+    kernel: bool,
 ) -> Result<(), String> {
+    // The kernel gets the cut as it is, before ubtrfs's replay writes into it.
+    let for_kernel = kernel.then(|| mem.copy("kernel-cut"));
     let cut = mem.copy("cut");
     let dev: Arc<dyn Device> = cut.clone();
     let info = FsInfo::open(
@@ -735,7 +744,121 @@ pub fn check_fsync_cut(
         btrfs_check_image(mem.size(), |f| cut.write_to(f), None)
             .map_err(|e| fail(format!("the replayed image: {e}")))?;
     }
+    if let Some(k) = for_kernel {
+        let ours = tree_view(fs).map_err(fail)?;
+        let theirs = kernel_replay_view(&k).map_err(fail)?;
+        if ours != theirs {
+            let diff: Vec<String> = ours
+                .iter()
+                .filter(|(p, v)| theirs.get(*p) != Some(v))
+                .map(|(p, v)| format!("{p}: ubtrfs {v:?}, kernel {:?}", theirs.get(p)))
+                .chain(
+                    theirs
+                        .iter()
+                        .filter(|(p, _)| !ours.contains_key(*p))
+                        .map(|(p, v)| format!("{p}: only in the kernel's replay: {v:?}")),
+                )
+                .take(10)
+                .collect();
+            return Err(fail(format!(
+                "the kernel's replay of the same cut differs from ubtrfs's:\n{}",
+                diff.join("\n")
+            )));
+        }
+    }
     Ok(())
+}
+
+/// What a replay is compared on, per path ("/" for the top, names made lossy
+/// UTF-8 as the kernel-side walk makes them): mode, nlink, size, sha256 of the
+/// contents or the symlink target (hex), xattrs (hex).
+type TreeView = BTreeMap<String, (u32, u64, u64, String, BTreeMap<String, String>)>;
+
+fn tree_view(fs: &Filesystem) -> Result<TreeView, String> {
+    use sha2::{Digest, Sha256};
+    let mut out = TreeView::new();
+    let mut stack = vec![("/".to_string(), fs.top())];
+    while let Some((p, node)) = stack.pop() {
+        let st = fs.stat(node).map_err(|e| format!("{p}: stat: {e}"))?;
+        let what = match st.mode & ubtrfs_core::mode::S_IFMT {
+            ubtrfs_core::mode::S_IFDIR => {
+                for e in fs.readdir(node).map_err(|e| format!("{p}: readdir: {e}"))? {
+                    let name = String::from_utf8_lossy(&e.name);
+                    let child = if p == "/" {
+                        format!("/{name}")
+                    } else {
+                        format!("{p}/{name}")
+                    };
+                    stack.push((child, e.node));
+                }
+                String::new()
+            }
+            S_IFREG => {
+                let d = fs
+                    .read(node, 0, st.size as usize)
+                    .map_err(|e| format!("{p}: read: {e}"))?;
+                crate::golden::hex(&Sha256::digest(&d))
+            }
+            ubtrfs_core::mode::S_IFLNK => crate::golden::hex(
+                &fs.readlink(node)
+                    .map_err(|e| format!("{p}: readlink: {e}"))?,
+            ),
+            _ => String::new(),
+        };
+        let xattrs = fs
+            .xattrs(node)
+            .map_err(|e| format!("{p}: xattrs: {e}"))?
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    String::from_utf8_lossy(&k).into_owned(),
+                    crate::golden::hex(&v),
+                )
+            })
+            .collect();
+        out.insert(p, (st.mode, st.nlink as u64, st.size, what, xattrs));
+    }
+    Ok(out)
+}
+
+/// The kernel's replay of a cut: its mount (read-write: a read-only loop device
+/// cannot take the replay) replays the log into a scratch copy, then the tree is
+/// walked.
+fn kernel_replay_view(cut: &SparseMem) -> Result<TreeView, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
+    let img = dir.path().join("cut.img");
+    let f = std::fs::File::create(&img).map_err(|e| format!("{}: {e}", img.display()))?;
+    f.set_len(cut.size())
+        .map_err(|e| format!("{}: {e}", img.display()))?;
+    cut.write_to(&f)
+        .map_err(|e| format!("writing the cut: {e}"))?;
+    drop(f);
+    // Every seed's filesystem has the same fsid: one kernel mount at a time.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let k = crate::mount::KernelMount::try_new(&[&img], "rw")?;
+    let walked = crate::golden::walk_mounted(&k.mnt);
+    k.try_umount()?;
+    let mut out = TreeView::new();
+    for (p, v) in walked {
+        let s = |f: &str| v[f].as_str().unwrap_or_default().to_string();
+        let what = match v["type"].as_str() {
+            Some("file") => s("sha256"),
+            Some("symlink") => s("target_hex"),
+            _ => String::new(),
+        };
+        let xattrs = v["xattrs"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, x)| (k.clone(), x.as_str().unwrap_or_default().to_string()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let n = |f: &str| v[f].as_u64().unwrap_or(u64::MAX);
+        out.insert(p, (n("mode") as u32, n("nlink"), n("size"), what, xattrs));
+    }
+    Ok(out)
 }
 
 /// Reads every name, file and symlink of the top-level subvolume (errors only).
@@ -831,7 +954,7 @@ pub fn replay(fsc: &FsConfig, steps: &[Step], btrfs_check: bool) -> Result<(), S
             Step::Balance(w) => h.balance(*w)?,
             Step::Fsync(p, d) => {
                 let synced = h.fsync(p, *d)?;
-                check_fsync_cut(&mem, &h.model, p, synced, false)?;
+                check_fsync_cut(&mem, &h.model, p, synced, false, false)?;
             }
         }
     }
