@@ -117,16 +117,7 @@ fn compare(
     diffs
 }
 
-/// A set whose image keeps a tree log the kernel wrote and did not replay
-/// (make-golden.sh `treelog`): readers show it replayed.
-fn has_log(m: &Value) -> bool {
-    m["notes"].as_array().is_some_and(|n| {
-        n.iter().any(|x| {
-            x.as_str()
-                .is_some_and(|s| s.contains("unreplayed tree log"))
-        })
-    })
-}
+use ubtrfs_sim::golden::has_unreplayed_log as has_log;
 
 #[test]
 fn golden_walk_matches_kernel() {

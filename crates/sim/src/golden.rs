@@ -218,6 +218,18 @@ pub fn report(diffs: Vec<String>) {
 // ---------------------------------------------------------------------------------
 // Value formats of the manifests
 
+/// A set whose image keeps a tree log the kernel wrote and did not replay
+/// (make-golden.sh `treelog`, noted in its manifest): readers show it replayed,
+/// with a warning saying so.
+pub fn has_unreplayed_log(m: &Value) -> bool {
+    m["notes"].as_array().is_some_and(|n| {
+        n.iter().any(|x| {
+            x.as_str()
+                .is_some_and(|s| s.contains("unreplayed tree log"))
+        })
+    })
+}
+
 /// Lower-case hex of `b`.
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
