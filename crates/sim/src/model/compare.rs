@@ -252,16 +252,10 @@ fn compare_simple_quotas(fs: &Filesystem, report: &ubtrfs_core::QuotaReport) -> 
     let groups: BTreeMap<u64, &ubtrfs_core::QgroupEntry> =
         report.qgroups.iter().map(|g| (g.qgroupid, g)).collect();
     for g in &report.qgroups {
-        let mut members = BTreeSet::new();
-        let mut todo = vec![g.qgroupid];
-        while let Some(q) = todo.pop() {
-            if members.insert(q) {
-                if let Some(x) = groups.get(&q) {
-                    todo.extend(x.children.iter().copied());
-                }
-            }
-        }
-        let want: u64 = members.iter().filter_map(|q| owned.get(q)).sum();
+        let want: u64 = subvolumes_under(&groups, g.qgroupid)
+            .iter()
+            .filter_map(|q| owned.get(q))
+            .sum();
         if (g.referenced, g.exclusive) != (want, want) {
             return Err(format!(
                 "qgroup {} (simple quotas): referenced {} exclusive {}, its subvolumes own {want}",
@@ -272,6 +266,25 @@ fn compare_simple_quotas(fs: &Filesystem, report: &ubtrfs_core::QuotaReport) -> 
         }
     }
     Ok(())
+}
+
+/// The level-0 qgroups (subvolumes) under qgroup `top`, itself if it is one.
+fn subvolumes_under(groups: &BTreeMap<u64, &ubtrfs_core::QgroupEntry>, top: u64) -> BTreeSet<u64> {
+    let mut out = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    let mut todo = vec![top];
+    while let Some(q) = todo.pop() {
+        if !seen.insert(q) {
+            continue;
+        }
+        if q >> 48 == 0 {
+            out.insert(q);
+        }
+        if let Some(x) = groups.get(&q) {
+            todo.extend(x.children.iter().copied());
+        }
+    }
+    out
 }
 
 /// With quotas on: every qgroup's referenced and exclusive bytes equal a full recount
@@ -294,17 +307,7 @@ pub fn compare_quotas(fs: &Filesystem) -> Result<(), String> {
     let groups: BTreeMap<u64, &ubtrfs_core::QgroupEntry> =
         report.qgroups.iter().map(|g| (g.qgroupid, g)).collect();
     for g in &report.qgroups {
-        // The subvolumes under g.
-        let mut members = BTreeSet::new();
-        let mut todo = vec![g.qgroupid];
-        while let Some(q) = todo.pop() {
-            if q >> 48 == 0 {
-                members.insert(q);
-            }
-            if let Some(x) = groups.get(&q) {
-                todo.extend(x.children.iter().copied());
-            }
-        }
+        let members = subvolumes_under(&groups, g.qgroupid);
         let (mut rfer, mut excl) = (0u64, 0u64);
         for (set, bytes) in &sharing.by_set {
             let inside = set.iter().filter(|r| members.contains(r)).count();
