@@ -6,7 +6,7 @@ use crate::transaction::Trans;
 use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
-use ubtrfs_format::items::{parse_dir_items, InodeItem, RootItem, Timespec};
+use ubtrfs_format::items::{parse_dir_items, InodeItem, Timespec};
 use ubtrfs_format::key::Key;
 
 /// What stat(2)/statx(2) return for a file on a kernel btrfs mount.
@@ -588,57 +588,33 @@ impl Trans {
         }
     }
 
-    /// The kernel's btrfs_orphan_cleanup at a read-write mount: every ORPHAN item
-    /// of every live subvolume names an inode whose last link went while it was
+    /// The kernel's btrfs_orphan_cleanup for subvolume `root` at a read-write
+    /// mount: every ORPHAN item names an inode whose last link went while it was
     /// open (or that a log replay left without names); one still without links is
     /// deleted with its data, one linked again (an O_TMPFILE given a name) keeps
     /// its inode, and the item goes. Returns how many inodes were deleted. Nothing
     /// is committed here.
-    pub fn orphan_cleanup(&mut self) -> Result<u64> {
-        let rt = self.fs.info.root_tree_ptr();
-        let mut roots = Vec::new();
+    pub(crate) fn orphan_cleanup_root(&mut self, root: u64) -> Result<u64> {
+        let ptr = self.root_ptr(root)?;
+        let mut orphans = Vec::new();
         for it in TreeIter::new(
             &self.fs.info,
-            &rt,
-            Key::new(FS_TREE_OBJECTID, ROOT_ITEM_KEY, 0),
-            Key::new(LAST_FREE_OBJECTID, ROOT_ITEM_KEY, u64::MAX),
+            &ptr,
+            Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, 0),
+            Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, u64::MAX),
         )? {
-            let it = it?;
-            let k = it.key();
-            if k.ty == ROOT_ITEM_KEY
-                && (k.objectid == FS_TREE_OBJECTID || k.objectid >= FIRST_FREE_OBJECTID)
-            {
-                let r = RootItem::parse(it.data())
-                    .map_err(|e| Error::corrupt(format!("root tree {k}: {e}")))?;
-                if r.refs > 0 && r.flags & ROOT_SUBVOL_DEAD == 0 {
-                    roots.push(k.objectid);
-                }
-            }
+            orphans.push(it?.key().offset);
         }
-        roots.dedup();
         let mut evicted = 0;
-        for root in roots {
-            let ptr = self.root_ptr(root)?;
-            let mut orphans = Vec::new();
-            for it in TreeIter::new(
-                &self.fs.info,
-                &ptr,
-                Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, 0),
-                Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, u64::MAX),
-            )? {
-                orphans.push(it?.key().offset);
-            }
-            for ino in orphans {
-                let gone = Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino);
-                let now = self.root_ptr(root)?;
-                let exists =
-                    lookup_exact(&self.fs.info, &now, &Key::new(ino, INODE_ITEM_KEY, 0))?.is_some();
-                if exists && self.read_inode(root, ino)?.nlink == 0 {
-                    self.evict_orphan(root, ino)?;
-                    evicted += 1;
-                } else {
-                    self.delete_item(root, &gone)?;
-                }
+        for ino in orphans {
+            let now = self.root_ptr(root)?;
+            let exists =
+                lookup_exact(&self.fs.info, &now, &Key::new(ino, INODE_ITEM_KEY, 0))?.is_some();
+            if exists && self.read_inode(root, ino)?.nlink == 0 {
+                self.evict_orphan(root, ino)?;
+                evicted += 1;
+            } else {
+                self.delete_item(root, &Key::new(ORPHAN_OBJECTID, ORPHAN_ITEM_KEY, ino))?;
             }
         }
         Ok(evicted)

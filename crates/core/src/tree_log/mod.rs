@@ -59,6 +59,17 @@ impl Trans {
         Ok(t)
     }
 
+    /// [`Trans::orphan_cleanup_root`] of every live subvolume, as the kernel's
+    /// read-write mount does; returns how many inodes were deleted (nothing is
+    /// committed here).
+    pub(crate) fn orphan_cleanup(&mut self) -> Result<u64> {
+        let mut evicted = 0;
+        for (root, _) in crate::qgroup::rescan::live_fs_roots(&self.fs.info)? {
+            evicted += self.orphan_cleanup_root(root)?;
+        }
+        Ok(evicted)
+    }
+
     /// Deletes the inodes left orphaned (by a crash while they were open, or by a
     /// log replay), committed when there were any, as the kernel's read-write mount
     /// does.
