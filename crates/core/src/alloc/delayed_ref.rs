@@ -121,6 +121,13 @@ impl DelayedRefs {
             h.owner = owner;
         }
     }
+    /// The header owner of a tree block freed before it was ever written (for
+    /// simple quotas: it cannot be read back when the ref runs).
+    pub(crate) fn note_owner(&mut self, bytenr: u64, owner: u64) {
+        if let Some(h) = self.heads.get_mut(&bytenr) {
+            h.owner.get_or_insert(owner);
+        }
+    }
     /// Gives a new extent's item another generation than the transaction's.
     pub(crate) fn set_generation(&mut self, bytenr: u64, generation: u64) {
         if let Some(h) = self.heads.get_mut(&bytenr) {

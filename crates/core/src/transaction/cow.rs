@@ -743,3 +743,65 @@ impl Trans {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::tools::mkfs::{make_filesystem, MkfsOptions};
+    use crate::{Device, MemDevice};
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+    use ubtrfs_format::consts::*;
+    use ubtrfs_format::key::Key;
+
+    /// A block CoWed in this transaction whose delayed ref was already run (the
+    /// commit runs delayed refs in rounds, and the extent tree shrinks while they
+    /// run) and that is then freed must not be written: an emptied node would be a
+    /// node without pointers (seen as "refusing to write an invalid block" when
+    /// finishing a large subvolume drop the kernel had started).
+    #[test]
+    fn freed_block_whose_ref_already_ran_is_not_written() {
+        let dev = MemDevice::new(vec![0u8; 128 << 20], "emptied");
+        let opts = MkfsOptions {
+            nodesize: 4096,
+            metadata_profile: 0,
+            ..Default::default()
+        };
+        let mut t = make_filesystem(dev as Arc<dyn Device>, &opts).expect("mkfs");
+        const TREE: u64 = 1000;
+        t.create_tree(TREE).expect("create tree");
+        let key = |n: u64| Key::new(FIRST_FREE_OBJECTID + n, PERSISTENT_ITEM_KEY, 0);
+        let items: Vec<(Key, Vec<u8>)> = (0..40_000).map(|n| (key(n), vec![1u8; 8])).collect();
+        t.insert_items(TREE, &items).expect("insert");
+        t.commit().expect("commit");
+        assert!(
+            t.root_ptr(TREE).expect("root").level >= 2,
+            "a three-level tree"
+        );
+        assert_eq!(
+            t.delete_range(TREE, &key(0), &key(19_999))
+                .expect("first half"),
+            20_000
+        );
+        t.run_delayed_refs().expect("run delayed refs");
+        assert_eq!(
+            t.delete_range(TREE, &key(20_000), &key(39_999))
+                .expect("second half"),
+            20_000
+        );
+        let root = t.root_ptr(TREE).expect("root");
+        assert_eq!(root.level, 0, "the emptied tree is a leaf again");
+        let dirty_of_tree: BTreeSet<u64> = {
+            let d = t.fs.info.dirty.lock().expect("dirty map");
+            d.iter()
+                .filter(|(_, b)| b.owner() == TREE)
+                .map(|(&b, _)| b)
+                .collect()
+        };
+        assert_eq!(
+            dirty_of_tree,
+            BTreeSet::from([root.bytenr]),
+            "only the live root of the tree is left to write"
+        );
+        t.commit().expect("commit after emptying the tree");
+    }
+}

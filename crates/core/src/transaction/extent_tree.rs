@@ -168,8 +168,16 @@ impl Trans {
         let ns = self.fs.info.nodesize as u64;
         self.delayed
             .add(bytenr, ns, false, RefKey::TreeRoot(root_id), -1);
-        // Allocated in this transaction: never written, so it must not be.
-        if self.delayed.get(bytenr).is_some_and(|h| h.new_extent) {
+        // A dirty block was allocated in this transaction (CoW never re-dirties a
+        // committed block in place) and no committed tree points at it, so it must
+        // not be written. Its delayed ref may already have run: the commit runs
+        // them in rounds while the extent tree it edits shrinks, so whether the
+        // head is still a new extent says nothing here. Written anyway, an emptied
+        // node would fail the tree checker (a node without pointers).
+        if let Some(blk) = self.fs.info.dirty_get(bytenr) {
+            // Simple quotas release the block from its header owner's charge when
+            // the ref runs, and the block will not be readable then.
+            self.delayed.note_owner(bytenr, blk.owner());
             self.drop_dirty(bytenr);
         }
         *self.root_bytes_delta.entry(root_id).or_insert(0) -= ns as i64;
@@ -618,10 +626,11 @@ impl Trans {
             if self.squota.is_some() {
                 // Charged to the owner ref (data) or the block's owner tree, as at
                 // allocation; data from before simple quotas has no owner ref.
-                let owner = if is_data {
-                    rec.owner
-                } else {
-                    Some(self.tree_block_owner(bytenr)?)
+                let owner = match (is_data, head.owner) {
+                    (true, _) => rec.owner,
+                    // Noted when the block was freed unwritten (free_tree_block).
+                    (false, Some(o)) => Some(o),
+                    (false, None) => Some(self.tree_block_owner(bytenr)?),
                 };
                 if let (Some(sq), Some(owner)) = (self.squota.as_mut(), owner) {
                     sq.charge(owner, rec.generation, -(len as i64));
