@@ -2,18 +2,21 @@
 //! extent, as duperemove does on a mounted btrfs with FIDEDUPERANGE — here offline,
 //! on the image, through [`Trans::dedupe_range`].
 //!
-//! The algorithm (block hashing, then runs):
+//! The algorithm (block signatures, then runs):
 //! 1. Every regular file below the given directories (subvolumes included, hard links
-//!    once) is read and hashed in blocks of [`DEDUPE_BLOCK_BYTES`] at file offsets
-//!    that are multiples of it; a file's last block may be short. Files smaller than
-//!    the minimum size are skipped.
-//! 2. The first block seen with a given (hash, length, checksum flag) is canonical.
-//!    Going through the files in order, a block whose canonical copy is elsewhere
-//!    starts a run, extended while the following blocks of both files also hash
-//!    equal.
-//! 3. The bytes of every run are compared (a hash match is only a hint).
+//!    once) gets a signature per block of [`DEDUPE_BLOCK_BYTES`] at file offsets
+//!    that are multiples of it (a file's last block may be short): the xxhash64 of
+//!    its sectors' data checksums, taken from the csum tree where it has them, so
+//!    this pass reads metadata, not data (see `hash_file`). Files smaller than the
+//!    minimum size are skipped.
+//! 2. The first block seen with a given (signature, length, checksum flag) is
+//!    canonical. Going through the files in order, a block whose canonical copy is
+//!    elsewhere starts a run, extended while the following blocks of both files
+//!    also match.
+//! 3. Runs whose ranges already share the same extents are set aside; the bytes of
+//!    every other run are compared (a signature match is only a hint).
 //! 4. Each equal run is one dedupe: the later range is made to share the canonical
-//!    range's extents. Ranges that already share the same extents are skipped.
+//!    range's extents.
 //!
 //! Steps 1 and 3 only read, on several threads; step 4 changes the image, one
 //! clone after another (contents never change, so the comparisons stay true).
@@ -30,7 +33,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::CsumType;
-use ubtrfs_format::items::{parse_dir_items, InodeItem};
+use ubtrfs_format::items::{parse_dir_items, FileExtentBody, InodeItem};
 use ubtrfs_format::key::Key;
 
 /// The unit of hashing and the alignment of deduplicated ranges (duperemove's
@@ -156,8 +159,19 @@ pub fn dedupe(
     }
 
     let runs = plan_runs(&files);
+    // Ranges that already share their extents (a second run, reflinked copies)
+    // need no reading at all.
+    let mut todo = Vec::with_capacity(runs.len());
+    for r in runs {
+        let (src, dst) = r.positions(&files);
+        if t.shares_extents(src, dst, r.len)? {
+            report.bytes_already_shared += r.len;
+        } else {
+            todo.push(r);
+        }
+    }
     let equal = parallel_map(
-        &runs,
+        &todo,
         &|r| {
             let (a, b) = r.positions(&files);
             ranges_equal(&t.fs, a, b, r.len)
@@ -166,14 +180,10 @@ pub fn dedupe(
         progress,
     )?;
 
-    for (r, same) in runs.iter().zip(equal) {
+    for (r, same) in todo.iter().zip(equal) {
         let (src, dst) = r.positions(&files);
         if !same {
             report.bytes_differing += r.len;
-            continue;
-        }
-        if t.shares_extents(src, dst, r.len)? {
-            report.bytes_already_shared += r.len;
             continue;
         }
         let n = if opts.dry_run {
@@ -398,21 +408,189 @@ fn collect_files(t: &Trans, starts: &[Node], min_size_bytes: u64) -> Result<Vec<
     Ok(out)
 }
 
-/// The xxhash64 of each block of `f`.
+/// Each block's signature: the xxhash64 of its sectors' data checksums. Where the
+/// csum tree has them (uncompressed extents of a file with checksums) they are
+/// taken from it and no data is read; elsewhere (compressed or inline extents,
+/// holes, nodatasum files, sectors without a checksum) the block is read and its
+/// sectors checksummed the same way, so equal contents give equal signatures
+/// whichever way they were found. (A file's last sector is checksummed padded with
+/// zeros, as its on-disk sector is.) A signature is only a hint: every run is
+/// compared byte for byte before it is shared.
 fn hash_file(fs: &Filesystem, f: &FileRec) -> Result<Vec<u64>> {
     let inode = fs.inode_item(f.node)?;
+    let ss = fs.info.sectorsize as u64;
+    let csum = fs.info.csum_type;
+    let csize = csum.size();
     let mut hashes = Vec::with_capacity(f.size.div_ceil(DEDUPE_BLOCK_BYTES) as usize);
-    let mut off = 0u64;
-    while off < f.size {
-        let n = (f.size - off).min(READ_CHUNK_BYTES);
-        let data = fs.read_inode(f.node, &inode, off, n as usize)?;
-        for block in data.chunks(DEDUPE_BLOCK_BYTES as usize) {
-            let sum = CsumType::Xxhash64.compute(block);
-            let mut h = [0u8; 8];
-            h.copy_from_slice(&sum[..8]);
-            hashes.push(u64::from_le_bytes(h));
+    // Per window of READ_CHUNK_BYTES: each sector's checksum, if known.
+    let sectors_max = (READ_CHUNK_BYTES / ss) as usize;
+    let mut sums = vec![0u8; sectors_max * csize];
+    let mut known = vec![false; sectors_max];
+    let mut w0 = 0u64;
+    while w0 < f.size {
+        let w1 = (w0 + READ_CHUNK_BYTES).min(f.size);
+        known.fill(false);
+        if !f.nodatasum {
+            window_csums(fs, f.node, (w0, w1), &mut sums, &mut known)?;
         }
-        off += n;
+        let mut b0 = w0;
+        while b0 < w1 {
+            let b1 = (b0 + DEDUPE_BLOCK_BYTES).min(w1);
+            let (s0, s1) = (((b0 - w0) / ss) as usize, ((b1 - w0).div_ceil(ss)) as usize);
+            let sig = if known[s0..s1].iter().all(|&k| k) {
+                xxh64(&sums[s0 * csize..s1 * csize])
+            } else {
+                let data = fs.read_inode(f.node, &inode, b0, (b1 - b0) as usize)?;
+                let mut own = Vec::with_capacity((s1 - s0) * csize);
+                let mut last = vec![0u8; ss as usize];
+                for sector in data.chunks(ss as usize) {
+                    let c = if sector.len() == ss as usize {
+                        csum.compute(sector)
+                    } else {
+                        last[..sector.len()].copy_from_slice(sector);
+                        csum.compute(&last)
+                    };
+                    own.extend_from_slice(&c[..csize]);
+                }
+                xxh64(&own)
+            };
+            hashes.push(sig);
+            b0 = b1;
+        }
+        w0 = w1;
     }
     Ok(hashes)
+}
+
+fn xxh64(bytes: &[u8]) -> u64 {
+    let sum = CsumType::Xxhash64.compute(bytes);
+    let mut h = [0u8; 8];
+    h.copy_from_slice(&sum[..8]);
+    u64::from_le_bytes(h)
+}
+
+/// Fills the checksums of the sectors of file range `[w0, w1)` that lie in
+/// uncompressed extents, from the csum tree (`known` marks them).
+fn window_csums(
+    fs: &Filesystem,
+    node: Node,
+    (w0, w1): (u64, u64),
+    sums: &mut [u8],
+    known: &mut [bool],
+) -> Result<()> {
+    let ss = fs.info.sectorsize as u64;
+    let csize = fs.info.csum_type.size();
+    fs.for_each_extent(node, w0, w1, |fe| {
+        let FileExtentBody::Regular {
+            disk_bytenr,
+            offset,
+            ..
+        } = fe.item.body
+        else {
+            return Ok(true);
+        };
+        if fe.is_hole_or_prealloc() || fe.item.compression != 0 {
+            return Ok(true);
+        }
+        let s = fe.file_offset.max(w0);
+        let e = fe.end().min(w1);
+        // Sector-aligned pieces only (the format keeps file offsets aligned; a
+        // hostile item that does not is simply read).
+        let logical = disk_bytenr
+            .checked_add(offset)
+            .and_then(|l| l.checked_add(s - fe.file_offset));
+        let Some(logical) = logical else {
+            return Ok(true);
+        };
+        if s >= e || (s - w0) % ss != 0 || logical % ss != 0 {
+            return Ok(true);
+        }
+        let first = ((s - w0) / ss) as usize;
+        let n = ((e - s).div_ceil(ss) as usize).min(known.len().saturating_sub(first));
+        for (i, c) in fs.info.lookup_csums(logical, n)?.into_iter().enumerate() {
+            if let Some(c) = c.filter(|c| c.len() == csize) {
+                let at = first + i;
+                sums[at * csize..(at + 1) * csize].copy_from_slice(&c);
+                known[at] = true;
+            }
+        }
+        Ok(true)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inode::inode::NewInode;
+    use crate::tools::mkfs::{make_filesystem, MkfsOptions};
+    use crate::{Device, MemDevice};
+    use std::sync::Arc;
+    use ubtrfs_compress::Compression;
+    use ubtrfs_format::items::Timespec;
+
+    fn new_file(t: &mut Trans, name: &[u8], data: &[u8]) -> Node {
+        let attr = NewInode {
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            time: Timespec::default(),
+        };
+        let ino = t
+            .create(FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, name, attr)
+            .expect("create");
+        t.write(FS_TREE_OBJECTID, ino, 0, data, Timespec::default())
+            .expect("write");
+        Node::new(FS_TREE_OBJECTID, ino)
+    }
+
+    /// Signatures from the csum tree (an uncompressed copy) and from reading the
+    /// data (a compressed copy) agree, so the two are found and shared.
+    #[test]
+    fn csum_tree_and_read_signatures_agree() {
+        let dev = MemDevice::new(vec![0u8; 256 << 20], "dedupe");
+        let mut t = make_filesystem(dev as Arc<dyn Device>, &MkfsOptions::default()).expect("mkfs");
+        // Compressible, not a multiple of the sector or the dedupe block.
+        let data: Vec<u8> = (0..(1u64 << 20) + 3 * 4096 + 77)
+            .map(|i| b"dedupe me, "[(i % 11) as usize] ^ ((i / 5000) as u8))
+            .collect();
+        let plain = new_file(&mut t, b"plain", &data);
+        let copy = new_file(&mut t, b"copy", &data);
+        t.compress = Some((Compression::Zstd, None));
+        let packed = new_file(&mut t, b"packed", &data);
+        t.compress = None;
+        t.commit().expect("commit");
+        let exts = t.fs.file_extents(packed).expect("extents");
+        assert!(exts.iter().all(|e| e.item.compression != 0), "{exts:?}");
+
+        let sig = |node: Node| {
+            let f = FileRec {
+                node,
+                size: data.len() as u64,
+                nodatasum: false,
+                hashes: Vec::new(),
+            };
+            hash_file(&t.fs, &f).expect("hash")
+        };
+        let want = sig(plain);
+        assert_eq!(want.len(), 9);
+        assert_eq!(sig(copy), want);
+        assert_eq!(sig(packed), want, "read and csum-tree signatures differ");
+
+        let opts = DedupeOptions {
+            min_size_bytes: 1,
+            dry_run: false,
+        };
+        let top = Node::new(FS_TREE_OBJECTID, FIRST_FREE_OBJECTID);
+        let r = dedupe(&mut t, &[top], &opts, &mut |_, _| {}).expect("dedupe");
+        assert_eq!(r.files, 3);
+        assert_eq!(r.bytes_deduped, 2 * data.len() as u64, "{r:?}");
+        assert_eq!(r.bytes_differing, 0, "{r:?}");
+        for n in [plain, copy, packed] {
+            assert!(t.fs.read(n, 0, data.len()).expect("read") == data);
+        }
+        let again = dedupe(&mut t, &[top], &opts, &mut |_, _| {}).expect("dedupe");
+        assert_eq!(again.bytes_deduped, 0, "{again:?}");
+        assert_eq!(again.bytes_already_shared, 2 * data.len() as u64);
+    }
 }
