@@ -12,14 +12,13 @@ use crate::fs::{
 };
 use crate::io::root_tree::root_ptr_of;
 use crate::tree::ctree::TreeIter;
-use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeSet;
-use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::{extref_hash, name_hash};
 use ubtrfs_format::items::{
     parse_dir_items, parse_inode_extrefs, parse_inode_refs, FileExtentBody, FileExtentItem,
-    InodeItem,
+    InodeItem, RootItem,
 };
 use ubtrfs_format::key::Key;
 
@@ -92,10 +91,13 @@ struct TreeCheck<'a> {
     out: &'a mut FsRoots,
 }
 
+/// A 64-bit hash of a name, to match the three sides of a name without keeping it
+/// (xxhash64: several times faster than the std hasher on short names).
 fn hash_name(name: &[u8]) -> u64 {
-    let mut h = DefaultHasher::new();
-    name.hash(&mut h);
-    h.finish()
+    let sum = ubtrfs_format::csum::CsumType::Xxhash64.compute(name);
+    let mut h = [0u8; 8];
+    h.copy_from_slice(&sum[..8]);
+    u64::from_le_bytes(h)
 }
 
 pub(super) fn file_type(mode: u32) -> u8 {
@@ -111,50 +113,125 @@ pub(super) fn file_type(mode: u32) -> u8 {
     }
 }
 
+/// Checks every live subvolume tree. The trees are independent, so they are
+/// checked on up to [`FS_ROOT_THREADS_MAX`] threads (the calling one included,
+/// which alone reports progress); each tree's findings are kept apart and merged in
+/// tree order, so the report is the same however the work was shared.
 pub(super) fn check_fs_roots(
     fs: &Filesystem,
     walk: &Walk,
     f: &mut Findings,
     progress: Progress<'_>,
 ) -> FsRoots {
-    let mut out = FsRoots::default();
-    let mut items = 0u64;
-    for (k, r) in &walk.roots {
-        let id = k.objectid;
-        if tree_kind(id) != TreeKind::Fs || id == TREE_RELOC_OBJECTID || r.refs == 0 {
-            continue;
+    let trees: Vec<(u64, &RootItem)> = walk
+        .roots
+        .iter()
+        .filter(|(k, r)| {
+            tree_kind(k.objectid) == TreeKind::Fs
+                && k.objectid != TREE_RELOC_OBJECTID
+                && r.refs != 0
+        })
+        .map(|(k, r)| (k.objectid, r))
+        .collect();
+    let items = AtomicU64::new(0);
+    let next = AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, FS_ROOT_THREADS_MAX);
+    // Each worker takes the next tree until none is left.
+    let work = |report: &mut dyn FnMut(u64)| {
+        let mut done = Vec::new();
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(&(id, r)) = trees.get(i) else {
+                return done;
+            };
+            done.push((i, check_tree(fs, id, r, &items, report)));
         }
-        let mut t = TreeCheck {
-            tree: id,
-            root_dirid: r.root_dirid,
-            no_holes: fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES != 0,
-            sectorsize: fs.info.sectorsize as u64,
-            facts: Vec::new(),
-            types: Vec::new(),
-            unlinked: Vec::new(),
-            orphans: BTreeSet::new(),
-            out: &mut out,
-        };
-        let ptr = root_ptr_of(id, r);
-        match t.stream(fs, &ptr, f, &mut items, progress) {
-            Ok(()) => {
-                t.match_names(f);
-                t.check_orphans(f);
-                t.out.checked.insert(id);
+    };
+    let mut results = std::thread::scope(|sc| {
+        let helpers: Vec<_> = (1..threads)
+            .map(|_| sc.spawn(|| work(&mut |_| {})))
+            .collect();
+        let mut all = work(&mut |n| progress(4, n));
+        for h in helpers {
+            // A worker only panics on a bug; its trees are then reported unread.
+            if let Ok(v) = h.join() {
+                all.extend(v);
             }
-            Err(e) => f.add(
+        }
+        all
+    });
+    results.sort_unstable_by_key(|(i, _)| *i);
+    let mut out = FsRoots::default();
+    let mut seen = BTreeSet::new();
+    for (i, (part, findings)) in results {
+        seen.insert(i);
+        f.absorb(findings);
+        out.csum_need.extend(part.csum_need);
+        out.csum_forbid.extend(part.csum_forbid);
+        out.subvol_entries.extend(part.subvol_entries);
+        out.checked.extend(part.checked);
+    }
+    for (i, &(id, _)) in trees.iter().enumerate() {
+        if !seen.contains(&i) {
+            f.add(
                 "block-structure",
                 Some(id),
                 None,
                 None,
-                format!("the tree cannot be read to its end: {e}"),
-            ),
+                "internal: the tree's check did not finish".into(),
+            );
         }
     }
     out.csum_need = merge(std::mem::take(&mut out.csum_need));
     out.csum_forbid.sort_unstable();
     out.csum_forbid.dedup();
     out
+}
+
+/// Most threads the subvolume trees are checked on.
+const FS_ROOT_THREADS_MAX: usize = 4;
+
+/// One subvolume tree, item by item, with findings of its own.
+fn check_tree(
+    fs: &Filesystem,
+    id: u64,
+    r: &RootItem,
+    items: &AtomicU64,
+    report: &mut dyn FnMut(u64),
+) -> (FsRoots, Findings) {
+    let mut f = Findings::new();
+    let mut out = FsRoots::default();
+    let mut t = TreeCheck {
+        tree: id,
+        root_dirid: r.root_dirid,
+        no_holes: fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES != 0,
+        sectorsize: fs.info.sectorsize as u64,
+        facts: Vec::new(),
+        types: Vec::new(),
+        unlinked: Vec::new(),
+        orphans: BTreeSet::new(),
+        out: &mut out,
+    };
+    let ptr = root_ptr_of(id, r);
+    match t.stream(fs, &ptr, &mut f, items, report) {
+        Ok(()) => {
+            t.match_names(&mut f);
+            t.check_orphans(&mut f);
+            t.out.checked.insert(id);
+        }
+        Err(e) => f.add(
+            "block-structure",
+            Some(id),
+            None,
+            None,
+            format!("the tree cannot be read to its end: {e}"),
+        ),
+    }
+    // Bounded before the merge too (snapshots repeat the same extents).
+    out.csum_need = merge(std::mem::take(&mut out.csum_need));
+    (out, f)
 }
 
 /// Sorts and merges overlapping or touching ranges.
@@ -176,16 +253,16 @@ impl TreeCheck<'_> {
         fs: &Filesystem,
         ptr: &crate::tree::RootPtr,
         f: &mut Findings,
-        items: &mut u64,
-        progress: Progress<'_>,
+        items: &AtomicU64,
+        report: &mut dyn FnMut(u64),
     ) -> Result<()> {
         let mut cur = Ino::default();
         for item in TreeIter::new(&fs.info, ptr, Key::MIN, Key::MAX)? {
             let item = item?;
             let k = item.key();
-            *items += 1;
-            if items.is_multiple_of(65536) {
-                progress(4, *items);
+            let n = items.fetch_add(1, Ordering::Relaxed) + 1;
+            if n.is_multiple_of(65536) {
+                report(n);
             }
             if k.objectid == ORPHAN_OBJECTID && k.ty == ORPHAN_ITEM_KEY {
                 self.orphans.insert(k.offset);

@@ -153,10 +153,22 @@ pub(crate) struct Findings {
 }
 
 impl Findings {
-    fn new() -> Findings {
+    pub(crate) fn new() -> Findings {
         Findings {
             report: CheckReport::default(),
         }
+    }
+
+    /// Takes in what another part of the check found (problems and notes; its
+    /// statistics and skipped phases are not kept).
+    pub(crate) fn absorb(&mut self, other: Findings) {
+        let r = other.report;
+        let dropped = r.problem_count - r.problems.len() as u64;
+        for p in r.problems {
+            self.add(p.rule, p.tree, p.block, p.key, p.message);
+        }
+        self.report.problem_count += dropped;
+        self.report.notes.extend(r.notes);
     }
 
     /// Records a problem.

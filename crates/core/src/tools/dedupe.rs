@@ -28,7 +28,7 @@ use crate::error::{Error, Result};
 use crate::fs::{Filesystem, Node, S_IFDIR, S_IFMT, S_IFREG};
 use crate::inode::reflink::{Compare, FilePos, CLONE_CHUNK_BYTES_MAX};
 use crate::transaction::Trans;
-use crate::tree::ctree::TreeIter;
+use crate::tree::ctree::{prefetch_tree, TreeIter};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use ubtrfs_format::consts::*;
@@ -42,6 +42,10 @@ pub const DEDUPE_BLOCK_BYTES: u64 = 128 << 10;
 
 /// Bytes read from a file per request while hashing.
 const READ_CHUNK_BYTES: u64 = 8 * DEDUPE_BLOCK_BYTES;
+
+/// Threads that read at once: the passes wait on the device far more than they
+/// compute, and a cold device serves parallel requests faster.
+const IO_THREADS: usize = 8;
 
 /// Metadata dirtied before an intermediate commit, so memory stays bounded.
 const DIRTY_BYTES_COMMIT: usize = 256 << 20;
@@ -244,7 +248,7 @@ fn plan_runs(files: &[FileRec]) -> Vec<Run> {
     runs
 }
 
-/// `work` applied to every item on up to 4 threads (the calling one included),
+/// `work` applied to every item on [`IO_THREADS`] threads (the calling one included),
 /// results in item order; `progress(done, total)` with the summed `weight` of the
 /// items done, from the calling thread. The first error wins.
 fn parallel_map<T: Sync, R: Send>(
@@ -254,7 +258,7 @@ fn parallel_map<T: Sync, R: Send>(
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Vec<R>> {
     let total: u64 = items.iter().map(weight).sum();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let threads = IO_THREADS;
     let next = AtomicUsize::new(0);
     let done = AtomicU64::new(0);
     let worker = || -> Result<Vec<(usize, R)>> {
@@ -369,6 +373,9 @@ fn collect_files(t: &Trans, starts: &[Node], min_size_bytes: u64) -> Result<Vec<
         }
         if node.ino == FIRST_FREE_OBJECTID {
             let root = fs.root(node.root)?;
+            // The sweep reads every leaf: ask for them all at once first.
+            let cache_half = fs.info.opts.cache_bytes_max as u64 / 2;
+            prefetch_tree(&fs.info, &root, IO_THREADS, cache_half);
             let iter = TreeIter::new(&fs.info, &root, Key::new(0, 0, 0), Key::MAX)?;
             for it in iter {
                 let it = it?;

@@ -418,3 +418,67 @@ pub(crate) fn tree_block_addrs(fs: &dyn BlockSource, root: &RootPtr) -> Result<V
     }
     Ok(out)
 }
+
+/// Reads a whole tree ahead of a walk that will need all of it, a level at a time,
+/// on `threads` threads, so a cold device serves many requests at once instead of
+/// one leaf after another (the blocks land in the block cache, verified against
+/// their parents as a walk would). Stops once `bytes_max` bytes were read (a tree
+/// larger than the cache would only evict itself). Errors are left for the walk
+/// to report where it meets them.
+pub(crate) fn prefetch_tree<S: BlockSource + Sync>(
+    fs: &S,
+    root: &RootPtr,
+    threads: usize,
+    bytes_max: u64,
+) {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+    let Ok(top) = read_root(fs, root) else {
+        return;
+    };
+    let read_bytes = AtomicU64::new(top.data.len() as u64);
+    let mut level = vec![top];
+    while level.first().is_some_and(|b| b.level() > 0) {
+        // Every child pointer of this level.
+        let mut wanted = Vec::new();
+        for b in &level {
+            for slot in 0..b.nritems() {
+                if let Ok(c) = child_expect(b, slot) {
+                    wanted.push(c);
+                }
+            }
+        }
+        let next = AtomicUsize::new(0);
+        let mut children: Vec<Arc<TreeBlock>> = Vec::with_capacity(wanted.len());
+        std::thread::scope(|sc| {
+            let workers: Vec<_> = (0..threads.max(1))
+                .map(|_| {
+                    sc.spawn(|| {
+                        let mut got = Vec::new();
+                        loop {
+                            if read_bytes.load(Ordering::Relaxed) >= bytes_max {
+                                return got;
+                            }
+                            let i = next.fetch_add(1, Ordering::Relaxed);
+                            let Some((bytenr, expect)) = wanted.get(i) else {
+                                return got;
+                            };
+                            if let Ok(b) = fs.read_tree_block(*bytenr, expect) {
+                                read_bytes.fetch_add(b.data.len() as u64, Ordering::Relaxed);
+                                got.push(b);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            for w in workers {
+                if let Ok(got) = w.join() {
+                    children.extend(got);
+                }
+            }
+        });
+        if read_bytes.load(Ordering::Relaxed) >= bytes_max {
+            return;
+        }
+        level = children;
+    }
+}
