@@ -135,6 +135,10 @@ pub(super) fn check_fs_roots(
         .collect();
     let items = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
+    // Snapshots are about the size of the tree they were taken of: the last
+    // tree's counts size the next one's lists, instead of growth by doubling
+    // (which can leave half of the largest lists unused, in two trees at once).
+    let sizes = (AtomicUsize::new(0), AtomicUsize::new(0));
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, FS_ROOT_THREADS_MAX);
@@ -146,7 +150,7 @@ pub(super) fn check_fs_roots(
             let Some(&(id, r)) = trees.get(i) else {
                 return done;
             };
-            done.push((i, check_tree(fs, id, r, &items, report)));
+            done.push((i, check_tree(fs, id, r, &items, &sizes, report)));
         }
     };
     let mut results = std::thread::scope(|sc| {
@@ -199,8 +203,13 @@ fn check_tree(
     id: u64,
     r: &RootItem,
     items: &AtomicU64,
+    sizes: &(AtomicUsize, AtomicUsize),
     report: &mut dyn FnMut(u64),
 ) -> (FsRoots, Findings) {
+    let hint = |n: &AtomicUsize| {
+        let n = n.load(Ordering::Relaxed);
+        n + n / 32
+    };
     let mut f = Findings::new();
     let mut out = FsRoots::default();
     let mut t = TreeCheck {
@@ -208,8 +217,8 @@ fn check_tree(
         root_dirid: r.root_dirid,
         no_holes: fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES != 0,
         sectorsize: fs.info.sectorsize as u64,
-        facts: Vec::new(),
-        types: Vec::new(),
+        facts: Vec::with_capacity(hint(&sizes.0)),
+        types: Vec::with_capacity(hint(&sizes.1)),
         unlinked: Vec::new(),
         orphans: BTreeSet::new(),
         out: &mut out,
@@ -217,6 +226,8 @@ fn check_tree(
     let ptr = root_ptr_of(id, r);
     match t.stream(fs, &ptr, &mut f, items, report) {
         Ok(()) => {
+            sizes.0.store(t.facts.len(), Ordering::Relaxed);
+            sizes.1.store(t.types.len(), Ordering::Relaxed);
             t.match_names(&mut f);
             t.check_orphans(&mut f);
             t.out.checked.insert(id);
