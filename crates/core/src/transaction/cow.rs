@@ -331,12 +331,28 @@ impl Trans {
         self.insert_items(root_id, &[(*key, data.to_vec())])
     }
 
-    /// Records a file extent item change for the tree log (see
-    /// `Trans::file_extent_changes`); every item change passes here.
+    /// Records a file extent or DIR_INDEX item change for the tree log (see
+    /// `Trans::file_extent_changes`, `Trans::dir_index_changes`); every item
+    /// change passes here.
     fn note_change(&mut self, root_id: u64, key: &Key) {
         if root_id == QUOTA_TREE_OBJECTID {
             // Limits or numbers change: qgroup_reserve reads the quota tree again.
             self.quota_limits = None;
+        }
+        if key.ty == DIR_INDEX_KEY && Self::is_shareable(root_id) {
+            if let Some(c) = self.dir_index_changes.as_mut() {
+                let e = c
+                    .dirs
+                    .entry((root_id, key.objectid))
+                    .or_insert_with(|| Some(Default::default()));
+                if let Some(set) = e {
+                    set.insert(key.offset);
+                    if set.len() > crate::transaction::DIR_INDEX_CHANGES_MAX {
+                        *e = None;
+                    }
+                }
+            }
+            return;
         }
         if key.ty != EXTENT_DATA_KEY || !Self::is_shareable(root_id) {
             return;
@@ -550,7 +566,9 @@ impl Trans {
         nr: usize,
     ) -> Result<()> {
         let leaf = path.leaf();
-        if self.file_extent_changes.is_some() && Self::is_shareable(root_id) {
+        if (self.file_extent_changes.is_some() || self.dir_index_changes.is_some())
+            && Self::is_shareable(root_id)
+        {
             let gone: Vec<Key> = self.with_block(leaf, |b| {
                 (slot..slot + nr).map(|s| eb::item_key(b, s)).collect()
             })?;

@@ -44,6 +44,23 @@ use ubtrfs_format::superblock::RootBackup;
 /// before its commit.
 pub(crate) const RELOC_BATCH_BYTES_DEFAULT: u64 = 256 << 20;
 
+/// Most changed DIR_INDEX keys kept per directory; past it the directory's changes
+/// are only known to exist (the tree log then compares the directory's leaves).
+pub(crate) const DIR_INDEX_CHANGES_MAX: usize = 1 << 16;
+
+/// The DIR_INDEX keys inserted, changed or deleted in the running transaction, per
+/// (tree, directory): what a directory's fsync must log, without comparing the
+/// directory with the last commit's (the kernel keeps the same per directory
+/// inode in memory). Only `complete` once a whole transaction was watched: the
+/// tracking starts at a tree log's first fsync, mid-transaction.
+#[derive(Debug, Default)]
+pub(crate) struct DirIndexChanges {
+    /// Every change since the transaction started was seen.
+    pub complete: bool,
+    /// Changed indexes; None when more than [`DIR_INDEX_CHANGES_MAX`].
+    pub dirs: HashMap<(u64, u64), Option<std::collections::BTreeSet<u64>>>,
+}
+
 /// A write transaction (the kernel's transaction handle and running transaction in
 /// one): changes made through it are visible to its own reads at once and become
 /// durable at [`Trans::commit`]. Dropping it without committing writes nothing.
@@ -75,6 +92,8 @@ pub struct Trans {
     /// since the log last took it (the kernel's per-inode modified extents list; the
     /// log's fast path copies a file's extents from there on). Emptied at commit.
     pub(crate) file_extent_changes: Option<HashMap<(u64, u64), u64>>,
+    /// DIR_INDEX changes, once a tree log asked for them (see [`DirIndexChanges`]).
+    pub(crate) dir_index_changes: Option<DirIndexChanges>,
     _lock: Vec<std::fs::File>,
     /// Commits done so far.
     pub commits: u64,
@@ -228,6 +247,7 @@ impl Trans {
             defer_eviction: false,
             orphans: Vec::new(),
             file_extent_changes: None,
+            dir_index_changes: None,
             _lock: Vec::new(),
             commits: 0,
             compress: None,
@@ -506,6 +526,11 @@ impl Trans {
         self.fs.clear_data_caches();
         if let Some(c) = self.file_extent_changes.as_mut() {
             c.clear();
+        }
+        if let Some(c) = self.dir_index_changes.as_mut() {
+            // Kept from the first change of the next transaction on: complete.
+            c.dirs.clear();
+            c.complete = true;
         }
         self.transid += 1;
         self.commits += 1;

@@ -280,6 +280,9 @@ fn is_reg(mode: u32) -> bool {
     mode & S_IFMT == S_IFREG
 }
 
+/// Logs with at least this many items are freed on a thread of their own.
+const BACKGROUND_FREE_ITEMS_MIN: usize = 4096;
+
 fn inode_range(ino: u64) -> (Key, Key) {
     (Key::new(ino, 0, 0), Key::new(ino, u8::MAX, u64::MAX))
 }
@@ -333,11 +336,22 @@ impl TreeLog {
     /// space when that transaction committed).
     fn reset(&mut self, transid: u64) {
         let stats = std::mem::take(&mut self.stats);
-        *self = TreeLog {
-            transid,
-            stats,
-            ..TreeLog::default()
-        };
+        let old = std::mem::replace(
+            self,
+            TreeLog {
+                transid,
+                stats,
+                ..TreeLog::default()
+            },
+        );
+        // Freeing a log of many inodes (an allocation per item) takes tens of
+        // milliseconds: not on the fsync that finds the log stale. (If no thread
+        // can be started, the closure and the log are dropped here.)
+        if old.items() >= BACKGROUND_FREE_ITEMS_MIN {
+            let _ = std::thread::Builder::new()
+                .name("ubtrfs-log-free".into())
+                .spawn(move || drop(old));
+        }
     }
 
     fn try_log(&mut self, t: &mut Trans, root: u64, ino: u64) -> Result<Fallback> {
@@ -352,6 +366,7 @@ impl TreeLog {
             budget: INODES_PER_FSYNC_MAX,
             changes: std::mem::take(t.file_extent_changes.get_or_insert_with(HashMap::new)),
         };
+        t.dir_index_changes.get_or_insert_with(Default::default);
         let why = self.log_inodes(t, root, ino, &mut v)?;
         // Changes of inodes this fsync did not log stay for their turn.
         if let Some(c) = t.file_extent_changes.as_mut() {
@@ -775,6 +790,15 @@ impl TreeLog {
         let Some(old_ptr) = self.committed_root(t, root)? else {
             return Ok(Vec::new());
         };
+        if let Some(c) = t.dir_index_changes.as_ref().filter(|c| c.complete) {
+            match c.dirs.get(&(root, dir)) {
+                // No DIR_INDEX of it changed in this transaction.
+                None => return Ok(Vec::new()),
+                Some(Some(changed)) => return self.index_changes(t, root, dir, &old_ptr, changed),
+                // Too many to keep: compare the leaves.
+                Some(None) => {}
+            }
+        }
         self.stats.searches += 2;
         let now_leaves = range_leaves(t, &t.root_ptr(root)?, lo, hi)?;
         let then_leaves = range_leaves(t, &old_ptr, lo, hi)?;
@@ -825,6 +849,54 @@ impl TreeLog {
             }
         }
         out.extend(cur.map(|(c, nd)| (c, ix(nd))));
+        Ok(out)
+    }
+
+    /// [`TreeLog::index_diff`] from the transaction's record of the directory's
+    /// changed indexes (`Trans::dir_index_changes`): each is looked up in the
+    /// commit's tree and in the current one, so the work follows the changes, not the
+    /// directory's size. Every run of consecutive changed indexes is bounded by
+    /// `Ix::Same` marks just outside it, so its DIR_LOG_INDEX range covers exactly
+    /// those indexes (the replay deletes the committed names inside a range that the
+    /// log lacks: precisely the ones gone).
+    fn index_changes(
+        &mut self,
+        t: &Trans,
+        root: u64,
+        dir: u64,
+        old_ptr: &RootPtr,
+        changed: &BTreeSet<u64>,
+    ) -> Result<Vec<(Key, Ix)>> {
+        let now_ptr = t.root_ptr(root)?;
+        let mut out = Vec::new();
+        let mut prev: Option<u64> = None;
+        for &i in changed {
+            let k = Key::new(dir, DIR_INDEX_KEY, i);
+            self.stats.searches += 2;
+            let then = lookup_exact(&t.fs.info, old_ptr, &k)?.map(|it| it.data().to_vec());
+            let now = lookup_exact(&t.fs.info, &now_ptr, &k)?.map(|it| it.data().to_vec());
+            let entries = match (then, now) {
+                (None, None) => continue,
+                (Some(a), Some(b)) if a == b => continue,
+                (Some(a), Some(b)) => vec![Ix::Gone(a), Ix::New(b)],
+                (Some(a), None) => vec![Ix::Gone(a)],
+                (None, Some(b)) => vec![Ix::New(b)],
+            };
+            if prev.is_none_or(|p| p + 1 != i) {
+                // A new run: close the last one, open this one.
+                if let Some(p) = prev.filter(|&p| p < u64::MAX) {
+                    out.push((Key::new(dir, DIR_INDEX_KEY, p + 1), Ix::Same));
+                }
+                if i > 0 {
+                    out.push((Key::new(dir, DIR_INDEX_KEY, i - 1), Ix::Same));
+                }
+            }
+            out.extend(entries.into_iter().map(|e| (k, e)));
+            prev = Some(i);
+        }
+        if let Some(p) = prev.filter(|&p| p < u64::MAX) {
+            out.push((Key::new(dir, DIR_INDEX_KEY, p + 1), Ix::Same));
+        }
         Ok(out)
     }
 
