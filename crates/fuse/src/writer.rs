@@ -132,6 +132,9 @@ impl Writer {
     pub fn new(mut trans: Trans) -> Arc<Writer> {
         trans.defer_eviction = true;
         trans.quota_reserved_by_caller = true;
+        // From the first change on: a directory's fsync then logs what changed
+        // without comparing the directory with the last commit's.
+        trans.track_log_changes();
         Arc::new(Writer {
             orphans: Mutex::new(HashSet::new()),
             delalloc: Mutex::new(Delalloc::default()),
@@ -472,7 +475,16 @@ impl Writer {
         t.commit().map_err(|e| {
             self.abort(&format!("commit: {e}"));
             errno::EIO
-        })
+        })?;
+        // The log of the committed transaction is obsolete: freed now, off the
+        // next fsync's path. (An fsync holding the log waits for the transaction:
+        // never wait for the log here.)
+        if let Ok(mut g) = self.log.try_lock() {
+            if let Some(l) = g.as_mut() {
+                l.retire(t.transid);
+            }
+        }
+        Ok(())
     }
 
     /// Commits every `interval` until [`Writer::stop`] (the kernel's commit= timer).

@@ -475,6 +475,22 @@ impl Trans {
             || !self.alloc.remove_at_commit.is_empty()
     }
 
+    /// Starts keeping, at every item change, what a tree log needs to log a file
+    /// or a directory without comparing it with the last commit
+    /// (`file_extent_changes`, `dir_index_changes`). The directory record is whole
+    /// from the start when nothing has changed yet in this transaction, else from
+    /// the next one.
+    pub fn track_log_changes(&mut self) {
+        self.file_extent_changes.get_or_insert_with(HashMap::new);
+        if self.dir_index_changes.is_none() {
+            let clean = self.dirty_bytes() == 0 && !self.has_pending_work();
+            self.dir_index_changes = Some(DirIndexChanges {
+                complete: clean,
+                dirs: HashMap::new(),
+            });
+        }
+    }
+
     /// Writes the transaction durably (see the module comment) and starts the next.
     pub fn commit(&mut self) -> Result<()> {
         if !self.has_pending_work()
@@ -483,6 +499,10 @@ impl Trans {
             && self.alloc.log_blocks.is_empty()
         {
             // Nothing changed: like the kernel, an empty transaction writes nothing.
+            // (So no directory changed unseen: its record is whole from here on.)
+            if let Some(c) = self.dir_index_changes.as_mut() {
+                c.complete = true;
+            }
             return Ok(());
         }
         // The superblock's generation must be the root tree root's: make sure the

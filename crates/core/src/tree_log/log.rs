@@ -324,6 +324,15 @@ impl TreeLog {
         }
     }
 
+    /// Lets go of the log of a transaction that has committed since (`transid`: the
+    /// running one), so the next fsync does not pay for freeing it. Call after a
+    /// commit; without it the next fsync notices.
+    pub fn retire(&mut self, transid: u64) {
+        if self.transid != 0 && self.transid != transid {
+            self.reset(transid);
+        }
+    }
+
     fn commit_instead(&mut self, t: &mut Trans, why: &'static str) -> Result<Synced> {
         t.commit()?;
         self.reset(t.transid);
@@ -364,9 +373,11 @@ impl TreeLog {
         let mut v = Visit {
             seen: BTreeSet::new(),
             budget: INODES_PER_FSYNC_MAX,
-            changes: std::mem::take(t.file_extent_changes.get_or_insert_with(HashMap::new)),
+            changes: {
+                t.track_log_changes();
+                std::mem::take(t.file_extent_changes.get_or_insert_with(HashMap::new))
+            },
         };
-        t.dir_index_changes.get_or_insert_with(Default::default);
         let why = self.log_inodes(t, root, ino, &mut v)?;
         // Changes of inodes this fsync did not log stay for their turn.
         if let Some(c) = t.file_extent_changes.as_mut() {
