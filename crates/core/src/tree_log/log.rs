@@ -12,8 +12,8 @@
 //!    (`Trans::file_extent_changes`). A directory made in this transaction logs every
 //!    DIR_INDEX item, copied a leaf at a time (seed 004), and a DIR_LOG_INDEX range
 //!    saying the log has every name; one in the last commit logs only the names
-//!    changed since, with ranges covering them (its leaves compared with the
-//!    commit's, shared ones skipped); both log the inodes of names made in this
+//!    changed since, with ranges covering them (from `Trans::dir_index_changes`,
+//!    else its leaves compared with the commit's); both log the inodes of names made in this
 //!    transaction. Directories made in this transaction on the way up to the
 //!    subvolume root are logged too (inode and name), so a replay can link the inode;
 //! 2. logs again every inode logged earlier in this transaction that has changed
