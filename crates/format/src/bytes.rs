@@ -12,26 +12,32 @@ pub struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     /// A cursor at the start of `buf`; `what` names the structure in errors.
+    #[inline]
     pub fn new(buf: &'a [u8], what: &'static str) -> Self {
         Cursor { buf, pos: 0, what }
     }
     /// A cursor at offset `pos` of `buf`.
+    #[inline]
     pub fn at(buf: &'a [u8], pos: usize, what: &'static str) -> Self {
         Cursor { buf, pos, what }
     }
     /// Current offset.
+    #[inline]
     pub fn pos(&self) -> usize {
         self.pos
     }
     /// Bytes left after the current offset.
+    #[inline]
     pub fn remaining(&self) -> usize {
         self.buf.len().saturating_sub(self.pos)
     }
     /// Whether no bytes are left.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.remaining() == 0
     }
     /// The next `n` bytes.
+    #[inline]
     pub fn bytes(&mut self, n: usize) -> Result<&'a [u8]> {
         let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len());
         match end {
@@ -49,10 +55,12 @@ impl<'a> Cursor<'a> {
         }
     }
     /// Skips `n` bytes.
+    #[inline]
     pub fn skip(&mut self, n: usize) -> Result<()> {
         self.bytes(n).map(|_| ())
     }
     /// The next `N` bytes as an array.
+    #[inline]
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
         let s = self.bytes(N)?;
         let mut a = [0u8; N];
@@ -60,32 +68,39 @@ impl<'a> Cursor<'a> {
         Ok(a)
     }
     /// Reads a u8.
+    #[inline]
     pub fn u8(&mut self) -> Result<u8> {
         Ok(self.array::<1>()?[0])
     }
     /// Reads a little-endian u16.
+    #[inline]
     pub fn u16(&mut self) -> Result<u16> {
         Ok(u16::from_le_bytes(self.array()?))
     }
     /// Reads a little-endian u32.
+    #[inline]
     pub fn u32(&mut self) -> Result<u32> {
         Ok(u32::from_le_bytes(self.array()?))
     }
     /// Reads a little-endian u64.
+    #[inline]
     pub fn u64(&mut self) -> Result<u64> {
         Ok(u64::from_le_bytes(self.array()?))
     }
 }
 
 /// Reads a little-endian u64 at `off`, or a truncation error.
+#[inline]
 pub fn le64(buf: &[u8], off: usize, what: &'static str) -> Result<u64> {
     Cursor::at(buf, off, what).u64()
 }
 /// Reads a little-endian u32 at `off`, or a truncation error.
+#[inline]
 pub fn le32(buf: &[u8], off: usize, what: &'static str) -> Result<u32> {
     Cursor::at(buf, off, what).u32()
 }
 /// Reads a little-endian u16 at `off`, or a truncation error.
+#[inline]
 pub fn le16(buf: &[u8], off: usize, what: &'static str) -> Result<u16> {
     Cursor::at(buf, off, what).u16()
 }

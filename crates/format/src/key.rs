@@ -38,6 +38,7 @@ impl Key {
         }
     }
     /// Decodes a 17-byte little-endian disk key.
+    #[inline]
     pub fn parse(c: &mut Cursor<'_>) -> Result<Key> {
         let objectid = c.u64()?;
         let ty = c.u8()?;
@@ -49,6 +50,7 @@ impl Key {
         })
     }
     /// Decodes a 17-byte disk key from the start of `b`.
+    #[inline]
     pub fn from_bytes(b: &[u8]) -> Result<Key> {
         Key::parse(&mut Cursor::new(b, "disk key"))
     }

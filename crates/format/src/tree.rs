@@ -119,26 +119,32 @@ impl<'a> BlockView<'a> {
         Header::parse(self.buf)
     }
     /// Header bytenr (0 if the buffer is too short).
+    #[inline]
     pub fn bytenr(&self) -> u64 {
         le64(self.buf, 0x30, "header").unwrap_or(0)
     }
     /// Header generation (0 if the buffer is too short).
+    #[inline]
     pub fn generation(&self) -> u64 {
         le64(self.buf, 0x50, "header").unwrap_or(0)
     }
     /// Header owner (0 if the buffer is too short).
+    #[inline]
     pub fn owner(&self) -> u64 {
         le64(self.buf, 0x58, "header").unwrap_or(0)
     }
     /// Header nritems (0 if the buffer is too short).
+    #[inline]
     pub fn nritems(&self) -> u32 {
         le32(self.buf, 0x60, "header").unwrap_or(0)
     }
     /// Header level (0 if the buffer is too short).
+    #[inline]
     pub fn level(&self) -> u8 {
         self.buf.get(0x64).copied().unwrap_or(0)
     }
     /// Leaf item header `i`.
+    #[inline]
     pub fn item(&self, i: usize) -> Result<ItemHeader> {
         let off = HEADER_SIZE + i * ITEM_SIZE;
         let mut c = Cursor::at(self.buf, off, "leaf item header");
@@ -149,6 +155,7 @@ impl<'a> BlockView<'a> {
         })
     }
     /// Key of leaf item `i`.
+    #[inline]
     pub fn item_key(&self, i: usize) -> Result<Key> {
         Key::parse(&mut Cursor::at(
             self.buf,
@@ -157,6 +164,7 @@ impl<'a> BlockView<'a> {
         ))
     }
     /// The data of item `i`, or an error if it points outside the block.
+    #[inline]
     pub fn item_data(&self, i: usize) -> Result<&'a [u8]> {
         let it = self.item(i)?;
         let start = HEADER_SIZE + it.offset as usize;
@@ -175,6 +183,7 @@ impl<'a> BlockView<'a> {
         })
     }
     /// Node key pointer `i`.
+    #[inline]
     pub fn key_ptr(&self, i: usize) -> Result<KeyPtr> {
         let off = HEADER_SIZE + i * KEY_PTR_SIZE;
         let mut c = Cursor::at(self.buf, off, "node key pointer");
@@ -185,6 +194,7 @@ impl<'a> BlockView<'a> {
         })
     }
     /// Key of slot `i`, for either a leaf or a node.
+    #[inline]
     pub fn key_at(&self, i: usize) -> Result<Key> {
         if self.level() == 0 {
             self.item_key(i)
