@@ -46,6 +46,17 @@ pub struct Image {
     no_csum: bool,
 }
 
+impl Image {
+    /// The image (or comma-separated devices) as a mount names it.
+    pub(crate) fn of(image: &str, verify_csum: bool) -> Image {
+        Image {
+            image: image.to_string(),
+            devices: Vec::new(),
+            no_csum: !verify_csum,
+        }
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum Format {
     Text,
@@ -386,7 +397,7 @@ impl std::error::Error for Incomplete {}
 /// whether there were any.
 /// The root tree root of generation `generation`: a backup root of the superblock,
 /// else the block a scan of the metadata finds (as `btrfs-find-root`).
-fn root_of_generation(img: &Image, generation: u64) -> Result<u64> {
+pub(crate) fn root_of_generation(img: &Image, generation: u64) -> Result<u64> {
     let fs = open_with(img, true, None)?;
     let sb = on_disk_super(img)?;
     if generation == sb.generation {

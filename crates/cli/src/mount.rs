@@ -46,6 +46,12 @@ Mount options (-o, comma separated, repeatable):
   readahead_kb=N        kernel readahead for the mount (default 4096, like btrfs; 0 = FUSE's 128)
   max_read=BYTES        largest read request (default 1048576, the kernel's limit)
   rescue=ignoredatacsums  do not verify data checksums
+  rescue=usebackuproot  (or usebackuproot) mount read-only; a root tree that cannot be read
+                        gives way to the newest backup root that can (every ro mount does)
+  generation=N          read-only: show the filesystem as commit N left it (a backup root,
+                        else found by scanning the metadata, as `extract --generation`)
+  tree_root=BYTENR      read-only: show the filesystem from this root tree block
+                        (`ubtrfs rescue find-root` lists candidates)
   log=FILE              append error messages (checksum failures...) to FILE; without it
                         a detached mount discards them (-f prints them on stderr)
   fsname=NAME           mount source shown in /proc/mounts (default: the image path)
@@ -98,6 +104,12 @@ struct Opts {
     notreelog: bool,
     /// `-o remount,...` (from mount(8)): change the mounted filesystem's flags.
     remount: bool,
+    /// `-o tree_root=BYTENR`: show the filesystem from this root tree block.
+    tree_root: Option<u64>,
+    /// `-o generation=N`: show the filesystem as generation N committed it.
+    generation: Option<u64>,
+    /// `-o rescue=usebackuproot`: accepted, and read-only (see `open_read_only`).
+    usebackuproot: bool,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -129,6 +141,9 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         compress_force: false,
         notreelog: false,
         remount: false,
+        tree_root: None,
+        generation: None,
+        usebackuproot: false,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -168,13 +183,47 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("readahead_kb", Some(n)) => o.readahead_kb = Some(num(k, n)?),
             ("max_read", Some(n)) => o.max_read = Some(num::<u32>(k, n)?.clamp(4096, 1 << 20)),
             ("rescue", Some("ignoredatacsums")) => o.verify_csum = false,
+            ("rescue", Some("usebackuproot")) | ("usebackuproot", None) => o.usebackuproot = true,
+            ("tree_root", Some(v)) => o.tree_root = Some(num(k, v)?),
+            ("generation", Some(v)) => o.generation = Some(num(k, v)?),
             ("log", Some(f)) => o.log = Some(PathBuf::from(f)),
             ("fsname", Some(n)) => o.fsname = Some(n.to_string()),
             ("subtype", Some(n)) => o.subtype = Some(n.to_string()),
             _ => bail!("unknown mount option {item:?} (see ubtrfs mount --help)"),
         }
     }
+    if o.tree_root.is_some() || o.generation.is_some() || o.usebackuproot {
+        // An older generation is a view: writing there would fork the filesystem.
+        if o.rw == Some(true) {
+            bail!("mount options tree_root, generation and usebackuproot are read-only (-o ro)");
+        }
+        if o.tree_root.is_some() && o.generation.is_some() {
+            bail!("mount options tree_root and generation exclude each other");
+        }
+        o.rw = Some(false);
+    }
     Ok(o)
+}
+
+/// Opens the filesystem read-only as the mount options ask: at an older root tree
+/// (`tree_root=`, `generation=`). (A read-only open salvages: a root tree that
+/// cannot be read already gives way to the newest backup root that can, which is
+/// what the kernel's rescue=usebackuproot asks for.)
+fn open_read_only(
+    image: &str,
+    paths: &[PathBuf],
+    o: &Opts,
+    opts: OpenOptions,
+) -> Result<Filesystem> {
+    let tree_root = match o.generation {
+        Some(g) => Some(crate::root_of_generation(
+            &crate::Image::of(image, o.verify_csum),
+            g,
+        )?),
+        None => o.tree_root,
+    };
+    Filesystem::open_replayed(paths, OpenOptions { tree_root, ..opts })
+        .with_context(|| format!("cannot open {image}"))
 }
 
 pub fn run(args: MountArgs) -> Result<()> {
@@ -246,8 +295,7 @@ pub fn run(args: MountArgs) -> Result<()> {
                 ..opts
             };
             // A tree log is replayed in memory only: a read-only mount never writes.
-            let fs = Filesystem::open_replayed(&paths, opts)
-                .with_context(|| format!("cannot open {}", args.image))?;
+            let fs = open_read_only(&args.image, &paths, &o, opts)?;
             Engine::ReadOnly(Arc::new(fs))
         }
     };
@@ -596,5 +644,30 @@ mod tests {
         assert!(parse_options(&["compress=lz4".into()]).is_err());
         assert!(parse_options(&["bogus".into()]).is_err());
         assert!(parse_options(&["subvolid=x".into()]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod option_tests {
+    use super::parse_options;
+
+    fn opts(s: &str) -> anyhow::Result<super::Opts> {
+        parse_options(&[s.to_string()])
+    }
+
+    #[test]
+    fn older_generations_mount_read_only() {
+        let o = opts("generation=7").expect("generation");
+        assert_eq!((o.generation, o.rw), (Some(7), Some(false)));
+        let o = opts("ro,tree_root=30408704").expect("tree_root");
+        assert_eq!((o.tree_root, o.rw), (Some(30408704), Some(false)));
+        let o = opts("rescue=usebackuproot").expect("usebackuproot");
+        assert_eq!(o.rw, Some(false));
+        assert!(
+            opts("rw,generation=7").is_err(),
+            "an older generation is not writable"
+        );
+        assert!(opts("generation=7,tree_root=1").is_err());
+        assert!(opts("generation=x").is_err());
     }
 }

@@ -627,6 +627,7 @@ fn older_generations(img: &Path, work: &Path) {
         .filter(|(_, g)| !backups.contains(g))
         .min_by_key(|(_, g)| *g)
         .unwrap_or_else(|| panic!("a generation no backup root holds:\n{text}\n{backups:?}"));
+    mount_previous_commit(img);
     let restore_dir = work.join("restore");
     std::fs::create_dir_all(&restore_dir).expect("mkdir");
     let _ = Command::new("btrfs")
@@ -694,4 +695,52 @@ fn older_generations(img: &Path, work: &Path) {
         ours.len(),
         restore.len()
     );
+}
+
+/// `ubtrfs mount -o generation=G` (and `-o tree_root=B`) of the commit before the
+/// last, a backup root: the file the last commit wrote (`new4`) is not there yet,
+/// the others are, with their bytes.
+fn mount_previous_commit(img: &Path) {
+    let dump = sh(&format!(
+        "btrfs inspect-internal dump-super -f {}",
+        shell_quote(img)
+    ));
+    let current: u64 = dump
+        .lines()
+        .find_map(|l| l.strip_prefix("generation").map(|v| v.trim().parse().ok()))
+        .flatten()
+        .expect("superblock generation");
+    // backup_tree_root:	BYTENR	gen: G	level: L
+    let (bytenr, generation) = dump
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.first() == Some(&"backup_tree_root:") && w.len() >= 4)
+                .then(|| Some((w[1].parse::<u64>().ok()?, w[3].parse::<u64>().ok()?)))
+                .flatten()
+        })
+        .filter(|&(_, g)| g < current)
+        .max_by_key(|&(_, g)| g)
+        .expect("a backup root older than the superblock's");
+    for opt in [
+        format!("generation={generation}"),
+        format!("tree_root={bytenr}"),
+    ] {
+        let mut m = FuseMount::start(&UBTRFS, &[img], &[&opt]);
+        let shown = tree(&m.mnt);
+        assert!(m.unmount().success(), "{}", m.log());
+        assert!(!shown.contains_key("new4"), "mount -o {opt}: new4 is newer");
+        for i in 0..4 {
+            let want = format!("f:{}", sha(format!("new {i}\n").as_bytes()));
+            assert_eq!(
+                shown.get(&format!("new{i}")),
+                Some(&want),
+                "mount -o {opt}: new{i}"
+            );
+        }
+        eprintln!(
+            "mount -o {opt} (superblock generation {current}): {} entries",
+            shown.len()
+        );
+    }
 }
