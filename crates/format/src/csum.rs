@@ -89,6 +89,14 @@ pub fn crc32c_raw(seed: u32, data: &[u8]) -> u32 {
     !crc32c::crc32c_append(!seed, data)
 }
 
+/// The 64-bit xxHash (seed 0) of `bytes` as a number: a fast fingerprint for
+/// in-memory matching (names in `check`, block signatures in `dedupe`); the same
+/// function as the Xxhash64 checksum.
+#[inline]
+pub fn xxh64(bytes: &[u8]) -> u64 {
+    xxhash_rust::xxh64::xxh64(bytes, 0)
+}
+
 /// Hash of a directory entry or xattr name (DIR_ITEM / XATTR_ITEM key offset).
 pub fn name_hash(name: &[u8]) -> u64 {
     crc32c_raw(!1u32, name) as u64

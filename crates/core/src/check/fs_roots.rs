@@ -94,10 +94,7 @@ struct TreeCheck<'a> {
 /// A 64-bit hash of a name, to match the three sides of a name without keeping it
 /// (xxhash64: several times faster than the std hasher on short names).
 fn hash_name(name: &[u8]) -> u64 {
-    let sum = ubtrfs_format::csum::CsumType::Xxhash64.compute(name);
-    let mut h = [0u8; 8];
-    h.copy_from_slice(&sum[..8]);
-    u64::from_le_bytes(h)
+    ubtrfs_format::csum::xxh64(name)
 }
 
 pub(super) fn file_type(mode: u32) -> u8 {

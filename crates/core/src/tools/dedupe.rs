@@ -32,7 +32,7 @@ use crate::tree::ctree::{prefetch_tree, TreeIter};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use ubtrfs_format::consts::*;
-use ubtrfs_format::csum::CsumType;
+use ubtrfs_format::csum::xxh64;
 use ubtrfs_format::items::{parse_dir_items, FileExtentBody, InodeItem};
 use ubtrfs_format::key::Key;
 
@@ -467,13 +467,6 @@ fn hash_file(fs: &Filesystem, f: &FileRec) -> Result<Vec<u64>> {
         w0 = w1;
     }
     Ok(hashes)
-}
-
-fn xxh64(bytes: &[u8]) -> u64 {
-    let sum = CsumType::Xxhash64.compute(bytes);
-    let mut h = [0u8; 8];
-    h.copy_from_slice(&sum[..8]);
-    u64::from_le_bytes(h)
 }
 
 /// Fills the checksums of the sectors of file range `[w0, w1)` that lie in
