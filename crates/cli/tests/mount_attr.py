@@ -313,6 +313,47 @@ for d in ["dc", "dnocow", "dz", "dnone"]:
     for p in [d + "/child", d + "/sub", d + "/sub/grandchild"]:
         show(p)
 
+# setuid and setgid dropped by changes, as the VFS drops them: for callers without
+# CAP_FSETID, setgid only when the group may execute or the caller is outside the
+# file's group; chown always drops setuid (ubtrfs: FUSE_HANDLE_KILLPRIV_V2, the
+# server clears them and tells the kernel to forget the cached mode).
+with open("ssrc", "wb") as f:
+    f.write(b"source\n")
+
+
+def copy_range(dst):
+    fi = os.open("ssrc", os.O_RDONLY)
+    fo = os.open(dst, os.O_WRONLY)
+    try:
+        os.copy_file_range(fi, fo, 4, 0, 0)
+    finally:
+        os.close(fi)
+        os.close(fo)
+
+
+KILL_ACTIONS = [
+    ("write", lambda p: write_at(p, os.O_WRONLY)),
+    ("truncate", lambda p: os.truncate(p, 2)),
+    ("fallocate", lambda p: fallocate(p, os.O_WRONLY, 0, 0, 8192)),
+    ("punch", lambda p: fallocate(p, os.O_WRONLY, 3, 0, 4096)),
+    ("copy_file_range", copy_range),
+    ("chown", lambda p: os.chown(p, -1, os.getgid())),
+]
+n = 0
+for mode in (0o6755, 0o6745, 0o2755):
+    for group in (NOBODY, 0):
+        for caller in (None, NOBODY):
+            for name, act in KILL_ACTIONS:
+                n += 1
+                p = "s%d" % n
+                with open(p, "wb") as f:
+                    f.write(b"hello\n")
+                os.chown(p, NOBODY, group)
+                os.chmod(p, mode)
+                who = "root" if caller is None else "nobody"
+                step("%s %o group %d by %s" % (name, mode, group, who), lambda: act(p), caller)
+                step("  mode", lambda: oct(os.stat(p).st_mode & 0o7777))
+
 # data
 for n in ["cfile", "pz", "pm", "nocow", "data"]:
     with open(n, "ab") as f:

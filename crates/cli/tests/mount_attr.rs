@@ -124,6 +124,11 @@ fn extent_state(img: &Path) -> BTreeMap<u64, (String, Vec<String>)> {
     let mut cur: Option<(u64, &str)> = None;
     for l in text.lines() {
         let t = l.trim_start();
+        // A leaf's header has flags too (WRITTEN): they end the item before it.
+        if t.starts_with("leaf ") || t.starts_with("node ") {
+            cur = None;
+            continue;
+        }
         if t.starts_with("item ") && t.contains(" key (") {
             let k = t.split(" key (").nth(1).unwrap_or("");
             let mut f = k.split_whitespace();

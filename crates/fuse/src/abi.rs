@@ -78,6 +78,8 @@ pub(crate) mod init {
     pub(crate) const MAX_PAGES: u32 = 1 << 22;
     pub(crate) const CACHE_SYMLINKS: u32 = 1 << 23;
     pub(crate) const NO_OPENDIR_SUPPORT: u32 = 1 << 24;
+    /// The server clears setuid/setgid on write, truncate and chown (killpriv.rs).
+    pub(crate) const HANDLE_KILLPRIV_V2: u32 = 1 << 28;
 }
 
 /// fuse_open_out `open_flags`.

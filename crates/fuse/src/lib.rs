@@ -27,6 +27,7 @@ mod acl;
 pub mod balance_ops;
 mod channel;
 mod ino;
+mod killpriv;
 mod nodes;
 mod ops;
 pub mod quota_ops;

@@ -79,6 +79,9 @@ pub struct Ops {
     /// cache and readdir cache across opens): two or three requests less per file.
     no_open: AtomicBool,
     no_opendir: AtomicBool,
+    /// The kernel took FUSE_HANDLE_KILLPRIV_V2: setuid/setgid are cleared here
+    /// (module `killpriv`), also on fallocate and copy_file_range.
+    pub(crate) killpriv: AtomicBool,
     /// st_ino of every file (module `ino`).
     ino: InoMap,
     /// Read-write mount: the read-only subvolumes (`btrfs subvolume snapshot -r`,
@@ -161,6 +164,7 @@ impl Ops {
             logged: Mutex::new(HashSet::new()),
             no_open: AtomicBool::new(false),
             no_opendir: AtomicBool::new(false),
+            killpriv: AtomicBool::new(false),
             dir_ends: Mutex::new(std::collections::HashMap::new()),
             next_dir_fh: std::sync::atomic::AtomicU64::new(1),
             balance: Mutex::new(None),
@@ -182,6 +186,10 @@ impl Ops {
         );
         self.no_opendir.store(
             flags & abi::init::NO_OPENDIR_SUPPORT != 0,
+            Ordering::Relaxed,
+        );
+        self.killpriv.store(
+            flags & abi::init::HANDLE_KILLPRIV_V2 != 0,
             Ordering::Relaxed,
         );
     }
@@ -773,6 +781,9 @@ impl Ops {
         let Some(name) = a.cstr() else {
             return reply.error(errno::EINVAL);
         };
+        if std::env::var_os("UBTRFS_XDBG").is_some() {
+            eprintln!("GETXATTR {} {}", h.nodeid, String::from_utf8_lossy(name));
+        }
         let node = match self.node(h.nodeid) {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),

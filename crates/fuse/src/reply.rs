@@ -67,6 +67,40 @@ impl<'a> Reply<'a> {
     }
 }
 
+/// FUSE notification codes (the server's messages to the kernel, unasked).
+pub(crate) const NOTIFY_INVAL_INODE: i32 = 2;
+pub(crate) const NOTIFY_INVAL_ENTRY: i32 = 3;
+
+/// Sends a notification: an answer with `unique` 0 and the code where the errno goes.
+pub(crate) fn notify(ch: &Channel, code: i32, parts: &[&[u8]]) {
+    let len = OUT_HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
+    let mut hdr = [0u8; OUT_HEADER_SIZE];
+    hdr[..4].copy_from_slice(&(len as u32).to_ne_bytes());
+    hdr[4..8].copy_from_slice(&code.to_ne_bytes());
+    let mut iov = vec![IoSlice::new(&hdr)];
+    iov.extend(
+        parts
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| IoSlice::new(p)),
+    );
+    if let Err(e) = ch.send(&iov) {
+        eprintln!("ubtrfs: writing a notification to /dev/fuse failed: {e}");
+    }
+}
+
+/// Tells the kernel to drop its cached attributes of `nodeid` and, from byte
+/// `offset` on, its cached data (a negative offset keeps the data: attributes only,
+/// which takes no inode lock in the kernel, so it is safe while a request of that
+/// inode is being answered).
+pub(crate) fn inval_inode(ch: &Channel, nodeid: u64, offset: i64) {
+    let mut i = Vec::with_capacity(24);
+    i.extend_from_slice(&nodeid.to_ne_bytes());
+    i.extend_from_slice(&offset.to_ne_bytes());
+    i.extend_from_slice(&0i64.to_ne_bytes());
+    notify(ch, NOTIFY_INVAL_INODE, &[&i]);
+}
+
 impl Drop for Reply<'_> {
     fn drop(&mut self) {
         if !self.sent {

@@ -19,11 +19,10 @@
 //! notifications after the reply (the kernel did not see the change happen).
 
 use crate::abi::InHeader;
-use crate::abi::OUT_HEADER_SIZE;
 use crate::channel::Channel;
 use crate::ops::{errno, Ops};
+use crate::reply::{inval_inode, notify, NOTIFY_INVAL_ENTRY};
 use crate::writer::Engine;
-use std::io::IoSlice;
 use std::path::{Path, PathBuf};
 use ubtrfs_core::{now, Node};
 use ubtrfs_format::consts::FIRST_FREE_OBJECTID;
@@ -61,10 +60,6 @@ pub(crate) fn is_subvol_ioctl(cmd: u32) -> bool {
 const SUBVOL_RDONLY: u64 = 1 << 1;
 const SUBVOL_QGROUP_INHERIT: u64 = 1 << 2;
 const SUBVOL_SPEC_BY_ID: u64 = 1 << 4;
-
-/// FUSE notification codes.
-const NOTIFY_INVAL_INODE: i32 = 2;
-const NOTIFY_INVAL_ENTRY: i32 = 3;
 
 /// The parsed arguments: the caller's fd, the v2 flags, the name.
 struct VolArgs {
@@ -164,7 +159,7 @@ impl Ops {
         }
         let mut o = crate::abi::Out::with_capacity(16);
         o.i32(0).u32(0).u32(0).u32(0);
-        send(ch, 0, h.unique, &[&o.buf]);
+        crate::reply::Reply::new(ch, h.unique).ok(&o.buf);
         invalidate(ch, h.nodeid, &a.name);
         Ok(())
     }
@@ -243,24 +238,6 @@ impl Ops {
     }
 }
 
-fn send(ch: &Channel, error: i32, unique: u64, parts: &[&[u8]]) {
-    let len = OUT_HEADER_SIZE + parts.iter().map(|p| p.len()).sum::<usize>();
-    let mut hdr = [0u8; OUT_HEADER_SIZE];
-    hdr[..4].copy_from_slice(&(len as u32).to_ne_bytes());
-    hdr[4..8].copy_from_slice(&error.to_ne_bytes());
-    hdr[8..].copy_from_slice(&unique.to_ne_bytes());
-    let mut iov = vec![IoSlice::new(&hdr)];
-    iov.extend(
-        parts
-            .iter()
-            .filter(|p| !p.is_empty())
-            .map(|p| IoSlice::new(p)),
-    );
-    if let Err(e) = ch.send(&iov) {
-        eprintln!("ubtrfs: writing to /dev/fuse failed: {e}");
-    }
-}
-
 /// Tells the kernel to forget `name` in directory `parent` and the directory's
 /// attributes and listing (sent after the reply, so no request waits on it).
 fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
@@ -270,12 +247,8 @@ fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
     e.extend_from_slice(&0u32.to_ne_bytes());
     e.extend_from_slice(name);
     e.push(0);
-    send(ch, NOTIFY_INVAL_ENTRY, 0, &[&e]);
-    let mut i = Vec::with_capacity(24);
-    i.extend_from_slice(&parent.to_ne_bytes());
-    i.extend_from_slice(&0i64.to_ne_bytes());
-    i.extend_from_slice(&0i64.to_ne_bytes());
-    send(ch, NOTIFY_INVAL_INODE, 0, &[&i]);
+    notify(ch, NOTIFY_INVAL_ENTRY, &[&e]);
+    inval_inode(ch, parent, 0);
 }
 
 /// The client side: what `ubtrfs subvolume create|snapshot|delete` send when given a

@@ -5,14 +5,17 @@
 
 use crate::abi::{self, op, Args, InHeader, Out};
 use crate::acl;
+use crate::channel::Channel;
+use crate::killpriv::{killed_mode, Cause};
 use crate::nodes::NodeKey;
 use crate::ops::{errno, Ops, NAME_MAX};
+use crate::reply::inval_inode;
 use crate::reply::Reply;
 use crate::writer::Writer;
 use crate::writer::DEFAULT_ITEMS;
 use std::sync::atomic::Ordering;
 use ubtrfs_core::format::consts::{INODE_APPEND, INODE_DIRSYNC, INODE_IMMUTABLE, INODE_SYNC};
-use ubtrfs_core::format::items::Timespec;
+use ubtrfs_core::format::items::{InodeItem, Timespec};
 use ubtrfs_core::fsflags::{FS_APPEND_FL, FS_IMMUTABLE_FL};
 use ubtrfs_core::mode::{S_IFDIR, S_IFLNK, S_IFMT};
 use ubtrfs_core::{
@@ -32,6 +35,10 @@ const FATTR_MTIME: u32 = 1 << 5;
 const FATTR_ATIME_NOW: u32 = 1 << 7;
 const FATTR_MTIME_NOW: u32 = 1 << 8;
 const FATTR_CTIME: u32 = 1 << 10;
+const FATTR_KILL_SUIDGID: u32 = 1 << 11;
+
+// fuse_write_in.write_flags
+const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
 // fallocate(2) modes
 const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
@@ -87,7 +94,6 @@ fn refuse(flags: u64, bits: u64) -> Result<(), i32> {
     }
 }
 
-/// A missing xattr is ENODATA, not ENOENT.
 /// The ACLs a new inode inherits from its directory's default ACL.
 #[derive(Default)]
 struct Inherited {
@@ -111,6 +117,18 @@ impl Inherited {
     }
 }
 
+/// A change that may clear setuid/setgid: who asks, for which inode, and why.
+#[derive(Clone, Copy)]
+struct Killing<'a> {
+    h: &'a InHeader,
+    ch: &'a Channel,
+    /// The kernel's name for the inode (to drop its cached mode).
+    nodeid: u64,
+    node: Node,
+    cause: Cause,
+}
+
+/// A missing xattr is ENODATA, not ENOENT.
 fn xattr_errno(e: i32) -> i32 {
     if e == errno::ENOENT {
         errno::ENODATA
@@ -140,12 +158,12 @@ impl Ops {
             op::UNLINK | op::RMDIR => self.remove(w, h, a, h.opcode == op::RMDIR),
             op::RENAME => self.rename(w, h, a, false),
             op::RENAME2 => self.rename(w, h, a, true),
-            op::WRITE => self.write(w, h, a),
+            op::WRITE => self.write(w, h, a, reply.channel()),
             op::SETATTR => self.setattr(w, h, a),
             op::SETXATTR => self.setxattr(w, h, a),
             op::REMOVEXATTR => self.removexattr(w, h, a),
-            op::FALLOCATE => self.fallocate(w, h, a),
-            op::COPY_FILE_RANGE => self.copy_file_range(w, h, a),
+            op::FALLOCATE => self.fallocate(w, h, a, reply.channel()),
+            op::COPY_FILE_RANGE => self.copy_file_range(w, h, a, reply.channel()),
             op::TMPFILE => return self.create(w, h, a, reply, true),
             _ => Err(errno::ENOSYS),
         };
@@ -158,10 +176,47 @@ impl Ops {
     /// The btrfs inode flags of `node` (immutable, append-only, sync, ...): the
     /// kernel keeps them in the VFS inode; here they are read with each change.
     fn iflags(&self, w: &Writer, node: Node) -> Result<u64, i32> {
-        // Flags do not depend on data waiting for extents: flush nothing.
+        self.inode_item(w, node).map(|i| i.flags)
+    }
+
+    fn inode_item(&self, w: &Writer, node: Node) -> Result<InodeItem, i32> {
+        // Flags and mode do not depend on data waiting for extents: flush nothing.
         w.read_flushing(None, |fs| fs.inode_item(node))
-            .map(|i| i.flags)
             .map_err(|e| e.errno())
+    }
+
+    /// Clears setuid/setgid of `nodeid` (inode item `i`) as the VFS does for this
+    /// change (module `killpriv`), in a change of its own before the data change.
+    /// The kernel keeps the old mode cached (it refreshes only size and times after
+    /// a write or fallocate), so it is told to drop it before the answer goes out.
+    fn kill_suidgid(&self, w: &Writer, k: Killing<'_>, i: &InodeItem) -> Result<(), i32> {
+        let node = k.node;
+        if let Some(mode) = killed_mode(i.mode, i.gid, k.cause, k.h) {
+            w.change("clear setuid/setgid", |t| {
+                t.setattr(
+                    node.root,
+                    node.ino,
+                    Some(mode),
+                    None,
+                    None,
+                    None,
+                    None,
+                    now(),
+                )
+            })?;
+            inval_inode(k.ch, k.nodeid, -1);
+        }
+        Ok(())
+    }
+
+    /// fallocate and copy_file_range: the kernel leaves the clearing to the server
+    /// when it took FUSE_HANDLE_KILLPRIV_V2 (otherwise it has done it already).
+    fn kill_suidgid_unmarked(&self, w: &Writer, k: Killing<'_>) -> Result<(), i32> {
+        if !self.killpriv.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let i = self.inode_item(w, k.node)?;
+        self.kill_suidgid(w, k, &i)
     }
 
     /// The flags of the inode `name` names in `dir`, if it exists.
@@ -502,17 +557,35 @@ impl Ops {
         Ok(Vec::new())
     }
 
-    fn write(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+    fn write(
+        &self,
+        w: &Writer,
+        h: &InHeader,
+        mut a: Args<'_>,
+        ch: &Channel,
+    ) -> Result<Vec<u8>, i32> {
         let _fh = a.u64().ok_or(errno::EINVAL)?;
         let offset = a.u64().ok_or(errno::EINVAL)?;
         let size = a.u32().ok_or(errno::EINVAL)?;
-        a.skip(4 + 8 + 4 + 4).ok_or(errno::EINVAL)?; // write_flags, lock_owner, flags, padding
+        let write_flags = a.u32().ok_or(errno::EINVAL)?;
+        a.skip(8 + 4 + 4).ok_or(errno::EINVAL)?; // lock_owner, flags, padding
         let data = a.rest();
         let data = data.get(..size as usize).ok_or(errno::EINVAL)?;
         let node = self.changeable(h.nodeid)?;
         // Writers were checked at OPEN; as on the kernel, a file made immutable or
         // append-only while open can still be written through that descriptor.
-        let iflags = self.iflags(w, node)?;
+        let i = self.inode_item(w, node)?;
+        let iflags = i.flags;
+        if write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
+            let k = Killing {
+                h,
+                ch,
+                nodeid: h.nodeid,
+                node,
+                cause: Cause::Marked,
+            };
+            self.kill_suidgid(w, k, &i)?;
+        }
         w.write_data(node.root, node.ino, offset, data)?;
         self.sync_if(w, iflags, INODE_SYNC)?;
         let mut o = Out::with_capacity(8);
@@ -581,7 +654,20 @@ impl Ops {
                 },
             )?;
         }
-        let mode = (valid & FATTR_MODE != 0).then_some(mode);
+        // FUSE_HANDLE_KILLPRIV_V2: a chown of a non-directory, or a truncate by a
+        // caller without CAP_FSETID, clears setuid/setgid (the kernel sends no mode).
+        let killed = if valid & FATTR_KILL_SUIDGID != 0 && valid & FATTR_MODE == 0 {
+            let i = self.inode_item(w, node)?;
+            let cause = if valid & (FATTR_UID | FATTR_GID) != 0 {
+                Cause::Chown
+            } else {
+                Cause::Marked
+            };
+            killed_mode(i.mode, i.gid, cause, h)
+        } else {
+            None
+        };
+        let mode = (valid & FATTR_MODE != 0).then_some(mode).or(killed);
         let uid = (valid & FATTR_UID != 0).then_some(uid);
         let gid = (valid & FATTR_GID != 0).then_some(gid);
         // A truncate frees space (it may rewrite the last sector); the rest touches
@@ -610,7 +696,7 @@ impl Ops {
             {
                 t.setattr(node.root, node.ino, mode, uid, gid, atime, mtime, t0)?;
             }
-            if let Some(m) = mode {
+            if let (Some(m), None) = (mode, killed) {
                 // chmod rewrites the access ACL, as the kernel's posix_acl_chmod.
                 if let Some(mut a) =
                     t.fs.getxattr(node, acl::ACCESS)?
@@ -697,7 +783,13 @@ impl Ops {
         Ok(Vec::new())
     }
 
-    fn fallocate(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+    fn fallocate(
+        &self,
+        w: &Writer,
+        h: &InHeader,
+        mut a: Args<'_>,
+        ch: &Channel,
+    ) -> Result<Vec<u8>, i32> {
         let _fh = a.u64().ok_or(errno::EINVAL)?;
         let offset = a.u64().ok_or(errno::EINVAL)?;
         let len = a.u64().ok_or(errno::EINVAL)?;
@@ -710,6 +802,14 @@ impl Ops {
         if mode & !FALLOC_FL_KEEP_SIZE != 0 {
             refuse(iflags, INODE_APPEND)?;
         }
+        let k = Killing {
+            h,
+            ch,
+            nodeid: h.nodeid,
+            node,
+            cause: Cause::Unmarked,
+        };
+        self.kill_suidgid_unmarked(w, k)?;
         let keep = mode & FALLOC_FL_KEEP_SIZE != 0;
         let t0 = now();
         // Preallocation and zeroing allocate the range (reserved first, as the
@@ -742,7 +842,13 @@ impl Ops {
     /// copy_file_range(2): shares whole sectors (a reflink, as btrfs answers it
     /// through the VFS's remap_file_range), copies the rest; a short count makes the
     /// caller come back for what follows.
-    fn copy_file_range(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+    fn copy_file_range(
+        &self,
+        w: &Writer,
+        h: &InHeader,
+        mut a: Args<'_>,
+        ch: &Channel,
+    ) -> Result<Vec<u8>, i32> {
         let _fh_in = a.u64().ok_or(errno::EINVAL)?;
         let off_in = a.u64().ok_or(errno::EINVAL)?;
         let nodeid_out = a.u64().ok_or(errno::EINVAL)?;
@@ -760,6 +866,14 @@ impl Ops {
         if self.iflags(w, dst)? & INODE_IMMUTABLE != 0 {
             return Err(errno::EPERM);
         }
+        let k = Killing {
+            h,
+            ch,
+            nodeid: nodeid_out,
+            node: dst,
+            cause: Cause::Unmarked,
+        };
+        self.kill_suidgid_unmarked(w, k)?;
         let need = w.read(|fs| Trans::copy_file_range_reservation(fs, off_in, off_out, len));
         let (n, _shared) = w.change_reserved("copy_file_range", need, |t| {
             t.copy_file_range(

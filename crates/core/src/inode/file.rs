@@ -896,7 +896,11 @@ impl Trans {
     }
 
     /// FALLOC_FL_PUNCH_HOLE: the range reads as zeroes afterwards and whole sectors in
-    /// it hold no data; the size does not change.
+    /// it hold no data; the size does not change. As the kernel's btrfs_punch_hole,
+    /// whole sectors are those of the range itself, not clipped to the size: a punch
+    /// reaching past the end of file drops the sector holding it (an inline extent
+    /// included) and preallocated extents beyond it; only partial sectors inside the
+    /// file get zeroes written.
     pub fn punch_hole(
         &mut self,
         root: u64,
@@ -909,32 +913,38 @@ impl Trans {
         if inode.mode & 0o170000 != 0o100000 {
             return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
         }
-        let end = offset.saturating_add(len).min(inode.size);
-        if offset >= end {
+        let req_end = offset.saturating_add(len);
+        if offset >= req_end {
             return Ok(());
         }
         let ss = self.fs.info.sectorsize as u64;
-        if self.has_inline(root, ino)? {
+        let size = inode.size;
+        let size_up = size.next_multiple_of(ss);
+        let (inner_s, inner_e) = (offset.next_multiple_of(ss), req_end - req_end % ss);
+        if offset < size_up && self.has_inline(root, ino)? {
             self.convert_inline(root, ino, &mut inode)?;
         }
-        let (inner_s, inner_e) = (offset.next_multiple_of(ss), end - end % ss);
         if inner_s < inner_e {
             let released = self.drop_extents(root, ino, inner_s, inner_e)?;
             inode.nbytes = inode.nbytes.saturating_sub(released);
-            if !self.no_holes() {
-                self.fill_holes(root, ino, inner_s, inner_e)?;
+            if !self.no_holes() && inner_s < inner_e.min(size_up) {
+                self.fill_holes(root, ino, inner_s, inner_e.min(size_up))?;
             }
-            self.touch(&mut inode, t, true);
+            if released > 0 || inner_s < size_up {
+                self.touch(&mut inode, t, true);
+            }
             self.write_inode(root, ino, &inode)?;
         }
-        // Partial sectors at either end get zeroes written (read-modify-write).
-        let head_e = inner_s.min(end);
+        // Partial sectors at either end get zeroes written (read-modify-write), up to
+        // the end of file only: nothing past it is visible.
+        let head_e = inner_s.min(req_end).min(size);
         if offset < head_e {
             self.write(root, ino, offset, &vec![0u8; (head_e - offset) as usize], t)?;
         }
         let tail_s = inner_e.max(offset);
-        if inner_s <= inner_e && tail_s < end {
-            self.write(root, ino, tail_s, &vec![0u8; (end - tail_s) as usize], t)?;
+        let tail_e = req_end.min(size);
+        if inner_s <= inner_e && tail_s < tail_e {
+            self.write(root, ino, tail_s, &vec![0u8; (tail_e - tail_s) as usize], t)?;
         }
         Ok(())
     }
