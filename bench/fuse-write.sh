@@ -9,7 +9,7 @@
 # Prints each time, throughput and the ratio ubtrfs/kernel (times: > 1 is slower;
 # throughput: < 1 is slower), and the server's peak RSS.
 # Needs root. SIZE=1G by default; SRC=/usr/share/doc; NFILES=100000;
-# UBTRFS=path uses a prebuilt binary.
+# UBTRFS=path uses a prebuilt binary; URING=0 measures /dev/fuse, not FUSE over io_uring.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -31,7 +31,18 @@ cleanup() {
     mountpoint -q "$UM" && fusermount3 -u "$UM" || true
     sleep 0.5
 }
-trap cleanup EXIT
+# FUSE over io_uring (Linux 6.14 on): the mount uses it when the fuse module's
+# enable_uring parameter is set; URING=0 measures /dev/fuse instead. Put back after.
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+uring_old=$(cat "$URING_PARAM" 2>/dev/null || true)
+restore_uring() { [ -n "$uring_old" ] && echo "$uring_old" > "$URING_PARAM" || true; }
+if [ -n "$uring_old" ]; then
+    if [ "${URING:-1}" = 1 ]; then echo Y > "$URING_PARAM"; else echo N > "$URING_PARAM"; fi
+    echo "fuse enable_uring=$(cat "$URING_PARAM") (FUSE over io_uring $([ "$(cat "$URING_PARAM")" = Y ] && echo on || echo off))"
+else
+    echo "this kernel has no FUSE over io_uring: /dev/fuse"
+fi
+trap 'cleanup; restore_uring' EXIT
 cleanup
 TAR=$WORK/src.tar
 [ -s "$TAR" ] || tar cf "$TAR" -C "$(dirname "$SRC")" "$(basename "$SRC")" 2>/dev/null || true

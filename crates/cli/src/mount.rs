@@ -42,6 +42,10 @@ Mount options (-o, comma separated, repeatable):
                         a snapshot's files for hard links of their source
   cache_mb=N            tree-block cache size in MiB (default 256)
   threads=N             threads serving requests (default 8; read-write: the CPU count, 2..8)
+  io_uring_threads=N    FUSE over io_uring (Linux 6.14 on, with the fuse module's parameter
+                        enable_uring=Y): threads per CPU queue (default 2; 0 = /dev/fuse
+                        only). Requests are served on the CPU that made them: tar x runs
+                        about twice as fast
   attr_timeout=SECS     how long the kernel caches attributes and names (default 86400)
   readahead_kb=N        kernel readahead for the mount (default 4096, like btrfs; 0 = FUSE's 128)
   max_read=BYTES        largest read request (default 1048576, the kernel's limit)
@@ -88,6 +92,7 @@ struct Opts {
     ino: InoMode,
     cache_mb: Option<usize>,
     threads: Option<usize>,
+    uring_threads: Option<usize>,
     ttl: Option<u64>,
     readahead_kb: Option<u32>,
     max_read: Option<u32>,
@@ -128,6 +133,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         ino: InoMode::Unique,
         cache_mb: None,
         threads: None,
+        uring_threads: None,
         ttl: None,
         readahead_kb: None,
         max_read: None,
@@ -179,6 +185,9 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("ino", Some("unique")) => o.ino = InoMode::Unique,
             ("cache_mb", Some(n)) => o.cache_mb = Some(num(k, n)?),
             ("threads", Some(n)) => o.threads = Some(num::<usize>(k, n)?.clamp(1, 256)),
+            ("io_uring_threads", Some(n)) => {
+                o.uring_threads = Some(num::<usize>(k, n)?.min(64));
+            }
             ("attr_timeout", Some(n)) => o.ttl = Some(num(k, n)?),
             ("readahead_kb", Some(n)) => o.readahead_kb = Some(num(k, n)?),
             ("max_read", Some(n)) => o.max_read = Some(num::<u32>(k, n)?.clamp(4096, 1 << 20)),
@@ -235,8 +244,13 @@ pub fn run(args: MountArgs) -> Result<()> {
         return spawn_detached(&args);
     }
     if args.daemon_child {
-        // Leave the caller's session: its terminal's ^C is not for us.
-        let _ = nix::unistd::setsid();
+        // A process group of our own: the terminal's ^C goes to the foreground
+        // group, not to us. Not a session of our own (setsid, as daemons usually
+        // do): with the scheduler's autogroups (sched_autogroup_enabled) a new
+        // session is a new task group, and every request then waits for the
+        // scheduler to switch groups: tar x of 5,400 files took 3.4 s instead of
+        // 1.7 s.
+        let _ = nix::unistd::setpgid(nix::unistd::Pid::from_raw(0), nix::unistd::Pid::from_raw(0));
     }
     let paths: Vec<PathBuf> = args.image.split(',').map(PathBuf::from).collect();
     let mut opts = OpenOptions {
@@ -338,6 +352,11 @@ pub fn run(args: MountArgs) -> Result<()> {
     }
     if let Some(t) = o.threads {
         cfg.tuning.threads = t;
+    }
+    if let Some(t) = o.uring_threads {
+        // At least two per queue: a thread that waits for the kernel (invalidating
+        // a name takes the directory's lock) must not be the queue's only one.
+        cfg.tuning.uring_threads_per_cpu = if t == 0 { 0 } else { t.max(2) };
     }
     if let Some(kb) = o.readahead_kb {
         cfg.tuning.readahead_kb = (kb > 0).then_some(kb);

@@ -434,3 +434,113 @@ fn rw_mount_readdir_while_renaming() {
     let (got, err) = bash_in(&fm.mnt, script);
     assert_eq!(got, want, "ubtrfs vs kernel ({err})");
 }
+
+/// Sets the fuse module's `enable_uring` parameter for the life of the guard and
+/// puts back what it was.
+struct EnableUring(Option<String>);
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+impl EnableUring {
+    fn on() -> Option<EnableUring> {
+        let old = std::fs::read_to_string(ENABLE_URING).ok()?;
+        std::fs::write(ENABLE_URING, "Y").ok()?;
+        Some(EnableUring(Some(old.trim().to_string())))
+    }
+}
+
+impl Drop for EnableUring {
+    fn drop(&mut self) {
+        if let Some(old) = self.0.take() {
+            let _ = std::fs::write(ENABLE_URING, old);
+        }
+    }
+}
+
+/// FUSE over io_uring (the per-CPU queues the mount uses when the kernel offers
+/// them): the same workload as above, plus a snapshot (an ioctl whose answer is
+/// followed by a notification), gives the kernel's tree, and the image round-trips.
+#[test]
+fn rw_mount_through_io_uring_matches_kernel() {
+    if !require_fuse("rw_mount_through_io_uring_matches_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let Some(_uring) = EnableUring::on() else {
+        ubtrfs_sim::host::skip(
+            "rw_mount_through_io_uring_matches_kernel",
+            "the kernel has no FUSE over io_uring (fuse module parameter enable_uring)",
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = fresh_image(dir.path(), "ubtrfs.img");
+    let kimg = fresh_image(dir.path(), "kernel.img");
+    let k = KernelMount::new(&kimg, "rw");
+    let (_, err) = bash_in(&k.path(""), &format!("{WORKLOAD}\necho done >&2"));
+    assert!(
+        err.trim_end().ends_with("done"),
+        "workload on the kernel: {err}"
+    );
+    let kernel_tree = walk_mounted(&k.path(""));
+    k.umount();
+
+    let mut fm = FuseMount::start_env(
+        &UBTRFS,
+        std::slice::from_ref(&img),
+        // st_ino as the kernel shows it, also in the subvolume made below.
+        &["rw,ino=kernel"],
+        &[("UBTRFS_FUSE_STATS", "1")],
+    );
+    let (_, err) = bash_in(&fm.mnt, &format!("{WORKLOAD}\necho done >&2"));
+    assert!(
+        err.trim_end().ends_with("done"),
+        "workload on ubtrfs: {err}\nserver: {}",
+        fm.log()
+    );
+    let fuse_tree = walk_mounted(&fm.mnt);
+    let diffs = compare(
+        "ubtrfs mount over io_uring vs kernel mount (same workload)",
+        &kernel_tree,
+        &fuse_tree,
+        &[
+            "type",
+            "mode",
+            "nlink",
+            "uid",
+            "gid",
+            "rdev",
+            "size",
+            "sha256",
+            "target_hex",
+            "xattrs",
+        ],
+    );
+    report(diffs);
+    // Subvolume ioctls through the mount: answered, then the directory's names
+    // dropped by a notification.
+    let u = env!("CARGO_BIN_EXE_ubtrfs");
+    fm.run(
+        &format!(
+            "{u} subvolume create . /sv && cp -a a/b big sv/ && {u} subvolume snapshot . /sv /snap \
+             && diff -r --no-dereference sv snap && {u} subvolume delete . /snap && test ! -e snap"
+        ),
+        "subvolumes",
+    );
+    let seen = walk_mounted(&fm.mnt);
+    let st = fm.unmount();
+    assert!(st.success(), "server exit {st}: {}", fm.log());
+    // The server says how many requests came through the rings.
+    let log = fm.log();
+    let through: u64 = log
+        .split(" through io_uring")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(
+        through > 1000,
+        "the workload did not go through FUSE over io_uring: {log}"
+    );
+    kernel_round_trip(&img, &seen, "after the io_uring mount");
+}

@@ -80,6 +80,12 @@ pub(crate) mod init {
     pub(crate) const NO_OPENDIR_SUPPORT: u32 = 1 << 24;
     /// The server clears setuid/setgid on write, truncate and chown (killpriv.rs).
     pub(crate) const HANDLE_KILLPRIV_V2: u32 = 1 << 28;
+    /// SETXATTR carries flags of its own (FUSE_SETXATTR_ACL_KILL_SGID).
+    pub(crate) const SETXATTR_EXT: u32 = 1 << 29;
+    /// A second word of flags follows (fuse_init_in/out `flags2`).
+    pub(crate) const INIT_EXT: u32 = 1 << 30;
+    /// In `flags2`: FUSE over io_uring (FUSE_OVER_IO_URING, bit 41 of the whole).
+    pub(crate) const FLAGS2_OVER_IO_URING: u32 = 1 << (41 - 32);
 }
 
 /// fuse_open_out `open_flags`.

@@ -72,6 +72,11 @@ impl Channel {
     /// `fc->aborted` is set, e.g. through /sys/fs/fuse/connections/N/abort; CI saw
     /// it once at an ordinary unmount). Either way no request comes any more, and
     /// the server ends as at an unmount: it commits and releases the image.
+    /// The /dev/fuse descriptor (FUSE over io_uring names it in its commands).
+    pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
+        self.dev.as_raw_fd()
+    }
+
     pub fn receive(&self, buf: &mut [u8]) -> io::Result<Option<usize>> {
         loop {
             match (&self.dev).read(buf) {

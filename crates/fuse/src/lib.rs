@@ -35,6 +35,7 @@ mod reply;
 mod session;
 mod statfs;
 pub mod subvol_ops;
+mod uring;
 mod write_ops;
 mod writer;
 
@@ -89,6 +90,7 @@ impl Config {
                 max_read: 1 << 20,
                 readahead_kb: Some(4096),
                 threads: DEFAULT_THREADS,
+                uring_threads_per_cpu: DEFAULT_URING_THREADS_PER_CPU,
             },
         }
     }
@@ -98,6 +100,9 @@ impl Config {
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Threads serving requests.
 pub const DEFAULT_THREADS: usize = 8;
+/// Threads per CPU queue under FUSE over io_uring: two, so one slow request (a
+/// commit) does not hold up every other request made on that CPU.
+pub const DEFAULT_URING_THREADS_PER_CPU: usize = 2;
 
 /// Mounts `engine` at `mountpoint` (which [`check_mountpoint`] should have vetted) and
 /// completes the FUSE handshake; serve it with [`Session::run`].

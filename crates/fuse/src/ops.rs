@@ -82,6 +82,8 @@ pub struct Ops {
     /// The kernel took FUSE_HANDLE_KILLPRIV_V2: setuid/setgid are cleared here
     /// (module `killpriv`), also on fallocate and copy_file_range.
     pub(crate) killpriv: AtomicBool,
+    /// The kernel took FUSE_SETXATTR_EXT: SETXATTR has a second pair of words.
+    pub(crate) setxattr_ext: AtomicBool,
     /// st_ino of every file (module `ino`).
     ino: InoMap,
     /// Read-write mount: the read-only subvolumes (`btrfs subvolume snapshot -r`,
@@ -165,6 +167,7 @@ impl Ops {
             no_open: AtomicBool::new(false),
             no_opendir: AtomicBool::new(false),
             killpriv: AtomicBool::new(false),
+            setxattr_ext: AtomicBool::new(false),
             dir_ends: Mutex::new(std::collections::HashMap::new()),
             next_dir_fh: std::sync::atomic::AtomicU64::new(1),
             balance: Mutex::new(None),
@@ -192,6 +195,8 @@ impl Ops {
             flags & abi::init::HANDLE_KILLPRIV_V2 != 0,
             Ordering::Relaxed,
         );
+        self.setxattr_ext
+            .store(flags & abi::init::SETXATTR_EXT != 0, Ordering::Relaxed);
     }
 
     pub fn statfs_numbers(&self) -> StatFs {
@@ -901,7 +906,13 @@ impl Ops {
         if crate::subvol_ops::is_subvol_ioctl(cmd) {
             let ch = reply.channel();
             match self.subvol_ioctl(h, cmd, input, ch) {
-                Ok(()) => reply.none(),
+                Ok(name) => {
+                    // fuse_ioctl_out: result, flags, in_iovs, out_iovs.
+                    let mut o = Out::with_capacity(16);
+                    o.i32(0).u32(0).u32(0).u32(0);
+                    reply.ok(&o.buf);
+                    crate::subvol_ops::invalidate(ch, h.nodeid, &name);
+                }
                 Err(e) => reply.error(e),
             }
             return;

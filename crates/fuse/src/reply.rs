@@ -1,14 +1,40 @@
 //! Answers to one request. Every request but FORGET, BATCH_FORGET and INTERRUPT gets
 //! exactly one; a Reply dropped unanswered sends EIO so the caller never hangs.
+//!
+//! An answer goes to /dev/fuse (write), or, for a request that came through FUSE
+//! over io_uring, into that ring entry's buffers ([`RingAnswer`]), which the ring's
+//! thread commits after the handler returns.
 
 use crate::abi::OUT_HEADER_SIZE;
 use crate::channel::Channel;
+use std::cell::RefCell;
 use std::io::IoSlice;
 
 pub struct Reply<'a> {
     ch: &'a Channel,
     unique: u64,
     sent: bool,
+    ring: Option<&'a RingAnswer>,
+}
+
+/// Where the answer to a ring request is kept until its thread commits it: the out
+/// header followed by the body. Not Sync: a ring request is answered on the thread
+/// that took it.
+#[derive(Default)]
+pub(crate) struct RingAnswer {
+    bytes: RefCell<Vec<u8>>,
+}
+
+impl RingAnswer {
+    /// Empties it for the next request (keeping its capacity).
+    pub(crate) fn clear(&self) {
+        self.bytes.borrow_mut().clear();
+    }
+
+    /// The out header and the body, as one buffer (empty if nothing was answered).
+    pub(crate) fn with<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
+        f(&self.bytes.borrow())
+    }
 }
 
 pub(crate) const EIO: i32 = 5;
@@ -19,6 +45,17 @@ impl<'a> Reply<'a> {
             ch,
             unique,
             sent: false,
+            ring: None,
+        }
+    }
+
+    /// The answer to a request that came through FUSE over io_uring.
+    pub(crate) fn to_ring(ch: &'a Channel, unique: u64, ring: &'a RingAnswer) -> Reply<'a> {
+        Reply {
+            ch,
+            unique,
+            sent: false,
+            ring: Some(ring),
         }
     }
 
@@ -29,6 +66,15 @@ impl<'a> Reply<'a> {
         hdr[..4].copy_from_slice(&(len as u32).to_ne_bytes());
         hdr[4..8].copy_from_slice(&(-error).to_ne_bytes());
         hdr[8..].copy_from_slice(&self.unique.to_ne_bytes());
+        if let Some(r) = self.ring {
+            let mut b = r.bytes.borrow_mut();
+            b.clear();
+            b.extend_from_slice(&hdr);
+            for p in parts {
+                b.extend_from_slice(p);
+            }
+            return;
+        }
         let mut iov = Vec::with_capacity(parts.len() + 1);
         iov.push(IoSlice::new(&hdr));
         iov.extend(

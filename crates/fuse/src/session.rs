@@ -21,6 +21,9 @@ pub struct Tuning {
     pub readahead_kb: Option<u32>,
     /// Threads reading /dev/fuse; each answers the requests it reads.
     pub threads: usize,
+    /// Serve through FUSE over io_uring when the kernel offers it (module `uring`):
+    /// this many threads per CPU queue, 0 for /dev/fuse only.
+    pub uring_threads_per_cpu: usize,
 }
 
 /// Largest write request we accept: 1 MiB (max_pages 256), so a large write becomes
@@ -35,26 +38,33 @@ pub struct Session {
     ch: Arc<Channel>,
     ops: Arc<Ops>,
     tuning: Tuning,
+    /// The kernel took FUSE_OVER_IO_URING: requests come through per-CPU rings.
+    uring: bool,
 }
 
 impl Session {
     /// Takes a freshly mounted channel through the INIT handshake. Once this
     /// returns, the mount is usable (requests queue until `run`).
     pub fn new(ch: Channel, ops: Ops, tuning: Tuning) -> io::Result<Session> {
-        let s = Session {
+        let mut s = Session {
             ch: Arc::new(ch),
             ops: Arc::new(ops),
             tuning,
+            uring: false,
         };
-        if let Err(e) = s.handshake() {
-            let _ = s.ch.unmount();
-            return Err(e);
+        match s.handshake() {
+            Ok(uring) => s.uring = uring,
+            Err(e) => {
+                let _ = s.ch.unmount();
+                return Err(e);
+            }
         }
         s.tune_readahead();
         Ok(s)
     }
 
-    fn handshake(&self) -> io::Result<()> {
+    /// Answers INIT; returns whether FUSE over io_uring was agreed.
+    fn handshake(&self) -> io::Result<bool> {
         let mut buf = vec![0u8; BUF_SIZE];
         loop {
             let Some(n) = self.ch.receive(&mut buf)? else {
@@ -77,6 +87,11 @@ impl Session {
             else {
                 reply.error(crate::ops::errno::EIO);
                 return Err(io::Error::other("short FUSE INIT request"));
+            };
+            let flags2 = if flags & init::INIT_EXT != 0 {
+                a.u32().unwrap_or(0)
+            } else {
+                0
             };
             let mut o = Out::with_capacity(64);
             if major > abi::KERNEL_VERSION {
@@ -109,26 +124,38 @@ impl Session {
                 | init::CACHE_SYMLINKS
                 // No GETXATTR of security.capability before every write and no
                 // GETATTR before every chown: the server clears setuid/setgid.
-                | init::HANDLE_KILLPRIV_V2;
+                | init::HANDLE_KILLPRIV_V2
+                // An access ACL set by a caller outside the file's group and
+                // without CAP_FSETID drops setgid: the kernel says so in the request.
+                | init::SETXATTR_EXT;
             let page = 4096u32;
             let max_pages = (self.tuning.max_read.div_ceil(page)).clamp(1, 256) as u16;
+            // The kernel offers io_uring only with its enable_uring parameter set.
+            let uring = self.tuning.uring_threads_per_cpu > 0
+                && flags2 & init::FLAGS2_OVER_IO_URING != 0
+                && crate::uring::possible_cpus().is_some();
+            let (ext, flags2_out) = if uring {
+                (init::INIT_EXT, init::FLAGS2_OVER_IO_URING)
+            } else {
+                (0, 0)
+            };
             o.u32(abi::KERNEL_VERSION)
                 .u32(minor.min(abi::KERNEL_MINOR_VERSION))
                 .u32(max_readahead.max(self.tuning.max_read))
-                .u32(flags & want)
+                .u32(flags & (want | ext))
                 .u16(64) // max_background: outstanding readahead requests
                 .u16(48) // congestion_threshold
                 .u32(MAX_WRITE)
                 .u32(1) // time_gran: nanoseconds
                 .u16(max_pages)
                 .u16(0) // map_alignment
-                .u32(0) // flags2
+                .u32(flags2_out)
                 .u32(0) // max_stack_depth
                 .zeros(24);
             self.ops.set_kernel_flags(flags);
             let body = if minor < 23 { &o.buf[..24] } else { &o.buf[..] };
             reply.ok(body);
-            return Ok(());
+            return Ok(uring);
         }
     }
 
@@ -182,6 +209,11 @@ impl Session {
                     .spawn(move || serve(&ch, &ops))?,
             );
         }
+        let rings = if self.uring {
+            self.spawn_rings()?
+        } else {
+            Vec::new()
+        };
         let mut result = Ok(());
         let stats = std::env::var_os("UBTRFS_FUSE_STATS").is_some();
         for w in workers {
@@ -191,10 +223,77 @@ impl Session {
                 Err(_) => result = Err(io::Error::other("a FUSE worker thread panicked")),
             }
         }
+        // /dev/fuse is gone: the kernel ends every ring command as it tears the
+        // connection down. Wait for that, but not forever.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        for r in rings {
+            while !r.is_finished() && std::time::Instant::now() < deadline {
+                thread::sleep(std::time::Duration::from_millis(10));
+            }
+            if r.is_finished() {
+                if let Ok(Err(e)) = r.join() {
+                    eprintln!("ubtrfs: FUSE over io_uring: {e}");
+                }
+            }
+        }
         if stats {
             print_counts();
         }
         result
+    }
+}
+
+impl Session {
+    /// Starts the threads of every CPU queue of FUSE over io_uring. A queue whose
+    /// ring cannot be set up leaves the rings unready, and /dev/fuse keeps serving.
+    fn spawn_rings(&self) -> io::Result<Vec<thread::JoinHandle<io::Result<()>>>> {
+        let cpus = crate::uring::possible_cpus().unwrap_or(1);
+        // The kernel's largest request: max_write, or max_pages of data.
+        let max_pages = self.tuning.max_read.div_ceil(4096).clamp(1, 256) as usize;
+        let payload = (MAX_WRITE as usize).max(max_pages * 4096).max(8192);
+        let mut v = Vec::new();
+        for qid in 0..cpus {
+            for i in 0..self.tuning.uring_threads_per_cpu {
+                let ch = self.ch.clone();
+                let ops = self.ops.clone();
+                let qid16 = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
+                v.push(
+                    thread::Builder::new()
+                        .name(format!("ubtrfs-ring-{qid}.{i}"))
+                        .spawn(move || {
+                            let r =
+                                crate::uring::serve_queue(&ch, &ops, qid16, payload, &count_ring);
+                            if let Err(e) = &r {
+                                eprintln!("ubtrfs: FUSE over io_uring queue {qid}: {e}");
+                            }
+                            r
+                        })?,
+                );
+            }
+        }
+        URING_ACTIVE.store(true, Ordering::Relaxed);
+        Ok(v)
+    }
+}
+
+/// Set once ring threads run (reported with the request counts).
+static URING_ACTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Requests that came through FUSE over io_uring.
+static URING_SERVED: AtomicU64 = AtomicU64::new(0);
+
+/// Counts a request served through a ring.
+fn count_ring(h: &abi::InHeader, took: std::time::Duration) {
+    URING_SERVED.fetch_add(1, Ordering::Relaxed);
+    count(h, took);
+}
+
+/// Counts a request served (and its time, with UBTRFS_FUSE_STATS).
+fn count(h: &abi::InHeader, took: std::time::Duration) {
+    if let Some(c) = COUNTS.get(h.opcode as usize) {
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+    if let Some(t) = NANOS.get(h.opcode as usize) {
+        t.fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
     }
 }
 
@@ -218,12 +317,19 @@ fn print_counts() {
             format!("op{i}:{n} ({} us each)", ns / n.max(&1) / 1000)
         })
         .collect();
-    eprintln!("ubtrfs: FUSE requests served: {}", list.join(" "));
+    let via = if URING_ACTIVE.load(Ordering::Relaxed) {
+        format!(
+            " ({} through io_uring)",
+            URING_SERVED.load(Ordering::Relaxed)
+        )
+    } else {
+        String::new()
+    };
+    eprintln!("ubtrfs: FUSE requests served{via}: {}", list.join(" "));
 }
 
 /// One worker: read a request, answer it, repeat until the connection goes away.
 fn serve(ch: &Channel, ops: &Ops) -> io::Result<()> {
-    let timed = std::env::var_os("UBTRFS_FUSE_STATS").is_some();
     let mut buf = vec![0u8; BUF_SIZE];
     loop {
         let Some(n) = ch.receive(&mut buf)? else {
@@ -232,19 +338,14 @@ fn serve(ch: &Channel, ops: &Ops) -> io::Result<()> {
         let Some((h, body)) = abi::parse_header(&buf[..n]) else {
             continue;
         };
-        if let Some(c) = COUNTS.get(h.opcode as usize) {
-            c.fetch_add(1, Ordering::Relaxed);
-        }
         let reply = Reply::new(ch, h.unique);
         if h.opcode == op::INIT {
             reply.error(crate::ops::errno::EIO);
             continue;
         }
-        let t0 = timed.then(std::time::Instant::now);
+        let t0 = std::time::Instant::now();
         ops.dispatch(&h, body, reply);
-        if let (Some(t0), Some(c)) = (t0, NANOS.get(h.opcode as usize)) {
-            c.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        }
+        count(&h, t0.elapsed());
         if h.opcode == op::DESTROY {
             return Ok(());
         }

@@ -105,15 +105,16 @@ fn parse(cmd: u32, input: &[u8]) -> Result<VolArgs, i32> {
 }
 
 impl Ops {
-    /// One of the subvolume ioctls on directory `h.nodeid`; the reply is sent here,
-    /// then the directory's caches are invalidated.
+    /// One of the subvolume ioctls on directory `h.nodeid`. Returns the name it
+    /// made or removed: the caller answers, then has the kernel forget that name
+    /// ([`invalidate`]).
     pub(crate) fn subvol_ioctl(
         &self,
         h: &InHeader,
         cmd: u32,
         input: &[u8],
         ch: &Channel,
-    ) -> Result<(), i32> {
+    ) -> Result<Vec<u8>, i32> {
         let Engine::ReadWrite(w) = &self.engine else {
             return Err(errno::EROFS);
         };
@@ -157,11 +158,7 @@ impl Ops {
                 })?;
             }
         }
-        let mut o = crate::abi::Out::with_capacity(16);
-        o.i32(0).u32(0).u32(0).u32(0);
-        crate::reply::Reply::new(ch, h.unique).ok(&o.buf);
-        invalidate(ch, h.nodeid, &a.name);
-        Ok(())
+        Ok(a.name)
     }
 
     /// INO_LOOKUP on inode `h.nodeid`: tree `treeid` (0: the inode's own
@@ -239,8 +236,11 @@ impl Ops {
 }
 
 /// Tells the kernel to forget `name` in directory `parent` and the directory's
-/// attributes and listing (sent after the reply, so no request waits on it).
-fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
+/// attributes and listing. Sent after the answer: the kernel takes the directory's
+/// lock for it, which a request of that directory may hold while it waits for us.
+/// (Through io_uring the answer is committed after this; other threads of the
+/// queue serve such requests meanwhile.)
+pub(crate) fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
     let mut e = Vec::with_capacity(16 + name.len() + 1);
     e.extend_from_slice(&parent.to_ne_bytes());
     e.extend_from_slice(&(name.len() as u32).to_ne_bytes());

@@ -52,6 +52,8 @@ const RENAME_EXCHANGE: u32 = 2;
 // setxattr(2) flags
 const XATTR_CREATE: u32 = 1;
 const XATTR_REPLACE: u32 = 2;
+// fuse_setxattr_in.setxattr_flags (FUSE_SETXATTR_EXT)
+const SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 
 /// A name from a request: ENAMETOOLONG past btrfs' 255 bytes, as the kernel answers.
 fn name<'a>(a: &mut Args<'a>) -> Result<&'a [u8], i32> {
@@ -721,6 +723,13 @@ impl Ops {
     fn setxattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
         let size = a.u32().ok_or(errno::EINVAL)?;
         let flags = a.u32().ok_or(errno::EINVAL)?;
+        let setxattr_flags = if self.setxattr_ext.load(Ordering::Relaxed) {
+            let f = a.u32().ok_or(errno::EINVAL)?;
+            a.skip(4).ok_or(errno::EINVAL)?; // padding
+            f
+        } else {
+            0
+        };
         let name = a.cstr().ok_or(errno::EINVAL)?;
         let value = a.rest().get(..size as usize).ok_or(errno::EINVAL)?;
         let node = self.changeable(h.nodeid)?;
@@ -744,7 +753,12 @@ impl Ops {
                     .ok_or_else(|| Error::Invalid("malformed POSIX ACL".into()))?;
                 let (bits, equiv) = a.equiv_mode();
                 let t0 = now();
-                let mode = t.read_inode(node.root, node.ino)?.mode;
+                let mut mode = t.read_inode(node.root, node.ino)?.mode;
+                // posix_acl_update_mode: the kernel found the caller outside the
+                // file's group and without CAP_FSETID.
+                if setxattr_flags & SETXATTR_ACL_KILL_SGID != 0 {
+                    mode &= !S_ISGID;
+                }
                 t.setattr(
                     node.root,
                     node.ino,
