@@ -68,6 +68,8 @@ pub(crate) mod op {
 #[allow(dead_code)]
 pub(crate) mod init {
     pub(crate) const ASYNC_READ: u32 = 1 << 0;
+    /// LOOKUP of "." and ".." by node id: file handles outlive the kernel's inodes.
+    pub(crate) const EXPORT_SUPPORT: u32 = 1 << 4;
     pub(crate) const BIG_WRITES: u32 = 1 << 5;
     pub(crate) const DONT_MASK: u32 = 1 << 6;
     pub(crate) const DO_READDIRPLUS: u32 = 1 << 13;

@@ -7,6 +7,15 @@
 //!
 //! Each entry remembers its parent and name: `..` for readdir, and a path for log
 //! messages. Entries are dropped when the kernel forgets them.
+//!
+//! Node ids are made from (subvolume, inode) where they can be, so they are the
+//! same on every mount: the kernel's file handles (name_to_handle_at, NFS export;
+//! FUSE_EXPORT_SUPPORT) carry the node id and come back after the kernel forgot the
+//! inode, or after a remount, as a LOOKUP of "." ([`Nodes::decode`]). The mounted
+//! subvolume's root directory is ROOT_ID; its other inodes are their inode numbers
+//! (below 2^40); other subvolumes' inodes are (subvolume << 40) | inode, for
+//! subvolume ids below 2^23 (so below 2^63); the rest (placeholders, larger numbers)
+//! get ids counted up from 2^63, which last one mount.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -43,18 +52,28 @@ struct Entry {
 struct Table {
     by_id: HashMap<u64, Entry>,
     by_key: HashMap<NodeKey, u64>,
+    /// The next id for a node that has no lasting one.
     next: u64,
 }
+
+/// Bits of a lasting id given to the inode number.
+const INO_BITS: u32 = 40;
+/// Subvolume ids that fit above them while staying below FALLBACK_FIRST.
+const SUBVOL_LIMIT: u64 = 1 << 23;
+/// First id of the nodes that have no lasting one.
+const FALLBACK_FIRST: u64 = 1 << 63;
 
 #[derive(Debug)]
 pub(crate) struct Nodes {
     t: Mutex<Table>,
+    /// The directory at the mountpoint (ROOT_ID).
+    root: Node,
 }
 
 impl Nodes {
     pub(crate) fn new(root: Node) -> Nodes {
         let mut t = Table {
-            next: ROOT_ID + 1,
+            next: FALLBACK_FIRST,
             ..Default::default()
         };
         let key = NodeKey::new(root, 0);
@@ -68,7 +87,49 @@ impl Nodes {
             },
         );
         t.by_key.insert(key, ROOT_ID);
-        Nodes { t: Mutex::new(t) }
+        Nodes {
+            t: Mutex::new(t),
+            root,
+        }
+    }
+
+    /// The lasting id of `key`, if it has one (see the module's comment).
+    pub(crate) fn lasting_id(&self, key: NodeKey) -> Option<u64> {
+        let n = key.node;
+        if n.is_placeholder() {
+            return None;
+        }
+        if n == self.root {
+            return Some(ROOT_ID);
+        }
+        if n.ino <= ROOT_ID || n.ino >= 1 << INO_BITS {
+            return None;
+        }
+        if n.root == self.root.root {
+            return Some(n.ino);
+        }
+        // Subvolume ids are 5 (the top level) or from 256 on.
+        let subvol = n.root == 5 || (256..SUBVOL_LIMIT).contains(&n.root);
+        subvol.then_some((n.root << INO_BITS) | n.ino)
+    }
+
+    /// The inode a lasting id names, whether or not the kernel still knows it (the
+    /// caller checks that it exists).
+    pub(crate) fn decode(&self, id: u64) -> Option<Node> {
+        if id == ROOT_ID {
+            return Some(self.root);
+        }
+        if id == 0 || id >= FALLBACK_FIRST {
+            return None;
+        }
+        let n = if id < 1 << INO_BITS {
+            Node::new(self.root.root, id)
+        } else {
+            Node::new(id >> INO_BITS, id & ((1 << INO_BITS) - 1))
+        };
+        // Only what lasting_id hands out: a packed id of the mounted subvolume or a
+        // subvolume id below 5 is nobody's.
+        (self.lasting_id(NodeKey::new(n, 0)) == Some(id)).then_some(n)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
@@ -96,8 +157,14 @@ impl Nodes {
                 return id;
             }
         }
-        let id = t.next;
-        t.next += 1;
+        let id = match self.lasting_id(key) {
+            Some(id) => id,
+            None => {
+                let id = t.next;
+                t.next += 1;
+                id
+            }
+        };
         t.by_id.insert(
             id,
             Entry {
@@ -179,6 +246,33 @@ mod tests {
         assert!(n.get(a).is_some());
         n.forget(a, 1);
         assert!(n.get(a).is_none());
+    }
+
+    #[test]
+    fn lasting_ids_decode_back() {
+        let n = Nodes::new(Node::new(5, 256));
+        let f = n.intern(NodeKey::new(Node::new(5, 300), 0), ROOT_ID, b"f");
+        assert_eq!(f, 300);
+        let g = n.intern(NodeKey::new(Node::new(257, 260), 0), ROOT_ID, b"g");
+        assert_eq!(g, (257 << 40) | 260);
+        assert_eq!(n.decode(f), Some(Node::new(5, 300)));
+        assert_eq!(n.decode(g), Some(Node::new(257, 260)));
+        assert_eq!(n.decode(ROOT_ID), Some(Node::new(5, 256)));
+        // Subvolume 5's inodes are never packed, ids of no subvolume decode to none.
+        assert_eq!(n.decode((5 << 40) | 300), None);
+        assert_eq!(n.decode((2 << 40) | 300), None);
+        assert_eq!(n.decode(FALLBACK_FIRST + 1), None);
+        // A subvolume mounted elsewhere: its inodes are plain, the top level's packed.
+        let m = Nodes::new(Node::new(257, 256));
+        assert_eq!(
+            m.lasting_id(NodeKey::new(Node::new(5, 300), 0)),
+            Some((5 << 40) | 300)
+        );
+        assert_eq!(
+            m.lasting_id(NodeKey::new(Node::new(257, 300), 0)),
+            Some(300)
+        );
+        assert_eq!(m.decode(300), Some(Node::new(257, 300)));
     }
 
     #[test]

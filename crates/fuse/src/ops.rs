@@ -389,6 +389,11 @@ impl Ops {
         if name.len() > NAME_MAX {
             return reply.error(errno::ENAMETOOLONG);
         }
+        if name == b"." || name == b".." {
+            // Only the kernel's file-handle decoding asks for these (the VFS resolves
+            // both itself), for an inode it may have forgotten.
+            return self.lookup_handle(h, name == b"..", reply);
+        }
         let dir = match self.node(h.nodeid) {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
@@ -402,7 +407,7 @@ impl Ops {
             }
             Err(e) => return reply.error(e.errno()),
         };
-        let (_, attr) = match self.stat_attr(entry.node) {
+        let (st, attr) = match self.stat_attr(entry.node) {
             Ok(x) => x,
             Err(e) => return reply.error(e.errno()),
         };
@@ -412,7 +417,60 @@ impl Ops {
             &entry.name,
         );
         let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
-        abi::encode_entry(&mut o, id, 0, self.cfg.ttl, &attr);
+        abi::encode_entry(&mut o, id, entry_generation(id, &st), self.cfg.ttl, &attr);
+        reply.ok(&o.buf);
+    }
+
+    /// LOOKUP of "." or ".." (FUSE_EXPORT_SUPPORT): the kernel decodes a file handle
+    /// (name_to_handle_at, an NFS export) whose inode it no longer has, by its node
+    /// id, which lasts across forgets and remounts (module `nodes`); ".." names the
+    /// directory's parent, to reconnect it. A node id that names nothing (any more)
+    /// is ENOENT, which the kernel turns into ESTALE.
+    fn lookup_handle(&self, h: &InHeader, parent: bool, reply: Reply<'_>) {
+        let Some(node) = self
+            .nodes
+            .get(h.nodeid)
+            .map(|k| k.node)
+            .or_else(|| self.nodes.decode(h.nodeid))
+        else {
+            return reply.error(errno::ENOENT);
+        };
+        let found = self.engine.read(|fs| -> Result<Option<Node>, Error> {
+            let target = if parent && node != self.cfg.root {
+                // Above the mounted subvolume's root there is nothing to show.
+                fs.parent_dir(node)?.unwrap_or(self.cfg.root)
+            } else {
+                node
+            };
+            // An unlinked inode (an orphan kept for an open file) has no handle.
+            match fs.stat(target) {
+                Ok(st) if st.nlink > 0 || target.ino == FIRST_FREE_OBJECTID => Ok(Some(target)),
+                Ok(_) => Ok(None),
+                Err(Error::NotFound(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        });
+        let target = match found {
+            Ok(Some(t)) => t,
+            Ok(None) => return reply.error(errno::ENOENT),
+            Err(e) => return reply.error(e.errno()),
+        };
+        let (st, attr) = match self.stat_attr(target) {
+            Ok(x) => x,
+            Err(e) => return reply.error(e.errno()),
+        };
+        let key = NodeKey::new(target, 0);
+        // Where it was found is unknown: its parent's lasting id, if it has one.
+        let up = self
+            .engine
+            .read(|fs| fs.parent_dir(target))
+            .ok()
+            .flatten()
+            .and_then(|p| self.nodes.lasting_id(NodeKey::new(p, 0)))
+            .unwrap_or(abi::ROOT_ID);
+        let id = self.nodes.intern(key, up, b"");
+        let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
+        abi::encode_entry(&mut o, id, entry_generation(id, &st), self.cfg.ttl, &attr);
         reply.ok(&o.buf);
     }
 
@@ -718,14 +776,15 @@ impl Ops {
                     // again here deadlocks once a writer queues between the two (the
                     // RwLock then blocks new readers), as fstests' generic/013 (fsstress)
                     // showed with readdirplus against writes and the commit timer.
-                    match stat_salvaged(fs, e.node).map(|st| self.attr(e.node, &st)) {
-                        Ok(attr) => {
+                    match stat_salvaged(fs, e.node).map(|st| (self.attr(e.node, &st), st)) {
+                        Ok((attr, st)) => {
                             let id = self.nodes.intern(
                                 NodeKey::new(e.node, e.location),
                                 h.nodeid,
                                 &e.name,
                             );
-                            abi::encode_entry(&mut o, id, 0, self.cfg.ttl, &attr);
+                            let g = entry_generation(id, &st);
+                            abi::encode_entry(&mut o, id, g, self.cfg.ttl, &attr);
                         }
                         // Listed without attributes; a lookup will report the error.
                         Err(_) => {
@@ -1059,6 +1118,18 @@ fn lost_since(before: u64, what: &str) -> ubtrfs_core::Result<()> {
     Err(Error::corrupt(format!(
         "{what}: in a lost tree block, or damaged in every copy (see the lost-block log)"
     )))
+}
+
+/// The generation the kernel keeps for node `id` (its i_generation, which file
+/// handles carry): the inode's btrfs generation, and 0 for the mountpoint's root,
+/// which the kernel makes itself with generation 0 (a different value would make
+/// it take its root for a stale inode).
+pub(crate) fn entry_generation(id: u64, st: &Stat) -> u64 {
+    if id == abi::ROOT_ID {
+        0
+    } else {
+        st.generation
+    }
 }
 
 /// `fs.stat(node)`; in a salvage open (the read-only mount), a subvolume's root

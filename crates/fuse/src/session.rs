@@ -127,7 +127,8 @@ impl Session {
                 | init::HANDLE_KILLPRIV_V2
                 // An access ACL set by a caller outside the file's group and
                 // without CAP_FSETID drops setgid: the kernel says so in the request.
-                | init::SETXATTR_EXT;
+                | init::SETXATTR_EXT
+                | init::EXPORT_SUPPORT;
             let page = 4096u32;
             let max_pages = (self.tuning.max_read.div_ceil(page)).clamp(1, 256) as u16;
             // The kernel offers io_uring only with its enable_uring parameter set.

@@ -360,7 +360,8 @@ impl Ops {
         let attr = self.attr_of(node, &st);
         let id = self.node_ids().intern(NodeKey::new(node, 0), parent, name);
         let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
-        abi::encode_entry(&mut o, id, 0, self.ttl(), &attr);
+        let g = crate::ops::entry_generation(id, &st);
+        abi::encode_entry(&mut o, id, g, self.ttl(), &attr);
         Ok(o.buf)
     }
 

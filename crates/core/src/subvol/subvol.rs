@@ -72,6 +72,38 @@ impl Filesystem {
         Ok(parts.join(&b'/'))
     }
 
+    /// The directory that `..` of directory `dir` names: its parent (first
+    /// INODE_REF), or for a subvolume's root directory the directory holding the
+    /// subvolume's entry (its ROOT_BACKREF). None for the top level's root and for a
+    /// subvolume no directory holds (being deleted).
+    pub fn parent_dir(&self, dir: Node) -> Result<Option<Node>> {
+        if dir.ino != FIRST_FREE_OBJECTID {
+            return Ok(self
+                .inode_refs(dir)?
+                .into_iter()
+                .next()
+                .map(|r| Node::new(dir.root, r.parent)));
+        }
+        if dir.root == FS_TREE_OBJECTID {
+            return Ok(None);
+        }
+        let rt = self.info.root_tree_ptr();
+        let iter = TreeIter::new(
+            &self.info,
+            &rt,
+            Key::new(dir.root, ROOT_BACKREF_KEY, 0),
+            Key::new(dir.root, ROOT_BACKREF_KEY, u64::MAX),
+        )?;
+        for it in iter {
+            let it = it?;
+            let k = it.key();
+            let r = RootRef::parse(it.data())
+                .map_err(|e| Error::corrupt(format!("root tree {k}: {e}")))?;
+            return Ok(Some(Node::new(k.offset, r.dirid)));
+        }
+        Ok(None)
+    }
+
     /// Every subvolume and snapshot reachable from the top level, by id.
     pub fn subvolumes(&self) -> Result<Vec<SubvolInfo>> {
         let rt = self.info.root_tree_ptr();
