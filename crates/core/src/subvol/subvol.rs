@@ -88,20 +88,20 @@ impl Filesystem {
             return Ok(None);
         }
         let rt = self.info.root_tree_ptr();
-        let iter = TreeIter::new(
+        let mut iter = TreeIter::new(
             &self.info,
             &rt,
             Key::new(dir.root, ROOT_BACKREF_KEY, 0),
             Key::new(dir.root, ROOT_BACKREF_KEY, u64::MAX),
         )?;
-        for it in iter {
-            let it = it?;
-            let k = it.key();
-            let r = RootRef::parse(it.data())
-                .map_err(|e| Error::corrupt(format!("root tree {k}: {e}")))?;
-            return Ok(Some(Node::new(k.offset, r.dirid)));
-        }
-        Ok(None)
+        let Some(it) = iter.next() else {
+            return Ok(None);
+        };
+        let it = it?;
+        let k = it.key();
+        let r =
+            RootRef::parse(it.data()).map_err(|e| Error::corrupt(format!("root tree {k}: {e}")))?;
+        Ok(Some(Node::new(k.offset, r.dirid)))
     }
 
     /// Every subvolume and snapshot reachable from the top level, by id.
