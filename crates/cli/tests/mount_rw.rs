@@ -76,6 +76,46 @@ touch -m -d '2020-01-02 03:04:05.123456789' a/b/seq2
 touch -a -d '2021-01-02 03:04:05.5' a/b/seq2
 "#;
 
+/// What the workload's trees are compared by (all but inode numbers and the times
+/// it did not set).
+const COMPARED: &[&str] = &[
+    "type",
+    "mode",
+    "nlink",
+    "uid",
+    "gid",
+    "rdev",
+    "size",
+    "sha256",
+    "target_hex",
+    "xattrs",
+];
+
+/// The tree WORKLOAD leaves on a kernel loop mount of a fresh image in `dir`.
+fn kernel_tree_of_workload(dir: &Path) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let kimg = fresh_image(dir, "kernel.img");
+    let k = KernelMount::new(&kimg, "rw");
+    let (_, err) = bash_in(&k.path(""), &format!("{WORKLOAD}\necho done >&2"));
+    assert!(
+        err.trim_end().ends_with("done"),
+        "workload on the kernel: {err}"
+    );
+    let tree = walk_mounted(&k.path(""));
+    k.umount();
+    tree
+}
+
+/// Runs WORKLOAD on a ubtrfs mount: the tree it leaves there.
+fn fuse_tree_of_workload(fm: &FuseMount) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let (_, err) = bash_in(&fm.mnt, &format!("{WORKLOAD}\necho done >&2"));
+    assert!(
+        err.trim_end().ends_with("done"),
+        "workload on ubtrfs: {err}\nserver: {}",
+        fm.log()
+    );
+    walk_mounted(&fm.mnt)
+}
+
 fn fresh_image(dir: &Path, name: &str) -> std::path::PathBuf {
     let img = dir.join(name);
     mkfs_btrfs(&img, 1 << 30, &[]);
@@ -90,42 +130,16 @@ fn rw_mount_matches_kernel_and_round_trips() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let img = fresh_image(dir.path(), "ubtrfs.img");
-    let kimg = fresh_image(dir.path(), "kernel.img");
-
     // The same workload on both.
-    let k = KernelMount::new(&kimg, "rw");
-    let (_, err) = bash_in(&k.path(""), &format!("{WORKLOAD}\necho done >&2"));
-    assert!(
-        err.trim_end().ends_with("done"),
-        "workload on the kernel: {err}"
-    );
-    let kernel_tree = walk_mounted(&k.path(""));
-    k.umount();
+    let kernel_tree = kernel_tree_of_workload(dir.path());
 
     let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
-    let (_, err) = bash_in(&fm.mnt, &format!("{WORKLOAD}\necho done >&2"));
-    assert!(
-        err.trim_end().ends_with("done"),
-        "workload on ubtrfs: {err}\nserver: {}",
-        fm.log()
-    );
-    let fuse_tree = walk_mounted(&fm.mnt);
+    let fuse_tree = fuse_tree_of_workload(&fm);
     let mut diffs = compare(
         "ubtrfs mount vs kernel mount (same workload)",
         &kernel_tree,
         &fuse_tree,
-        &[
-            "type",
-            "mode",
-            "nlink",
-            "uid",
-            "gid",
-            "rdev",
-            "size",
-            "sha256",
-            "target_hex",
-            "xattrs",
-        ],
+        COMPARED,
     );
     for p in ["/a/b/seq2"] {
         for f in ["mtime", "atime"] {
@@ -475,15 +489,7 @@ fn rw_mount_through_io_uring_matches_kernel() {
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let img = fresh_image(dir.path(), "ubtrfs.img");
-    let kimg = fresh_image(dir.path(), "kernel.img");
-    let k = KernelMount::new(&kimg, "rw");
-    let (_, err) = bash_in(&k.path(""), &format!("{WORKLOAD}\necho done >&2"));
-    assert!(
-        err.trim_end().ends_with("done"),
-        "workload on the kernel: {err}"
-    );
-    let kernel_tree = walk_mounted(&k.path(""));
-    k.umount();
+    let kernel_tree = kernel_tree_of_workload(dir.path());
 
     let mut fm = FuseMount::start_env(
         &UBTRFS,
@@ -492,29 +498,12 @@ fn rw_mount_through_io_uring_matches_kernel() {
         &["rw,ino=kernel"],
         &[("UBTRFS_FUSE_STATS", "1")],
     );
-    let (_, err) = bash_in(&fm.mnt, &format!("{WORKLOAD}\necho done >&2"));
-    assert!(
-        err.trim_end().ends_with("done"),
-        "workload on ubtrfs: {err}\nserver: {}",
-        fm.log()
-    );
-    let fuse_tree = walk_mounted(&fm.mnt);
+    let fuse_tree = fuse_tree_of_workload(&fm);
     let diffs = compare(
         "ubtrfs mount over io_uring vs kernel mount (same workload)",
         &kernel_tree,
         &fuse_tree,
-        &[
-            "type",
-            "mode",
-            "nlink",
-            "uid",
-            "gid",
-            "rdev",
-            "size",
-            "sha256",
-            "target_hex",
-            "xattrs",
-        ],
+        COMPARED,
     );
     report(diffs);
     // Subvolume ioctls through the mount: answered, then the directory's names
