@@ -254,7 +254,12 @@ impl Session {
         let payload = (MAX_WRITE as usize).max(max_pages * 4096).max(8192);
         let mut v = Vec::new();
         for qid in 0..cpus {
-            for i in 0..self.tuning.uring_threads_per_cpu {
+            let threads = if crate::uring::cpu_online(qid) {
+                self.tuning.uring_threads_per_cpu
+            } else {
+                1
+            };
+            for i in 0..threads {
                 let ch = self.ch.clone();
                 let ops = self.ops.clone();
                 let qid16 = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;

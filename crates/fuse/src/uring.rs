@@ -50,13 +50,32 @@ const SQE_LEN_OFFSET: usize = 24;
 /// /sys/devices/system/cpu/possible ("0-1", "0-3,8-11").
 pub(crate) fn possible_cpus() -> Option<usize> {
     let s = std::fs::read_to_string("/sys/devices/system/cpu/possible").ok()?;
-    let mut max = None;
-    for part in s.trim().split(',') {
-        let last = part.rsplit('-').next()?;
-        let n: usize = last.trim().parse().ok()?;
-        max = Some(max.map_or(n, |m: usize| m.max(n)));
+    cpu_list(&s)?.into_iter().max().map(|m| m + 1)
+}
+
+/// Whether CPU `cpu` is online (/sys/devices/system/cpu/online); true when that
+/// cannot be read. A queue of an offline CPU gets no requests but needs an entry
+/// for the rings to start: it gets one thread, not `io_uring_threads`.
+pub(crate) fn cpu_online(cpu: usize) -> bool {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| cpu_list(&s))
+        .is_none_or(|l| l.contains(&cpu))
+}
+
+/// A kernel CPU list ("0-3,8,10-11").
+fn cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        // Bounded: no machine has a million CPUs.
+        if b < a || b >= 1 << 20 {
+            return None;
+        }
+        out.extend(a..=b);
     }
-    max.map(|m| m + 1)
+    Some(out)
 }
 
 /// A buffer the kernel writes into while a command is in flight: owned through a
@@ -327,7 +346,11 @@ mod tests {
     }
 
     #[test]
-    fn cpu_count_parses() {
+    fn cpu_lists_parse() {
         assert!(possible_cpus().unwrap_or(1) >= 1);
+        assert_eq!(cpu_list("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(cpu_list("0"), Some(vec![0]));
+        assert_eq!(cpu_list("3-1"), None);
+        assert_eq!(cpu_list("x"), None);
     }
 }
