@@ -43,7 +43,7 @@ if [ -n "$uring_old" ]; then
 else
     echo "this kernel has no FUSE over io_uring: /dev/fuse"
 fi
-trap 'cleanup; restore_uring' EXIT
+trap 'cleanup; restore_uring; rm -f "${RAND:-}"' EXIT
 cleanup
 TAR=$WORK/src.tar
 [ -s "$TAR" ] || tar cf "$TAR" -C "$(dirname "$SRC")" "$(basename "$SRC")" 2>/dev/null || true
