@@ -658,6 +658,9 @@ mod tests {
         assert_eq!(o.compress.as_deref(), Some("zstd:3"));
         let o = parse_options(&["subtype=,allow_other".into()]).expect("valid");
         assert_eq!(o.subtype.as_deref(), Some(""));
+        let o = parse_options(&["io_uring_threads=0".into()]).expect("valid");
+        assert_eq!(o.uring_threads, Some(0));
+        assert!(parse_options(&["io_uring_threads=x".into()]).is_err());
         assert_eq!(parse_options(&[]).expect("valid").rw, None);
         assert_eq!(parse_options(&[]).expect("valid").ino, InoMode::Unique);
         assert!(parse_options(&["compress=lz4".into()]).is_err());
