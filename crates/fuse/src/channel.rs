@@ -72,6 +72,16 @@ impl Channel {
     /// `fc->aborted` is set, e.g. through /sys/fs/fuse/connections/N/abort; CI saw
     /// it once at an ordinary unmount). Either way no request comes any more, and
     /// the server ends as at an unmount: it commits and releases the image.
+    /// Another handle on the same connection (a dup of the descriptor), for a
+    /// thread that sends notifications on its own.
+    pub(crate) fn try_clone(&self) -> io::Result<Channel> {
+        Ok(Channel {
+            dev: self.dev.try_clone()?,
+            mountpoint: self.mountpoint.clone(),
+            via_fusermount: self.via_fusermount,
+        })
+    }
+
     /// The /dev/fuse descriptor (FUSE over io_uring names it in its commands).
     pub(crate) fn raw_fd(&self) -> std::os::fd::RawFd {
         self.dev.as_raw_fd()

@@ -970,7 +970,7 @@ impl Ops {
                     let mut o = Out::with_capacity(16);
                     o.i32(0).u32(0).u32(0).u32(0);
                     reply.ok(&o.buf);
-                    crate::subvol_ops::invalidate(ch, h.nodeid, &name);
+                    crate::subvol_ops::invalidate_soon(ch, h.nodeid, name);
                 }
                 Err(e) => reply.error(e),
             }

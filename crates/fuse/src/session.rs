@@ -211,7 +211,12 @@ impl Session {
             );
         }
         let rings = if self.uring {
-            self.spawn_rings()?
+            // Not fatal: without every queue the rings never start, and /dev/fuse
+            // serves (stopping here would end a mount that is serving).
+            self.spawn_rings().unwrap_or_else(|(started, e)| {
+                eprintln!("ubtrfs: FUSE over io_uring not started: {e}; serving through /dev/fuse");
+                started
+            })
         } else {
             Vec::new()
         };
@@ -247,11 +252,12 @@ impl Session {
 impl Session {
     /// Starts the threads of every CPU queue of FUSE over io_uring. A queue whose
     /// ring cannot be set up leaves the rings unready, and /dev/fuse keeps serving.
-    fn spawn_rings(&self) -> io::Result<Vec<thread::JoinHandle<io::Result<()>>>> {
+    fn spawn_rings(&self) -> Result<Vec<RingThread>, (Vec<RingThread>, io::Error)> {
         let cpus = crate::uring::possible_cpus().unwrap_or(1);
-        // The kernel's largest request: max_write, or max_pages of data.
+        // The kernel's largest request: max_write, or max_pages pages of data.
+        let page = page_size();
         let max_pages = self.tuning.max_read.div_ceil(4096).clamp(1, 256) as usize;
-        let payload = (MAX_WRITE as usize).max(max_pages * 4096).max(8192);
+        let payload = (MAX_WRITE as usize).max(max_pages * page).max(8192);
         let mut v = Vec::new();
         for qid in 0..cpus {
             let threads = if crate::uring::cpu_online(qid) {
@@ -262,24 +268,39 @@ impl Session {
             for i in 0..threads {
                 let ch = self.ch.clone();
                 let ops = self.ops.clone();
-                let qid16 = u16::try_from(qid).map_err(|_| io::Error::other("too many CPUs"))?;
-                v.push(
-                    thread::Builder::new()
-                        .name(format!("ubtrfs-ring-{qid}.{i}"))
-                        .spawn(move || {
-                            let r =
-                                crate::uring::serve_queue(&ch, &ops, qid16, payload, &count_ring);
-                            if let Err(e) = &r {
-                                eprintln!("ubtrfs: FUSE over io_uring queue {qid}: {e}");
-                            }
-                            r
-                        })?,
-                );
+                let Ok(qid16) = u16::try_from(qid) else {
+                    return Err((v, io::Error::other("too many CPUs")));
+                };
+                let spawned = thread::Builder::new()
+                    .name(format!("ubtrfs-ring-{qid}.{i}"))
+                    .spawn(move || {
+                        let r = crate::uring::serve_queue(&ch, &ops, qid16, payload, &count_ring);
+                        if let Err(e) = &r {
+                            eprintln!("ubtrfs: FUSE over io_uring queue {qid}: {e}");
+                        }
+                        r
+                    });
+                match spawned {
+                    Ok(t) => v.push(t),
+                    Err(e) => return Err((v, e)),
+                }
             }
         }
         URING_ACTIVE.store(true, Ordering::Relaxed);
         Ok(v)
     }
+}
+
+/// A thread serving one io_uring queue entry.
+type RingThread = thread::JoinHandle<io::Result<()>>;
+
+/// The kernel's page size (the ring payload must hold max_pages of them).
+fn page_size() -> usize {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .and_then(|p| usize::try_from(p).ok())
+        .unwrap_or(4096)
 }
 
 /// Set once ring threads run (reported with the request counts).

@@ -251,6 +251,33 @@ pub(crate) fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
     inval_inode(ch, parent, 0);
 }
 
+/// [`invalidate`] from a thread of its own, waited for up to 200 ms. Through
+/// io_uring this thread still holds its queue entry (the answer is committed
+/// after the handler returns), and the kernel takes the directory's lock for the
+/// notification: a task holding that lock while its own request waits for an
+/// entry of this queue would wait on us forever. Normally the notification is
+/// done well before the answer goes (the caller then sees the new name); if not,
+/// the answer goes anyway and the notification follows.
+pub(crate) fn invalidate_soon(ch: &Channel, parent: u64, name: Vec<u8>) {
+    let Ok(own) = ch.try_clone() else {
+        return invalidate(ch, parent, &name);
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mine = name.clone();
+    let spawned = std::thread::Builder::new()
+        .name("ubtrfs-notify".into())
+        .spawn(move || {
+            invalidate(&own, parent, &mine);
+            let _ = tx.send(());
+        });
+    match spawned {
+        Ok(_) => {
+            let _ = rx.recv_timeout(std::time::Duration::from_millis(200));
+        }
+        Err(_) => invalidate(ch, parent, &name),
+    }
+}
+
 /// The client side: what `ubtrfs subvolume create|snapshot|delete` send when given a
 /// mounted directory (a ubtrfs mount, or the kernel's btrfs mount).
 pub mod client {

@@ -110,8 +110,9 @@ impl Drop for KernelBuf {
     fn drop(&mut self) {
         let words = self.len.div_ceil(8);
         // SAFETY: ptr came from Box::into_raw of a [u64] of `words` elements, and
-        // is freed once, here; the ring that used it is dropped before (field order
-        // in Entry, and no command is in flight once the ring is gone).
+        // is freed once, here. An Entry is dropped only after the kernel ended its
+        // command (the connection is gone); on any other exit it is leaked, so the
+        // kernel never writes into freed memory.
         unsafe {
             drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
                 self.ptr.cast::<u64>(),
@@ -128,6 +129,9 @@ struct Entry {
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     headers: KernelBuf,
     payload: KernelBuf,
+    /// REGISTER's iovec pair, kept as long as the entry (the kernel reads it while
+    /// the command is issued, which may be after the submitting call returns).
+    iov: Box<[libc::iovec; 2]>,
     payload_size: usize,
     qid: u16,
     fd: i32,
@@ -151,24 +155,12 @@ impl Entry {
     }
 
     fn register(&mut self) -> io::Result<()> {
-        let iov = [
-            libc::iovec {
-                iov_base: self.headers.ptr.cast(),
-                iov_len: HEADERS_SIZE,
-            },
-            libc::iovec {
-                // SAFETY: OP_IN_MAX < payload.len (the payload follows it).
-                iov_base: unsafe { self.payload.ptr.add(OP_IN_MAX) }.cast(),
-                iov_len: self.payload_size,
-            },
-        ];
         let sqe = opcode::UringCmd80::new(types::Fd(self.fd), CMD_REGISTER)
             .cmd(self.command(0))
-            .addr(Some(iov.as_ptr() as u64))
+            .addr(Some(self.iov.as_ptr() as u64))
             .build();
         let sqe = with_len(sqe, IOV_SEGS);
         self.push(sqe)?;
-        // The kernel reads the iovecs while this submits; iov lives until then.
         self.submit_and_wait(0)?;
         Ok(())
     }
@@ -212,7 +204,7 @@ fn pin_to(cpu: usize) {
 
 /// Serves queue `qid` with one entry until the connection ends. Returns Ok when
 /// the kernel ended it (unmount), Err when the ring could not be set up (then
-/// /dev/fuse keeps serving, as the queues never all get ready).
+/// /dev/fuse keeps serving, as the queues never all get ready) or broke.
 pub(crate) fn serve_queue(
     ch: &Channel,
     ops: &Ops,
@@ -221,14 +213,46 @@ pub(crate) fn serve_queue(
     count: &dyn Fn(&abi::InHeader, std::time::Duration),
 ) -> io::Result<()> {
     pin_to(qid as usize);
+    let headers = KernelBuf::new(HEADERS_SIZE);
+    let payload = KernelBuf::new(OP_IN_MAX + payload_size);
+    let iov = Box::new([
+        libc::iovec {
+            iov_base: headers.ptr.cast(),
+            iov_len: HEADERS_SIZE,
+        },
+        libc::iovec {
+            // SAFETY: OP_IN_MAX < payload.len (the payload follows it).
+            iov_base: unsafe { payload.ptr.add(OP_IN_MAX) }.cast(),
+            iov_len: payload_size,
+        },
+    ]);
     let mut e = Entry {
         ring: IoUring::builder().build(4)?,
-        headers: KernelBuf::new(HEADERS_SIZE),
-        payload: KernelBuf::new(OP_IN_MAX + payload_size),
+        headers,
+        payload,
+        iov,
         payload_size,
         qid,
         fd: ch.raw_fd(),
     };
+    match run_entry(&mut e, ch, ops, count) {
+        Ok(()) => Ok(()),
+        Err(err) => {
+            // A command may still be in flight: the kernel could write into the
+            // buffers after they were freed. Leak them (and the ring) instead.
+            std::mem::forget(e);
+            Err(err)
+        }
+    }
+}
+
+/// The entry's loop: register, then answer and fetch until the connection ends.
+fn run_entry(
+    e: &mut Entry,
+    ch: &Channel,
+    ops: &Ops,
+    count: &dyn Fn(&abi::InHeader, std::time::Duration),
+) -> io::Result<()> {
     e.register()?;
     let answer = RingAnswer::default();
     loop {
@@ -239,38 +263,61 @@ pub(crate) fn serve_queue(
         let res = cqe.result();
         if res < 0 {
             let err = -res;
-            // ENOTCONN/ECANCELED: the connection is gone (unmount or abort).
+            // The connection is gone (unmount or abort): the kernel is done with
+            // the entry's buffers.
             if [libc::ENOTCONN, libc::ECANCELED, libc::ENODEV].contains(&err) {
                 return Ok(());
             }
-            return Err(io::Error::from_raw_os_error(err));
+            // Anything else lost this entry (its request, if any, was ended by
+            // the kernel): register it again, so the queue keeps its threads.
+            eprintln!(
+                "ubtrfs: FUSE over io_uring queue {}: {}; registering again",
+                e.qid,
+                io::Error::from_raw_os_error(err)
+            );
+            e.register()?;
+            continue;
         }
-        let (h, commit_id) = match take_request(&mut e, &answer, ch, ops, count) {
-            Some(x) => x,
-            None => continue,
-        };
-        put_answer(&mut e, &answer, h.unique);
+        let (commit_id, unique) = take_request(e, &answer, ch, ops, count);
+        put_answer(e, &answer, unique);
         // After DESTROY the kernel ends this command when it tears the ring down.
         e.commit(commit_id)?;
     }
 }
 
+/// A native-endian word of `b` at `at` (0 past its end, which the fixed layout
+/// never reaches).
+fn ne_u64(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_ne_bytes)
+}
+
+fn ne_u32(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_ne_bytes)
+}
+
 /// Reads the request the kernel put in the entry's buffers and answers it into
-/// `answer`. Returns its header and commit id (None for a malformed one, which
-/// cannot be answered: its id is unknown).
+/// `answer` (always: a malformed request or a handler that panics is EIO, never
+/// left unanswered, which would hang its caller and take the entry from the
+/// queue). Returns its commit id and unique id.
 fn take_request(
     e: &mut Entry,
     answer: &RingAnswer,
     ch: &Channel,
     ops: &Ops,
     count: &dyn Fn(&abi::InHeader, std::time::Duration),
-) -> Option<(abi::InHeader, u64)> {
+) -> (u64, u64) {
+    answer.clear();
     let hdr = e.headers.bytes();
-    let (h, _) = abi::parse_header(&hdr[..IN_HEADER_SIZE])?;
-    let word = |o: usize| hdr.get(o..o + 8).and_then(|b| b.try_into().ok());
-    let commit_id = u64::from_ne_bytes(word(ENT_IN_OUT + 8)?);
-    let payload_sz =
-        u32::from_ne_bytes(hdr.get(ENT_IN_OUT + 16..ENT_IN_OUT + 20)?.try_into().ok()?) as usize;
+    let commit_id = ne_u64(hdr, ENT_IN_OUT + 8);
+    let Some((h, _)) = abi::parse_header(&hdr[..IN_HEADER_SIZE]) else {
+        Reply::to_ring(ch, commit_id, answer).error(crate::ops::errno::EIO);
+        return (commit_id, commit_id);
+    };
+    let payload_sz = ne_u32(hdr, ENT_IN_OUT + 16) as usize;
     // The in header's len counts every argument: what the payload does not hold
     // is the op header.
     let op_len = (h.len as usize)
@@ -283,23 +330,31 @@ fn take_request(
             n
         }
         _ => {
-            answer.clear();
             Reply::to_ring(ch, h.unique, answer).error(crate::ops::errno::EIO);
-            return Some((h, commit_id));
+            return (commit_id, h.unique);
         }
     };
     let buf = e.payload.bytes();
     buf[OP_IN_MAX - op_len..OP_IN_MAX].copy_from_slice(&op_in[..op_len]);
     let body = &buf[OP_IN_MAX - op_len..OP_IN_MAX + payload_sz];
-    answer.clear();
     let t0 = std::time::Instant::now();
     if h.opcode == op::INIT {
         Reply::to_ring(ch, h.unique, answer).error(crate::ops::errno::EIO);
     } else {
-        ops.dispatch(&h, body, Reply::to_ring(ch, h.unique, answer));
+        // A panic in a handler (a bug) must not take the entry with it: its Reply
+        // leaves EIO behind as it unwinds, and that is committed like any answer.
+        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            ops.dispatch(&h, body, Reply::to_ring(ch, h.unique, answer))
+        }));
+        if served.is_err() {
+            eprintln!(
+                "ubtrfs: FUSE request {} failed (a bug): answered EIO",
+                h.opcode
+            );
+        }
     }
     count(&h, t0.elapsed());
-    Some((h, commit_id))
+    (commit_id, h.unique)
 }
 
 /// Moves the answer into the entry's buffers: the out header where the in header
