@@ -427,30 +427,39 @@ impl Ops {
     /// directory's parent, to reconnect it. A node id that names nothing (any more)
     /// is ENOENT, which the kernel turns into ESTALE.
     fn lookup_handle(&self, h: &InHeader, parent: bool, reply: Reply<'_>) {
-        let Some(node) = self
-            .nodes
-            .get(h.nodeid)
+        let known = self.nodes.get(h.nodeid);
+        let Some(node) = known
             .map(|k| k.node)
             .or_else(|| self.nodes.decode(h.nodeid))
         else {
             return reply.error(errno::ENOENT);
         };
-        let found = self.engine.read(|fs| -> Result<Option<Node>, Error> {
-            let target = if parent && node != self.cfg.root {
-                // Above the mounted subvolume's root there is nothing to show.
-                fs.parent_dir(node)?.unwrap_or(self.cfg.root)
-            } else {
-                node
-            };
-            // An unlinked inode (an orphan kept for an open file) has no handle.
-            match fs.stat(target) {
-                Ok(st) if st.nlink > 0 || target.ino == FIRST_FREE_OBJECTID => Ok(Some(target)),
-                Ok(_) => Ok(None),
-                Err(Error::NotFound(_)) => Ok(None),
-                Err(e) => Err(e),
-            }
-        });
-        let target = match found {
+        // The inode named, and the directory it is in (as `..` names it).
+        let found = self
+            .engine
+            .read(|fs| -> Result<Option<(Node, Option<Node>)>, Error> {
+                let up = |n: Node| -> Result<Option<Node>, Error> {
+                    // Above the mounted subvolume's root there is nothing to show.
+                    if n == self.cfg.root {
+                        return Ok(None);
+                    }
+                    Ok(Some(fs.parent_dir(n)?.unwrap_or(self.cfg.root)))
+                };
+                let (target, above) = match (parent, up(node)?) {
+                    (true, Some(p)) => (p, up(p)?),
+                    (true, None) => (node, None),
+                    (false, above) => (node, above),
+                };
+                // An unlinked inode (an orphan kept for an open file) has no handle.
+                match stat_salvaged(fs, target) {
+                    Ok(st) if st.nlink > 0 || target.ino == FIRST_FREE_OBJECTID => {
+                        Ok(Some((target, above)))
+                    }
+                    Ok(_) | Err(Error::NotFound(_)) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            });
+        let (target, above) = match found {
             Ok(Some(t)) => t,
             Ok(None) => return reply.error(errno::ENOENT),
             Err(e) => return reply.error(e.errno()),
@@ -459,13 +468,13 @@ impl Ops {
             Ok(x) => x,
             Err(e) => return reply.error(e.errno()),
         };
-        let key = NodeKey::new(target, 0);
+        // A node the table still holds keeps its key (a placeholder its location).
+        let key = match known {
+            Some(k) if !parent => k,
+            _ => NodeKey::new(target, 0),
+        };
         // Where it was found is unknown: its parent's lasting id, if it has one.
-        let up = self
-            .engine
-            .read(|fs| fs.parent_dir(target))
-            .ok()
-            .flatten()
+        let up = above
             .and_then(|p| self.nodes.lasting_id(NodeKey::new(p, 0)))
             .unwrap_or(abi::ROOT_ID);
         let id = self.nodes.intern(key, up, b"");
@@ -845,9 +854,6 @@ impl Ops {
         let Some(name) = a.cstr() else {
             return reply.error(errno::EINVAL);
         };
-        if std::env::var_os("UBTRFS_XDBG").is_some() {
-            eprintln!("GETXATTR {} {}", h.nodeid, String::from_utf8_lossy(name));
-        }
         let node = match self.node(h.nodeid) {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
