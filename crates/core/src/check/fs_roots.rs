@@ -1,19 +1,34 @@
 //! Subvolume trees, item by item: every inode against its names (nlink), its directory
 //! entries (size, DIR_ITEM and DIR_INDEX for each INODE_REF/INODE_EXTREF and back),
 //! its file extents (order, overlap, holes without NO_HOLES, nbytes) and orphan items.
-//! Names are matched after the tree is read, from compact facts sorted by (parent,
-//! child, name), so no inode's items are held.
+//! Names are matched from compact facts sorted by (parent, child, name), so no
+//! inode's items are held.
+//!
+//! Snapshots share most of their blocks with the tree they were taken of, so each
+//! tree is checked bottom-up, one subtree at a time, and what a subtree shared by
+//! several parents says is worked out once ([`Summary`], kept in a [`Memo`] until
+//! its last parent has used it), as btrfs check does with its shared-node records.
+//! What a subtree can settle by itself it settles: every inode whose items all lie
+//! inside it (any inode number strictly between its first and last), and every name
+//! whose directory and inode both do. The rest (its first and last inode, which may
+//! continue in a neighbour, and the names that reach outside) goes up to the parent,
+//! which settles what its wider range covers; the root settles everything left. The
+//! problems found are the same as a check of each tree item by item, in another
+//! order.
 
-use super::blocks::{tree_kind, TreeKind, Walk};
-use super::{Findings, Progress};
+use super::blocks::{tree_kind, RefKind, TreeKind, Walk, DATA_LEVEL};
+use super::{Findings, Problem, Progress};
 use crate::error::Result;
 use crate::fs::{
     Filesystem, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
 use crate::io::root_tree::root_ptr_of;
-use crate::tree::ctree::TreeIter;
-use std::collections::BTreeSet;
+use crate::tree::ctree::{child_expect, TreeIter};
+use crate::tree::tree_checker::Expect;
+use crate::tree::{RootPtr, TreeBlock};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::{extref_hash, name_hash};
 use ubtrfs_format::items::{
@@ -51,6 +66,9 @@ const FACT_REF: u8 = 0;
 const FACT_ITEM: u8 = 1;
 const FACT_INDEX: u8 = 2;
 
+/// A fact's `own_ty` when the inode has no (readable) INODE_ITEM.
+const NO_INODE: u8 = u8::MAX;
+
 /// One side of a name: an inode's ref, or a directory's DIR_ITEM or DIR_INDEX.
 #[derive(Clone, Copy, Debug)]
 struct Fact {
@@ -59,7 +77,12 @@ struct Fact {
     name_h: u64,
     kind: u8,
     index: u64,
+    /// A directory entry: the type it names.
     ty: u8,
+    /// The type of the inode whose item this is (the child for a ref, the directory
+    /// for an entry), or [`NO_INODE`]: a name settled where only one side is seen
+    /// needs no lookup of the other's.
+    own_ty: u8,
     /// The leaf holding it, for reports.
     block: u64,
 }
@@ -77,18 +100,157 @@ struct Ino {
     has_items: bool,
 }
 
-struct TreeCheck<'a> {
-    tree: u64,
-    root_dirid: u64,
-    no_holes: bool,
-    sectorsize: u64,
-    facts: Vec<Fact>,
-    /// (inode, file type) of every inode, in inode order.
-    types: Vec<(u64, u8)>,
+/// Items of one inode inside a subtree: runs of slots of leaves, in key order.
+#[derive(Clone, Debug)]
+struct Group {
+    ino: u64,
+    segs: Vec<Seg>,
+}
+
+/// Slots `start..end` of the leaf at `bytenr` (read again, by its generation, when
+/// the inode is complete).
+#[derive(Clone, Copy, Debug)]
+struct Seg {
+    bytenr: u64,
+    generation: u64,
+    start: u32,
+    end: u32,
+}
+
+/// What a subtree says once everything it settles by itself is checked.
+#[derive(Clone, Default)]
+struct Summary {
+    /// The first inode of the subtree (its items may start in the left neighbour);
+    /// `None` when the subtree holds no inode items.
+    first: Option<Group>,
+    /// The last inode, when it is not the first (its items may go on to the right).
+    last: Option<Group>,
+    /// Problems settled here (their tree is filled in when a tree reports them).
+    problems: Vec<Problem>,
+    /// Notes, without the tree they are in.
+    notes: Vec<String>,
+    /// Names not settled yet.
+    pending: Vec<Fact>,
     /// Inodes with no name and nlink 0: they need an orphan item.
     unlinked: Vec<(u64, u64)>,
-    orphans: BTreeSet<u64>,
-    out: &'a mut FsRoots,
+    /// ORPHAN_ITEMs.
+    orphans: Vec<u64>,
+    /// Entries naming subvolumes (their tree is filled in when reported).
+    subvols: Vec<SubvolEntry>,
+    /// Data ranges that must have no checksums, with the inode (start, length,
+    /// inode): reported for each tree, as the others.
+    csum_forbid: Vec<(u64, u64, u64)>,
+}
+
+impl Summary {
+    fn add(&mut self, rule: &'static str, block: u64, key: Key, message: String) {
+        self.problems.push(Problem {
+            rule,
+            tree: None,
+            block: Some(block),
+            key: Some(key),
+            message,
+        });
+    }
+
+    /// The objectids strictly between these are wholly inside the subtree.
+    fn bounds(&self) -> Option<(u64, u64)> {
+        let f = self.first.as_ref()?;
+        Some((f.ino, self.last.as_ref().map_or(f.ino, |l| l.ino)))
+    }
+}
+
+/// Summaries of blocks with more than one parent, kept until each parent used one.
+struct Memo {
+    /// Parents of each block that has several (from the walk's references).
+    parents: HashMap<u64, u32>,
+    slots: Mutex<HashMap<u64, Slot>>,
+    ready: Condvar,
+}
+
+enum Slot {
+    /// Being worked out by a thread: wait for it.
+    Busy,
+    /// Worked out; `left` parents have not used it yet.
+    Done { s: Arc<Summary>, left: u32 },
+}
+
+impl Memo {
+    fn new(walk: &Walk) -> Memo {
+        let mut parents = HashMap::new();
+        let mut i = 0;
+        let refs = &walk.refs;
+        while i < refs.len() {
+            let b = refs[i].bytenr;
+            let mut j = i;
+            let mut n = 0u32;
+            while j < refs.len() && refs[j].bytenr == b {
+                if refs[j].level != DATA_LEVEL && !matches!(refs[j].kind, RefKind::Data(..)) {
+                    n = n.saturating_add(refs[j].count);
+                }
+                j += 1;
+            }
+            if n > 1 {
+                parents.insert(b, n);
+            }
+            i = j;
+        }
+        Memo {
+            parents,
+            slots: Mutex::new(HashMap::new()),
+            ready: Condvar::new(),
+        }
+    }
+
+    /// The summary of `bytenr`, worked out by `make` unless another parent's walk
+    /// did (or is doing) it. Waiting cannot deadlock: the caller has verified the
+    /// block against its parent's pointer (level one below the parent's), so a
+    /// thread only waits for a block of a lower level than every block it is
+    /// working out.
+    fn get(&self, bytenr: u64, make: impl FnOnce() -> Result<Summary>) -> Result<Arc<Summary>> {
+        let Some(&parents) = self.parents.get(&bytenr) else {
+            return make().map(Arc::new);
+        };
+        let lock = || self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let mut slots = lock();
+        loop {
+            match slots.get_mut(&bytenr) {
+                None => break,
+                Some(Slot::Busy) => {
+                    slots = self.ready.wait(slots).unwrap_or_else(|p| p.into_inner());
+                }
+                Some(Slot::Done { s, left }) => {
+                    let s = s.clone();
+                    *left -= 1;
+                    if *left == 0 {
+                        slots.remove(&bytenr);
+                    }
+                    return Ok(s);
+                }
+            }
+        }
+        slots.insert(bytenr, Slot::Busy);
+        drop(slots);
+        let made = make().map(Arc::new);
+        let mut slots = lock();
+        match &made {
+            Ok(s) if parents > 1 => {
+                slots.insert(
+                    bytenr,
+                    Slot::Done {
+                        s: s.clone(),
+                        left: parents - 1,
+                    },
+                );
+            }
+            _ => {
+                slots.remove(&bytenr);
+            }
+        }
+        drop(slots);
+        self.ready.notify_all();
+        made
+    }
 }
 
 /// A 64-bit hash of a name, to match the three sides of a name without keeping it
@@ -110,13 +272,14 @@ pub(super) fn file_type(mode: u32) -> u8 {
     }
 }
 
-/// Checks every live subvolume tree. The trees are independent, so they are
-/// checked on up to [`FS_ROOT_THREADS_MAX`] threads (the calling one included,
-/// which alone reports progress); each tree's findings are kept apart and merged in
+/// Checks every live subvolume tree. The trees are checked on up to
+/// [`FS_ROOT_THREADS_MAX`] threads (the calling one included, which alone reports
+/// progress), sharing one [`Memo`]; each tree's findings are kept apart and merged in
 /// tree order, so the report is the same however the work was shared.
 pub(super) fn check_fs_roots(
     fs: &Filesystem,
     walk: &Walk,
+    item_by_item: bool,
     f: &mut Findings,
     progress: Progress<'_>,
 ) -> FsRoots {
@@ -132,13 +295,14 @@ pub(super) fn check_fs_roots(
         .collect();
     let items = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
-    // Snapshots are about the size of the tree they were taken of: the last
-    // tree's counts size the next one's lists, instead of growth by doubling
-    // (which can leave half of the largest lists unused, in two trees at once).
-    let sizes = (AtomicUsize::new(0), AtomicUsize::new(0));
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, FS_ROOT_THREADS_MAX);
+    let memo = Memo::new(walk);
+    let threads = if item_by_item {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, FS_ROOT_THREADS_MAX)
+    };
     // Each worker takes the next tree until none is left.
     let work = |report: &mut dyn FnMut(u64)| {
         let mut done = Vec::new();
@@ -147,7 +311,10 @@ pub(super) fn check_fs_roots(
             let Some(&(id, r)) = trees.get(i) else {
                 return done;
             };
-            done.push((i, check_tree(fs, id, r, &items, &sizes, report)));
+            done.push((
+                i,
+                check_tree(fs, id, r, &memo, item_by_item, &items, report),
+            ));
         }
     };
     let mut results = std::thread::scope(|sc| {
@@ -194,40 +361,69 @@ pub(super) fn check_fs_roots(
 /// Most threads the subvolume trees are checked on.
 const FS_ROOT_THREADS_MAX: usize = 4;
 
-/// One subvolume tree, item by item, with findings of its own.
+/// One subvolume tree, with findings of its own.
 fn check_tree(
     fs: &Filesystem,
     id: u64,
     r: &RootItem,
+    memo: &Memo,
+    item_by_item: bool,
     items: &AtomicU64,
-    sizes: &(AtomicUsize, AtomicUsize),
     report: &mut dyn FnMut(u64),
 ) -> (FsRoots, Findings) {
-    let hint = |n: &AtomicUsize| {
-        let n = n.load(Ordering::Relaxed);
-        n + n / 32
-    };
     let mut f = Findings::new();
     let mut out = FsRoots::default();
+    let ptr = root_ptr_of(id, r);
     let mut t = TreeCheck {
-        tree: id,
+        fs,
+        ptr,
         root_dirid: r.root_dirid,
         no_holes: fs.info.sb.incompat_flags & FEATURE_INCOMPAT_NO_HOLES != 0,
-        sectorsize: fs.info.sectorsize as u64,
-        facts: Vec::with_capacity(hint(&sizes.0)),
-        types: Vec::with_capacity(hint(&sizes.1)),
-        unlinked: Vec::new(),
-        orphans: BTreeSet::new(),
+        memo,
+        items,
+        report,
         out: &mut out,
     };
-    let ptr = root_ptr_of(id, r);
-    match t.stream(fs, &ptr, &mut f, items, report) {
-        Ok(()) => {
-            sizes.0.store(t.facts.len(), Ordering::Relaxed);
-            sizes.1.store(t.types.len(), Ordering::Relaxed);
-            t.match_names(&mut f);
-            t.check_orphans(&mut f);
-            t.out.checked.insert(id);
+    let root = Expect {
+        level: Some(ptr.level),
+        generation: Some(ptr.generation),
+        first_key: None,
+    };
+    // The root read first, so that an error in it names the tree as elsewhere.
+    let read = if item_by_item {
+        t.stream()
+    } else {
+        crate::tree::ctree::read_root(&fs.info, &ptr)
+            .and_then(|_| t.summary(ptr.bytenr, &root))
+            .and_then(|s| t.settle_root(&s))
+    };
+    match read {
+        Ok(s) => {
+            for p in s.problems {
+                f.add(p.rule, Some(id), p.block, p.key, p.message);
+            }
+            for n in s.notes {
+                f.note(format!("tree {} {n}", id as i64));
+            }
+            let orphans: BTreeSet<u64> = s.orphans.into_iter().collect();
+            for (ino, block) in s.unlinked {
+                if !orphans.contains(&ino) {
+                    f.add(
+                        "orphan",
+                        Some(id),
+                        Some(block),
+                        Some(Key::new(ino, INODE_ITEM_KEY, 0)),
+                        format!("inode {ino} has no name and no orphan item"),
+                    );
+                }
+            }
+            out.csum_forbid
+                .extend(s.csum_forbid.iter().map(|&(st, l, ino)| (st, l, id, ino)));
+            for mut e in s.subvols {
+                e.tree = id;
+                out.subvol_entries.push(e);
+            }
+            out.checked.insert(id);
         }
         Err(e) => f.add(
             "block-structure",
@@ -255,25 +451,200 @@ pub(super) fn merge(mut v: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     out
 }
 
+struct TreeCheck<'a> {
+    fs: &'a Filesystem,
+    ptr: RootPtr,
+    root_dirid: u64,
+    no_holes: bool,
+    memo: &'a Memo,
+    items: &'a AtomicU64,
+    report: &'a mut dyn FnMut(u64),
+    /// Ranges that need checksums go straight here: a subtree's are needed once,
+    /// whichever tree meets it first.
+    out: &'a mut FsRoots,
+}
+
 impl TreeCheck<'_> {
-    fn stream(
-        &mut self,
-        fs: &Filesystem,
-        ptr: &crate::tree::RootPtr,
-        f: &mut Findings,
-        items: &AtomicU64,
-        report: &mut dyn FnMut(u64),
-    ) -> Result<()> {
+    /// The summary of the subtree at `bytenr`, from the memo when it has one.
+    fn summary(&mut self, bytenr: u64, expect: &Expect) -> Result<Arc<Summary>> {
+        // Read (and verified against the parent's pointer) even when the memo has
+        // it: a pointer that does not match the block is an error here as in a
+        // walk item by item, and a hostile pointer to an ancestor is refused before
+        // the memo could wait on that ancestor's summary.
+        let b = self.fs.info.read_tree_block(bytenr, expect)?;
+        let memo = self.memo;
+        memo.get(bytenr, || {
+            if b.level() == 0 {
+                return Ok(self.leaf(&b));
+            }
+            let mut acc = Summary::default();
+            for slot in 0..b.nritems() {
+                let (child, e) = child_expect(&b, slot)?;
+                let s = self.summary(child, &e)?;
+                self.append(&mut acc, &s)?;
+            }
+            let bounds = acc.bounds();
+            self.settle_names(&mut acc, bounds);
+            Ok(acc)
+        })
+    }
+
+    /// A leaf: every inode but its first and last checked now.
+    fn leaf(&mut self, b: &TreeBlock) -> Summary {
+        let v = b.view();
+        let n = v.nritems() as usize;
+        let done = self.items.fetch_add(n as u64, Ordering::Relaxed);
+        if done / 65536 != (done + n as u64) / 65536 {
+            (self.report)(done + n as u64);
+        }
+        let mut s = Summary::default();
+        // Runs of slots by inode (inode numbers are one contiguous part of the key
+        // space: the other objectids sort before or after all of them).
+        let mut runs: Vec<(u64, u32, u32)> = Vec::new();
+        for i in 0..n {
+            let Ok(k) = v.item_key(i) else { continue };
+            if k.objectid == ORPHAN_OBJECTID && k.ty == ORPHAN_ITEM_KEY {
+                s.orphans.push(k.offset);
+                continue;
+            }
+            if !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&k.objectid) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(r) if r.0 == k.objectid && r.2 == i as u32 => r.2 += 1,
+                _ => runs.push((k.objectid, i as u32, i as u32 + 1)),
+            }
+        }
+        let seg = |r: &(u64, u32, u32)| Group {
+            ino: r.0,
+            segs: vec![Seg {
+                bytenr: b.bytenr,
+                generation: v.generation(),
+                start: r.1,
+                end: r.2,
+            }],
+        };
+        let Some(first) = runs.first() else {
+            return s;
+        };
+        s.first = Some(seg(first));
+        if runs.len() > 1 {
+            s.last = runs.last().map(seg);
+        }
+        for r in runs.iter().skip(1).take(runs.len().saturating_sub(2)) {
+            let mut cur = Ino {
+                ino: r.0,
+                block: b.bytenr,
+                ..Ino::default()
+            };
+            for i in r.1..r.2 {
+                let i = i as usize;
+                if let (Ok(k), Ok(d)) = (v.item_key(i), v.item_data(i)) {
+                    self.item(&mut s, &mut cur, &k, d, b.bytenr);
+                }
+            }
+            self.finish(&mut s, cur);
+        }
+        let bounds = s.bounds();
+        self.settle_names(&mut s, bounds);
+        s
+    }
+
+    /// Adds the next subtree to the right of `acc`: an inode split between them is
+    /// joined, and an inode that now has items of other inodes on both sides is
+    /// complete and checked.
+    fn append(&mut self, acc: &mut Summary, s: &Summary) -> Result<()> {
+        acc.problems.extend_from_slice(&s.problems);
+        acc.notes.extend_from_slice(&s.notes);
+        acc.pending.extend_from_slice(&s.pending);
+        acc.unlinked.extend_from_slice(&s.unlinked);
+        acc.orphans.extend_from_slice(&s.orphans);
+        acc.subvols.extend_from_slice(&s.subvols);
+        acc.csum_forbid.extend_from_slice(&s.csum_forbid);
+        let Some(sf) = &s.first else {
+            return Ok(());
+        };
+        if acc.first.is_none() {
+            acc.first = s.first.clone();
+            acc.last = s.last.clone();
+            return Ok(());
+        }
+        let open_ino = acc
+            .last
+            .as_ref()
+            .or(acc.first.as_ref())
+            .map_or(0, |g| g.ino);
+        if open_ino == sf.ino {
+            // One inode across the seam.
+            if let Some(open) = acc.last.as_mut().or(acc.first.as_mut()) {
+                open.segs.extend_from_slice(&sf.segs);
+            }
+            if s.last.is_some() {
+                if let Some(done) = acc.last.take() {
+                    self.complete(acc, &done)?;
+                }
+                acc.last = s.last.clone();
+            }
+        } else {
+            if let Some(done) = acc.last.take() {
+                self.complete(acc, &done)?;
+            }
+            if s.last.is_some() {
+                self.complete(acc, sf)?;
+                acc.last = s.last.clone();
+            } else {
+                acc.last = Some(sf.clone());
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks an inode whose items are all known, reading them from their leaves.
+    fn complete(&mut self, acc: &mut Summary, g: &Group) -> Result<()> {
+        let mut cur = Ino {
+            ino: g.ino,
+            ..Ino::default()
+        };
+        for seg in &g.segs {
+            let b = self.fs.info.read_tree_block(
+                seg.bytenr,
+                &Expect {
+                    level: Some(0),
+                    generation: Some(seg.generation),
+                    first_key: None,
+                },
+            )?;
+            let v = b.view();
+            if cur.block == 0 {
+                cur.block = b.bytenr;
+            }
+            for i in seg.start..seg.end {
+                let i = i as usize;
+                if let (Ok(k), Ok(d)) = (v.item_key(i), v.item_data(i)) {
+                    self.item(acc, &mut cur, &k, d, b.bytenr);
+                }
+            }
+        }
+        self.finish(acc, cur);
+        Ok(())
+    }
+
+    /// The whole tree item by item, in key order: each inode checked when the
+    /// next begins, every name settled at the end.
+    fn stream(&mut self) -> Result<Summary> {
+        let mut s = Summary::default();
         let mut cur = Ino::default();
-        for item in TreeIter::new(&fs.info, ptr, Key::MIN, Key::MAX)? {
+        let fs = self.fs;
+        let ptr = self.ptr;
+        for item in TreeIter::new(&fs.info, &ptr, Key::MIN, Key::MAX)? {
             let item = item?;
             let k = item.key();
-            let n = items.fetch_add(1, Ordering::Relaxed) + 1;
+            let n = self.items.fetch_add(1, Ordering::Relaxed) + 1;
             if n.is_multiple_of(65536) {
-                report(n);
+                (self.report)(n);
             }
             if k.objectid == ORPHAN_OBJECTID && k.ty == ORPHAN_ITEM_KEY {
-                self.orphans.insert(k.offset);
+                s.orphans.push(k.offset);
                 continue;
             }
             if !(FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&k.objectid) {
@@ -281,32 +652,41 @@ impl TreeCheck<'_> {
             }
             if k.objectid != cur.ino {
                 let done = std::mem::take(&mut cur);
-                self.finish(done, f);
+                self.finish(&mut s, done);
                 cur.ino = k.objectid;
                 cur.block = item.block.bytenr;
             }
-            self.item(&mut cur, &k, item.data(), item.block.bytenr, f);
-            // Keep the outstanding work bounded: a tree with more range entries than
-            // this compacts them now (snapshots repeat the same extents).
-            if self.out.csum_need.len() > (1 << 22) {
-                self.out.csum_need = merge(std::mem::take(&mut self.out.csum_need));
-            }
+            self.item(&mut s, &mut cur, &k, item.data(), item.block.bytenr);
         }
-        self.finish(cur, f);
-        Ok(())
+        self.finish(&mut s, cur);
+        self.settle_names(&mut s, None);
+        Ok(s)
     }
 
-    fn item(&mut self, cur: &mut Ino, k: &Key, data: &[u8], block: u64, f: &mut Findings) {
-        let tree = Some(self.tree);
+    /// The whole tree: its first and last inodes are complete, and every name left
+    /// is settled.
+    fn settle_root(&mut self, s: &Summary) -> Result<Summary> {
+        let mut s = s.clone();
+        if let Some(g) = s.first.take() {
+            self.complete(&mut s, &g)?;
+        }
+        if let Some(g) = s.last.take() {
+            self.complete(&mut s, &g)?;
+        }
+        self.settle_names(&mut s, None);
+        Ok(s)
+    }
+
+    fn item(&mut self, s: &mut Summary, cur: &mut Ino, k: &Key, data: &[u8], block: u64) {
         let ino = k.objectid;
         if k.ty != INODE_ITEM_KEY {
             cur.has_items = true;
         }
+        let own_ty = cur.item.as_ref().map_or(NO_INODE, |i| file_type(i.mode));
         match k.ty {
             INODE_ITEM_KEY => {
                 if let Ok(i) = InodeItem::parse(data) {
                     cur.block = block;
-                    self.types.push((ino, file_type(i.mode)));
                     cur.item = Some(i);
                 }
             }
@@ -316,15 +696,13 @@ impl TreeCheck<'_> {
                 } else {
                     parse_inode_extrefs(data)
                 };
-                let ty = cur.item.as_ref().map_or(FT_UNKNOWN, |i| file_type(i.mode));
                 for r in refs.unwrap_or_default() {
                     cur.names += 1;
                     if k.ty == INODE_EXTREF_KEY && extref_hash(r.parent, &r.name) != k.offset {
-                        f.add(
+                        s.add(
                             "inode-ref",
-                            tree,
-                            Some(block),
-                            Some(*k),
+                            block,
+                            *k,
                             format!("extref name hash does not match parent {} name", r.parent),
                         );
                     }
@@ -332,13 +710,14 @@ impl TreeCheck<'_> {
                     if r.parent == ino && ino == self.root_dirid {
                         continue;
                     }
-                    self.facts.push(Fact {
+                    s.pending.push(Fact {
                         parent: r.parent,
                         child: ino,
                         name_h: hash_name(&r.name),
                         kind: FACT_REF,
                         index: r.index,
-                        ty,
+                        ty: own_ty,
+                        own_ty,
                         block,
                     });
                 }
@@ -346,28 +725,26 @@ impl TreeCheck<'_> {
             DIR_ITEM_KEY | DIR_INDEX_KEY => {
                 let entries = parse_dir_items(data).unwrap_or_default();
                 if k.ty == DIR_INDEX_KEY && entries.len() != 1 {
-                    f.add(
+                    s.add(
                         "dir-item",
-                        tree,
-                        Some(block),
-                        Some(*k),
+                        block,
+                        *k,
                         format!("DIR_INDEX holds {} entries", entries.len()),
                     );
                 }
                 for e in entries {
                     cur.dir_size += e.name.len() as u64;
                     if k.ty == DIR_ITEM_KEY && name_hash(&e.name) != k.offset {
-                        f.add(
+                        s.add(
                             "dir-item",
-                            tree,
-                            Some(block),
-                            Some(*k),
+                            block,
+                            *k,
                             "name does not hash to the key offset".into(),
                         );
                     }
                     let index = (k.ty == DIR_INDEX_KEY).then_some(k.offset);
                     match e.location.ty {
-                        INODE_ITEM_KEY => self.facts.push(Fact {
+                        INODE_ITEM_KEY => s.pending.push(Fact {
                             parent: ino,
                             child: e.location.objectid,
                             name_h: hash_name(&e.name),
@@ -378,32 +755,31 @@ impl TreeCheck<'_> {
                             },
                             index: index.unwrap_or(u64::MAX),
                             ty: e.ty,
+                            own_ty,
                             block,
                         }),
-                        ROOT_ITEM_KEY => self.out.subvol_entries.push(SubvolEntry {
-                            tree: self.tree,
+                        ROOT_ITEM_KEY => s.subvols.push(SubvolEntry {
+                            tree: 0,
                             dirid: ino,
                             child: e.location.objectid,
                             index,
                             name: e.name,
                         }),
-                        t => f.add(
+                        t => s.add(
                             "dir-item",
-                            tree,
-                            Some(block),
-                            Some(*k),
+                            block,
+                            *k,
                             format!("entry points to a key of type {t}"),
                         ),
                     }
                 }
             }
-            EXTENT_DATA_KEY => self.file_extent(cur, k, data, block, f),
+            EXTENT_DATA_KEY => self.file_extent(s, cur, k, data, block),
             _ => {}
         }
     }
 
-    fn file_extent(&mut self, cur: &mut Ino, k: &Key, data: &[u8], block: u64, f: &mut Findings) {
-        let tree = Some(self.tree);
+    fn file_extent(&mut self, s: &mut Summary, cur: &mut Ino, k: &Key, data: &[u8], block: u64) {
         let Ok(fe) = FileExtentItem::parse(data) else {
             return;
         };
@@ -419,11 +795,10 @@ impl TreeCheck<'_> {
             ),
         };
         if cur.has_extents && k.offset < cur.ext_end {
-            f.add(
+            s.add(
                 "file-extent",
-                tree,
-                Some(block),
-                Some(*k),
+                block,
+                *k,
                 format!(
                     "overlaps the previous extent of inode {} (ends at {})",
                     k.objectid, cur.ext_end
@@ -432,10 +807,10 @@ impl TreeCheck<'_> {
         } else if !self.no_holes && k.offset > cur.ext_end {
             // The kernel writes hole items without NO_HOLES, but reads a gap as a
             // hole all the same, and btrfs check passes it: a note, not a problem.
-            f.note(format!(
-                "tree {} block {block} {k}: inode {}: no extent for {}..{} and the \
+            s.notes.push(format!(
+                "block {block} {k}: inode {}: no extent for {}..{} and the \
                  filesystem has no NO_HOLES (read as a hole)",
-                self.tree, k.objectid, cur.ext_end, k.offset
+                k.objectid, cur.ext_end, k.offset
             ));
         }
         cur.has_extents = true;
@@ -458,42 +833,41 @@ impl TreeCheck<'_> {
                 (disk_bytenr.saturating_add(offset), num_bytes)
             };
             if fe.ty == FILE_EXTENT_PREALLOC || flags & INODE_NODATASUM != 0 {
-                self.out
-                    .csum_forbid
-                    .push((range.0, range.1, self.tree, k.objectid));
+                s.csum_forbid.push((range.0, range.1, k.objectid));
             } else {
                 self.out.csum_need.push(range);
+                // Keep the outstanding work bounded: compact the ranges now and
+                // then (snapshots repeat the same extents).
+                if self.out.csum_need.len() > (1 << 22) {
+                    self.out.csum_need = merge(std::mem::take(&mut self.out.csum_need));
+                }
             }
         }
-        let _ = self.sectorsize;
     }
 
-    fn finish(&mut self, cur: Ino, f: &mut Findings) {
+    fn finish(&mut self, s: &mut Summary, cur: Ino) {
         if cur.ino == 0 {
             return;
         }
-        let tree = Some(self.tree);
         let Some(i) = cur.item else {
             if cur.has_items {
-                f.add(
+                s.add(
                     "inode-missing",
-                    tree,
-                    Some(cur.block),
-                    Some(Key::new(cur.ino, INODE_ITEM_KEY, 0)),
+                    cur.block,
+                    Key::new(cur.ino, INODE_ITEM_KEY, 0),
                     format!("inode {} has items but no INODE_ITEM", cur.ino),
                 );
             }
             return;
         };
-        let key = Some(Key::new(cur.ino, INODE_ITEM_KEY, 0));
+        let key = Key::new(cur.ino, INODE_ITEM_KEY, 0);
         if i.nlink != cur.names {
             if cur.names == 0 && i.nlink == 0 {
-                self.unlinked.push((cur.ino, cur.block));
+                s.unlinked.push((cur.ino, cur.block));
             } else {
-                f.add(
+                s.add(
                     "inode-nlink",
-                    tree,
-                    Some(cur.block),
+                    cur.block,
                     key,
                     format!(
                         "inode {} has nlink {} but {} names",
@@ -502,14 +876,13 @@ impl TreeCheck<'_> {
                 );
             }
         } else if cur.names == 0 {
-            self.unlinked.push((cur.ino, cur.block));
+            s.unlinked.push((cur.ino, cur.block));
         }
         let ft = file_type(i.mode);
         if ft == FT_DIR && i.size != cur.dir_size {
-            f.add(
+            s.add(
                 "inode-isize",
-                tree,
-                Some(cur.block),
+                cur.block,
                 key,
                 format!(
                     "directory {} has size {} but its entries' names add up to {}",
@@ -518,10 +891,9 @@ impl TreeCheck<'_> {
             );
         }
         if ft != FT_DIR && cur.dir_size > 0 {
-            f.add(
+            s.add(
                 "dir-item",
-                tree,
-                Some(cur.block),
+                cur.block,
                 key,
                 format!(
                     "inode {} is not a directory but has directory entries",
@@ -532,10 +904,9 @@ impl TreeCheck<'_> {
         // mkfs gives the root directory nbytes of one node; directories own no
         // extents, so only files and symlinks are compared (as btrfs check does).
         if ft != FT_DIR && i.nbytes != cur.nbytes {
-            f.add(
+            s.add(
                 "inode-nbytes",
-                tree,
-                Some(cur.block),
+                cur.block,
                 key,
                 format!(
                     "inode {} has nbytes {} but its extents add up to {}",
@@ -544,28 +915,37 @@ impl TreeCheck<'_> {
             );
         }
         if cur.has_extents && ft != FT_REG_FILE && ft != FT_SYMLINK {
-            f.add(
+            s.add(
                 "file-extent",
-                tree,
-                Some(cur.block),
+                cur.block,
                 key,
                 format!("inode {} has file extents but is not a file", cur.ino),
             );
         }
     }
 
-    fn child_type(&self, ino: u64) -> Option<u8> {
-        self.types
-            .binary_search_by_key(&ino, |t| t.0)
+    /// The type of inode `ino`'s INODE_ITEM, looked up in the tree (only for a name
+    /// one side of which is missing: the facts carry the types otherwise).
+    fn inode_type(&self, ino: u64) -> Option<u8> {
+        let k = Key::new(ino, INODE_ITEM_KEY, 0);
+        let mut it = TreeIter::new(&self.fs.info, &self.ptr, k, k).ok()?;
+        let item = it.next()?.ok()?;
+        InodeItem::parse(item.data())
             .ok()
-            .map(|i| self.types[i].1)
+            .map(|i| file_type(i.mode))
     }
 
-    /// Every name seen from both sides: the inode's ref, the DIR_ITEM, the DIR_INDEX.
-    fn match_names(&mut self, f: &mut Findings) {
-        let mut facts = std::mem::take(&mut self.facts);
+    /// Settles every name whose directory and inode both lie strictly inside
+    /// `bounds` (all of them with `None`): all three sides of such a name are in
+    /// `s.pending` by now. The others stay pending.
+    fn settle_names(&mut self, s: &mut Summary, bounds: Option<(u64, u64)>) {
+        if s.pending.is_empty() {
+            return;
+        }
+        let inside = |x: u64| bounds.is_none_or(|(lo, hi)| lo < x && x < hi);
+        let mut facts = std::mem::take(&mut s.pending);
         facts.sort_unstable_by_key(|x| (x.parent, x.child, x.name_h, x.kind, x.index));
-        let tree = Some(self.tree);
+        let mut keep = Vec::new();
         let mut i = 0;
         while i < facts.len() {
             let a = facts[i];
@@ -578,134 +958,132 @@ impl TreeCheck<'_> {
             }
             let g = &facts[i..j];
             i = j;
-            let refs: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_REF).collect();
-            let items: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_ITEM).collect();
-            let idxs: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_INDEX).collect();
-            let child_ty = self.child_type(a.child);
-            if let Some(r) = refs.first() {
-                let rkey = Some(Key::new(a.child, INODE_REF_KEY, a.parent));
-                match self.child_type(a.parent) {
-                    Some(FT_DIR) => {}
-                    Some(_) => f.add(
+            if inside(a.parent) && inside(a.child) {
+                self.check_name(s, g);
+            } else {
+                keep.extend_from_slice(g);
+            }
+        }
+        s.pending = keep;
+    }
+
+    /// One name seen from every side it has: the inode's ref, the DIR_ITEM, the
+    /// DIR_INDEX.
+    fn check_name(&self, s: &mut Summary, g: &[Fact]) {
+        let a = g[0];
+        let refs: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_REF).collect();
+        let items: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_ITEM).collect();
+        let idxs: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_INDEX).collect();
+        let known = |t: u8| (t != NO_INODE).then_some(t);
+        let child_ty = match refs.first() {
+            Some(r) => known(r.own_ty),
+            None => self.inode_type(a.child),
+        };
+        if let Some(r) = refs.first() {
+            let rkey = Key::new(a.child, INODE_REF_KEY, a.parent);
+            let parent_ty = match items.first().or(idxs.first()) {
+                Some(d) => known(d.own_ty),
+                None => self.inode_type(a.parent),
+            };
+            match parent_ty {
+                Some(FT_DIR) => {}
+                Some(_) => s.add(
+                    "inode-ref",
+                    r.block,
+                    rkey,
+                    format!(
+                        "inode {} is named in {}, which is not a directory",
+                        a.child, a.parent
+                    ),
+                ),
+                None => s.add(
+                    "inode-ref",
+                    r.block,
+                    rkey,
+                    format!(
+                        "inode {} is named in {}, which does not exist",
+                        a.child, a.parent
+                    ),
+                ),
+            }
+            for r in &refs {
+                if !idxs.iter().any(|x| x.index == r.index) {
+                    s.add(
                         "inode-ref",
-                        tree,
-                        Some(r.block),
+                        r.block,
                         rkey,
                         format!(
-                            "inode {} is named in {}, which is not a directory",
-                            a.child, a.parent
+                            "inode {}'s name in {} (index {}) has no DIR_INDEX",
+                            a.child, a.parent, r.index
                         ),
-                    ),
-                    None => f.add(
-                        "inode-ref",
-                        tree,
-                        Some(r.block),
-                        rkey,
-                        format!(
-                            "inode {} is named in {}, which does not exist",
-                            a.child, a.parent
-                        ),
-                    ),
+                    );
                 }
-                for r in &refs {
-                    if !idxs.iter().any(|x| x.index == r.index) {
-                        f.add(
-                            "inode-ref",
-                            tree,
-                            Some(r.block),
-                            rkey,
+            }
+            if items.is_empty() {
+                s.add(
+                    "inode-ref",
+                    r.block,
+                    rkey,
+                    format!("inode {}'s name in {} has no DIR_ITEM", a.child, a.parent),
+                );
+            }
+        }
+        for d in items.iter().chain(idxs.iter()) {
+            let (ty, off) = if d.kind == FACT_INDEX {
+                (DIR_INDEX_KEY, d.index)
+            } else {
+                (DIR_ITEM_KEY, 0)
+            };
+            let dkey = Key::new(a.parent, ty, off);
+            let what = if d.kind == FACT_INDEX {
+                "DIR_INDEX"
+            } else {
+                "DIR_ITEM"
+            };
+            match child_ty {
+                None => s.add(
+                    "dir-item",
+                    d.block,
+                    dkey,
+                    format!(
+                        "{what} in {} points to inode {}, which does not exist",
+                        a.parent, a.child
+                    ),
+                ),
+                Some(ct) => {
+                    if refs.is_empty() {
+                        s.add(
+                            "dir-item",
+                            d.block,
+                            dkey,
                             format!(
-                                "inode {}'s name in {} (index {}) has no DIR_INDEX",
-                                a.child, a.parent, r.index
+                                "{what} in {} names inode {}, which has no INODE_REF for it",
+                                a.parent, a.child
+                            ),
+                        );
+                    } else if d.kind == FACT_INDEX && !refs.iter().any(|r| r.index == d.index) {
+                        s.add(
+                            "dir-item",
+                            d.block,
+                            dkey,
+                            format!(
+                                "DIR_INDEX {} in {} names inode {}, whose ref says another index",
+                                d.index, a.parent, a.child
+                            ),
+                        );
+                    }
+                    if d.ty != ct {
+                        s.add(
+                            "dir-item",
+                            d.block,
+                            dkey,
+                            format!(
+                                "{what} in {} says type {} for inode {}, which is of type {ct}",
+                                a.parent, d.ty, a.child
                             ),
                         );
                     }
                 }
-                if items.is_empty() {
-                    f.add(
-                        "inode-ref",
-                        tree,
-                        Some(r.block),
-                        rkey,
-                        format!("inode {}'s name in {} has no DIR_ITEM", a.child, a.parent),
-                    );
-                }
-            }
-            for d in items.iter().chain(idxs.iter()) {
-                let (ty, off) = if d.kind == FACT_INDEX {
-                    (DIR_INDEX_KEY, d.index)
-                } else {
-                    (DIR_ITEM_KEY, 0)
-                };
-                let dkey = Some(Key::new(a.parent, ty, off));
-                let what = if d.kind == FACT_INDEX {
-                    "DIR_INDEX"
-                } else {
-                    "DIR_ITEM"
-                };
-                match child_ty {
-                    None => f.add(
-                        "dir-item",
-                        tree,
-                        Some(d.block),
-                        dkey,
-                        format!(
-                            "{what} in {} points to inode {}, which does not exist",
-                            a.parent, a.child
-                        ),
-                    ),
-                    Some(ct) => {
-                        if refs.is_empty() {
-                            f.add(
-                                "dir-item",
-                                tree,
-                                Some(d.block),
-                                dkey,
-                                format!(
-                                    "{what} in {} names inode {}, which has no INODE_REF for it",
-                                    a.parent, a.child
-                                ),
-                            );
-                        } else if d.kind == FACT_INDEX && !refs.iter().any(|r| r.index == d.index) {
-                            f.add(
-                                "dir-item",
-                                tree,
-                                Some(d.block),
-                                dkey,
-                                format!(
-                                    "DIR_INDEX {} in {} names inode {}, whose ref says another index",
-                                    d.index, a.parent, a.child
-                                ),
-                            );
-                        }
-                        if d.ty != ct {
-                            f.add(
-                                "dir-item",
-                                tree,
-                                Some(d.block),
-                                dkey,
-                                format!(
-                                    "{what} in {} says type {} for inode {}, which is of type {ct}",
-                                    a.parent, d.ty, a.child
-                                ),
-                            );
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    fn check_orphans(&mut self, f: &mut Findings) {
-        for &(ino, block) in &self.unlinked {
-            if !self.orphans.contains(&ino) {
-                f.add(
-                    "orphan",
-                    Some(self.tree),
-                    Some(block),
-                    Some(Key::new(ino, INODE_ITEM_KEY, 0)),
-                    format!("inode {ino} has no name and no orphan item"),
-                );
             }
         }
     }

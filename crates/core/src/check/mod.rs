@@ -15,8 +15,9 @@
 //! 3. the extent tree against those references, block group usage, the free-space tree
 //!    ([`extents`]);
 //! 4. chunks, device extents and devices ([`chunks`]);
-//! 5. every subvolume tree item by item: inodes against their names, directory sizes,
-//!    nbytes, file extents, orphans ([`fs_roots`]);
+//! 5. every subvolume tree, bottom-up, a subtree snapshots share worked out once:
+//!    inodes against their names, directory sizes, nbytes, file extents, orphans
+//!    ([`fs_roots`]);
 //! 6. checksum items against file extents, and with `check_data_csum` the data itself
 //!    ([`csums`]);
 //! 7. ROOT_REF / ROOT_BACKREF / subvolume directory entries ([`roots`]);
@@ -46,6 +47,10 @@ pub struct CheckOptions {
     pub check_data_csum: bool,
     /// Print the recounted quota groups (they are checked whenever quotas are on).
     pub qgroup_report: bool,
+    /// Check each subvolume tree by reading its items in order, one tree after the
+    /// other, instead of bottom-up with the subtrees snapshots share worked out once.
+    /// Slower; the plain algorithm the default must agree with (tests compare them).
+    pub item_by_item: bool,
 }
 
 /// One broken rule: where (tree, block, key) and what.
@@ -228,7 +233,7 @@ pub fn check(fs: &Filesystem, opts: &CheckOptions, progress: Progress<'_>) -> Re
     extents::check_free_space(&fs.info, &ext, &mut f);
     // Phase 5: subvolume trees item by item.
     progress(4, 0);
-    let fsr = fs_roots::check_fs_roots(fs, &walk, &mut f, progress);
+    let fsr = fs_roots::check_fs_roots(fs, &walk, opts.item_by_item, &mut f, progress);
     // Phase 6: checksums.
     progress(5, 0);
     csums::check_csums(&fs.info, opts, &ext, &fsr, &mut f, progress);

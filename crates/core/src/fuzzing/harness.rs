@@ -150,6 +150,7 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
     let copts = crate::check::CheckOptions {
         check_data_csum: verify_data,
         qgroup_report: false,
+        item_by_item: false,
     };
     let r = crate::check::check(&fs, &copts, &mut |_, _| {});
     out.note("check", r);

@@ -73,7 +73,7 @@ impl ItemRef {
     }
 }
 
-fn child_expect(parent: &TreeBlock, slot: usize) -> Result<(u64, Expect)> {
+pub(crate) fn child_expect(parent: &TreeBlock, slot: usize) -> Result<(u64, Expect)> {
     let p = parent
         .view()
         .key_ptr(slot)
