@@ -34,6 +34,10 @@ pub struct CheckArgs {
     /// subtrees snapshots share (slower; for tests comparing the two).
     #[arg(long, hide = true)]
     item_by_item: bool,
+    /// Memory for the references the extent tree must hold before they spill to a
+    /// temporary file, in bytes (default 256 MiB; for tests of the spill).
+    #[arg(long, hide = true, value_name = "BYTES")]
+    refs_mem_max: Option<usize>,
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
@@ -84,6 +88,7 @@ pub fn run(a: CheckArgs, out: &mut dyn Write) -> Result<()> {
         check_data_csum: a.check_data_csum,
         qgroup_report: a.qgroup_report,
         item_by_item: a.item_by_item,
+        refs_mem_bytes_max: a.refs_mem_max.unwrap_or(0),
     };
     let mut progress = |phase: usize, n: u64| {
         bar.set_message(format!("{}: {n}", CHECK_PHASES[phase]));
@@ -173,6 +178,7 @@ fn to_json(r: &CheckReport) -> serde_json::Value {
         "data_bytes_referenced": s.data_bytes_referenced,
         "tree_blocks": s.tree_blocks,
         "data_bytes_verified": s.data_bytes_verified,
+        "refs_spilled": s.refs_spilled,
         "notes": r.notes,
         "skipped": r.skipped.iter().map(|(p, w)| json!({"phase": p, "reason": w})).collect::<Vec<_>>(),
     })

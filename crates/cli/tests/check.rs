@@ -23,7 +23,11 @@
 //! For each case: the verdicts agree (unless the case is in [`KNOWN_DIFFERENCES`],
 //! with the reason); when ubtrfs finds problems, one of them names the damaged
 //! place (the block, or a number the case gives: inode, extent, tree, ...); ubtrfs
-//! never panics. Every failing case is reported at the end, in one table.
+//! never panics; and the same check run the plain way (`--item-by-item
+//! --refs-mem-max 4096`: each subvolume tree read in key order instead of
+//! bottom-up with shared subtrees worked out once, and the expected references
+//! spilled to a temporary file and merged back) lists the same problems. Every
+//! failing case is reported at the end, in one table.
 //!
 //! A second test: the undamaged images and every golden image are clean for both.
 //!
@@ -239,6 +243,8 @@ struct Problem {
 struct UbtrfsRun {
     verdict: Result<Verdict, String>,
     problems: Vec<Problem>,
+    /// Expected references that went to the temporary file.
+    spilled: u64,
 }
 
 fn numbers_in(s: &str) -> Vec<u64> {
@@ -247,7 +253,10 @@ fn numbers_in(s: &str) -> Vec<u64> {
         .collect()
 }
 
-fn ubtrfs_check(devices: &[PathBuf], item_by_item: bool) -> UbtrfsRun {
+/// `plain`: each subvolume tree item by item, and the expected references spilled to
+/// a temporary file after 4 KiB: the straightforward paths the default ones must
+/// agree with.
+fn ubtrfs_check(devices: &[PathBuf], plain: bool) -> UbtrfsRun {
     let mut args: Vec<std::ffi::OsString> = [
         "check",
         "--check-data-csum",
@@ -258,8 +267,8 @@ fn ubtrfs_check(devices: &[PathBuf], item_by_item: bool) -> UbtrfsRun {
     .iter()
     .map(Into::into)
     .collect();
-    if item_by_item {
-        args.push("--item-by-item".into());
+    if plain {
+        args.extend(["--item-by-item", "--refs-mem-max", "4096"].map(Into::into));
     }
     args.extend(devices.iter().map(|d| d.as_os_str().to_owned()));
     let started = Instant::now();
@@ -271,6 +280,7 @@ fn ubtrfs_check(devices: &[PathBuf], item_by_item: bool) -> UbtrfsRun {
         return UbtrfsRun {
             verdict: Err(format!("PANIC: {}", head(stderr.trim(), 6))),
             problems: Vec::new(),
+            spilled: 0,
         };
     }
     let verdict = match code {
@@ -280,6 +290,7 @@ fn ubtrfs_check(devices: &[PathBuf], item_by_item: bool) -> UbtrfsRun {
             return UbtrfsRun {
                 verdict: Err(format!("hung: killed after {:?}", started.elapsed())),
                 problems: Vec::new(),
+                spilled: 0,
             }
         }
         _ => {
@@ -290,12 +301,15 @@ fn ubtrfs_check(devices: &[PathBuf], item_by_item: bool) -> UbtrfsRun {
                     head(format!("{stdout}{stderr}").trim(), 6)
                 )),
                 problems: Vec::new(),
+                spilled: 0,
             }
         }
     };
     let mut problems = Vec::new();
+    let mut spilled = 0;
     match serde_json::from_str::<Value>(&stdout) {
         Ok(v) => {
+            spilled = v["refs_spilled"].as_u64().unwrap_or(0);
             for p in v["problems"].as_array().into_iter().flatten() {
                 let s = |k: &str| match &p[k] {
                     Value::Null => "-".to_string(),
@@ -326,6 +340,7 @@ fn ubtrfs_check(devices: &[PathBuf], item_by_item: bool) -> UbtrfsRun {
             return UbtrfsRun {
                 verdict: Err(format!("no JSON on stdout ({e}): {}", head(&stdout, 6))),
                 problems: Vec::new(),
+                spilled: 0,
             };
         }
     }
@@ -341,6 +356,7 @@ fn ubtrfs_check(devices: &[PathBuf], item_by_item: bool) -> UbtrfsRun {
         return UbtrfsRun {
             verdict: Err("exit 1 with no problem listed".into()),
             problems,
+            spilled,
         };
     }
     if verdict == Verdict::Clean && !problems.is_empty() {
@@ -351,11 +367,13 @@ fn ubtrfs_check(devices: &[PathBuf], item_by_item: bool) -> UbtrfsRun {
                 problems[0].line
             )),
             problems,
+            spilled,
         };
     }
     UbtrfsRun {
         verdict: Ok(verdict),
         problems,
+        spilled,
     }
 }
 
@@ -1564,7 +1582,8 @@ fn judge(name: &str, devices: &[PathBuf], where_: Option<&[Place]>, expect_clean
         }
     }
     // The subvolume trees are checked bottom-up, with the subtrees snapshots share
-    // worked out once: the same problems as reading each tree item by item.
+    // worked out once, and the expected references are kept in memory: the same
+    // problems as reading each tree item by item with the references spilled.
     fn lines(r: &UbtrfsRun) -> Vec<&str> {
         let mut v: Vec<&str> = r.problems.iter().map(|p| p.line.as_str()).collect();
         v.sort_unstable();
@@ -1576,12 +1595,15 @@ fn judge(name: &str, devices: &[PathBuf], where_: Option<&[Place]>, expect_clean
         let only_p: Vec<&&str> = b.iter().filter(|l| !a.contains(l)).take(2).collect();
         failure.get_or_insert_with(|| {
             format!(
-                "checked item by item, other problems: {} against {}; only bottom-up: \
-                 {only_u:?}; only item by item: {only_p:?}",
+                "checked item by item with spilled references, other problems: {} \
+                 against {}; only by default: {only_u:?}; only the plain way: {only_p:?}",
                 a.len(),
                 b.len()
             )
         });
+    }
+    if expect_clean && plain.verdict.is_ok() && plain.spilled == 0 {
+        failure.get_or_insert_with(|| "the spill of references was not exercised".into());
     }
     if let (Ok(Verdict::Errors), Some(w)) = (&u.verdict, where_) {
         let named = u.problems.iter().any(|p| {

@@ -377,7 +377,7 @@ pub fn ubtrfs_check(path: &Path) -> Result<(), String> {
     let opts = ubtrfs_core::CheckOptions {
         check_data_csum: true,
         qgroup_report: false,
-        item_by_item: false,
+        ..Default::default()
     };
     let r = ubtrfs_core::check_filesystem(&fs, &opts, &mut |_, _| {})
         .map_err(|e| format!("ubtrfs check: {}: {e}", path.display()))?;

@@ -4,6 +4,7 @@
 //! must hold them (btrfs check's rule: a child of a FULL_BACKREF block is referenced
 //! by the block's address, any other by the tree owning the parent).
 
+use super::refstore::RefStore;
 use super::{Findings, Progress};
 use crate::error::Result;
 use crate::io::disk_io::{hex, FsInfo};
@@ -86,8 +87,9 @@ pub(super) fn tree_kind(id: u64) -> TreeKind {
 /// What the walk of every tree leaves for the later phases.
 #[derive(Default)]
 pub(super) struct Walk {
-    /// Expected references, sorted by (bytenr, kind) once the walk is done.
-    pub refs: Vec<ExpRef>,
+    /// Expected references, read in (bytenr, kind) order once the walk is done
+    /// (spilled to a temporary file above a memory limit).
+    pub refs: RefStore,
     /// Every ROOT_ITEM of the root tree.
     pub roots: Vec<(Key, RootItem)>,
     /// Every ROOT_REF and ROOT_BACKREF of the root tree.
@@ -168,9 +170,15 @@ pub(super) fn walk_log(fs: &FsInfo, f: &mut Findings) -> bool {
 }
 
 /// Walks every tree reachable from the superblock and the root tree.
-pub(super) fn walk_all(fs: &FsInfo, f: &mut Findings, progress: Progress<'_>) -> Result<Walk> {
+pub(super) fn walk_all(
+    fs: &FsInfo,
+    refs_mem_bytes: usize,
+    f: &mut Findings,
+    progress: Progress<'_>,
+) -> Result<Walk> {
     let mut walk = Walk {
         full_backref: full_backref_blocks(fs, f),
+        refs: RefStore::new(refs_mem_bytes),
         ..Walk::default()
     };
     let mut w = Walker {
@@ -251,7 +259,7 @@ pub(super) fn walk_all(fs: &FsInfo, f: &mut Findings, progress: Progress<'_>) ->
     walk.roots = roots;
     walk.root_refs = refs;
     walk.root_orphans = orphans;
-    walk.refs.sort_unstable_by_key(|r| (r.bytenr, r.kind));
+    walk.refs.finish()?;
     f.stats().tree_blocks = w.visited.len() as u64;
     Ok(walk)
 }

@@ -3,6 +3,7 @@
 //! their extents use, and the free-space tree against the extent tree.
 
 use super::blocks::{ExpRef, RefKind, Walk, DATA_LEVEL};
+use super::refstore::RefIter;
 use super::{Findings, Progress};
 use crate::alloc::block_group::super_stripes;
 use crate::alloc::free_space_tree::{fst_items, read_fst_ranges};
@@ -36,8 +37,8 @@ struct Cur {
 
 struct State<'a> {
     fs: &'a FsInfo,
-    refs: &'a [ExpRef],
-    next: usize,
+    /// The expected references, in (bytenr, kind) order.
+    refs: std::iter::Peekable<RefIter<'a>>,
     prev_end: u64,
     chunk_idx: usize,
     chunk_used: Vec<u64>,
@@ -52,7 +53,7 @@ pub(super) fn check_extents(
     f: &mut Findings,
     progress: Progress<'_>,
 ) -> Extents {
-    let refs = &walk.refs;
+    let refs = walk.refs.iter().peekable();
     let chunks: Vec<(u64, u64, u64)> = fs
         .chunk_map
         .iter()
@@ -61,7 +62,6 @@ pub(super) fn check_extents(
     let mut st = State {
         fs,
         refs,
-        next: 0,
         prev_end: 0,
         chunk_idx: 0,
         chunk_used: vec![0; chunks.len()],
@@ -264,13 +264,11 @@ impl State<'_> {
 
     /// Expected references to extents below `bytenr` that had no extent item.
     fn missing_before(&mut self, bytenr: u64, f: &mut Findings) {
-        while self.next < self.refs.len() && self.refs[self.next].bytenr < bytenr {
-            let b = self.refs[self.next].bytenr;
-            let first = self.refs[self.next];
-            let mut n = 0;
-            while self.next < self.refs.len() && self.refs[self.next].bytenr == b {
+        while let Some(first) = self.refs.next_if(|r| r.bytenr < bytenr) {
+            let b = first.bytenr;
+            let mut n = 1;
+            while self.refs.next_if(|r| r.bytenr == b).is_some() {
                 n += 1;
-                self.next += 1;
             }
             let what = if first.level == DATA_LEVEL {
                 "data extent".to_string()
@@ -305,9 +303,7 @@ impl State<'_> {
         // The references the trees imply, merged by kind.
         let mut exp: Vec<(RefKind, u64)> = Vec::new();
         let mut shape: Option<ExpRef> = None;
-        while self.next < self.refs.len() && self.refs[self.next].bytenr == bytenr {
-            let r = self.refs[self.next];
-            self.next += 1;
+        while let Some(r) = self.refs.next_if(|r| r.bytenr == bytenr) {
             shape.get_or_insert(r);
             match exp.last_mut() {
                 Some(l) if l.0 == r.kind => l.1 += r.count as u64,

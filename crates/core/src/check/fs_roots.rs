@@ -178,22 +178,22 @@ enum Slot {
 impl Memo {
     fn new(walk: &Walk) -> Memo {
         let mut parents = HashMap::new();
-        let mut i = 0;
-        let refs = &walk.refs;
-        while i < refs.len() {
-            let b = refs[i].bytenr;
-            let mut j = i;
-            let mut n = 0u32;
-            while j < refs.len() && refs[j].bytenr == b {
-                if refs[j].level != DATA_LEVEL && !matches!(refs[j].kind, RefKind::Data(..)) {
-                    n = n.saturating_add(refs[j].count);
+        let mut cur = (0u64, 0u32);
+        // In bytenr order: count each tree block's pointers.
+        for r in walk.refs.iter() {
+            if r.level == DATA_LEVEL || matches!(r.kind, RefKind::Data(..)) {
+                continue;
+            }
+            if r.bytenr != cur.0 {
+                if cur.1 > 1 {
+                    parents.insert(cur.0, cur.1);
                 }
-                j += 1;
+                cur = (r.bytenr, 0);
             }
-            if n > 1 {
-                parents.insert(b, n);
-            }
-            i = j;
+            cur.1 = cur.1.saturating_add(r.count);
+        }
+        if cur.1 > 1 {
+            parents.insert(cur.0, cur.1);
         }
         Memo {
             parents,

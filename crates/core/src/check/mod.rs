@@ -32,6 +32,7 @@ mod csums;
 mod extents;
 mod fs_roots;
 mod qgroups;
+mod refstore;
 mod roots;
 mod supers;
 
@@ -51,6 +52,10 @@ pub struct CheckOptions {
     /// other, instead of bottom-up with the subtrees snapshots share worked out once.
     /// Slower; the plain algorithm the default must agree with (tests compare them).
     pub item_by_item: bool,
+    /// Memory for the references the extent tree must hold (0: 256 MiB); beyond
+    /// it they are sorted in runs in an unlinked temporary file ($TMPDIR) and
+    /// merged back, so memory stays bounded however many extents there are.
+    pub refs_mem_bytes_max: usize,
 }
 
 /// One broken rule: where (tree, block, key) and what.
@@ -107,6 +112,8 @@ pub struct CheckStats {
     pub tree_blocks: u64,
     /// Data bytes read and compared with their checksums.
     pub data_bytes_verified: u64,
+    /// Expected references that went to the temporary file (0: all fit in memory).
+    pub refs_spilled: u64,
 }
 
 /// The outcome of a check.
@@ -224,14 +231,19 @@ pub fn check(fs: &Filesystem, opts: &CheckOptions, progress: Progress<'_>) -> Re
     }
     // Phase 2: every tree block; the references the extent tree must hold.
     progress(1, 0);
-    let walk = blocks::walk_all(&fs.info, &mut f, progress)?;
+    let refs_mem = match opts.refs_mem_bytes_max {
+        0 => refstore::REFS_MEM_BYTES_DEFAULT,
+        n => n,
+    };
+    let walk = blocks::walk_all(&fs.info, refs_mem, &mut f, progress)?;
     // Phase 3: the extent tree against them; block groups; then chunks and devices.
     progress(2, 0);
     let ext = extents::check_extents(&fs.info, &walk, &mut f, progress);
+    walk.refs.read_error()?;
     chunks::check_chunks(&fs.info, &ext, &mut f);
     progress(3, 0);
     extents::check_free_space(&fs.info, &ext, &mut f);
-    // Phase 5: subvolume trees item by item.
+    // Phase 5: subvolume trees, bottom-up.
     progress(4, 0);
     let fsr = fs_roots::check_fs_roots(fs, &walk, opts.item_by_item, &mut f, progress);
     // Phase 6: checksums.
@@ -246,5 +258,7 @@ pub fn check(fs: &Filesystem, opts: &CheckOptions, progress: Progress<'_>) -> Re
     if let Some(why) = qgroups::check_qgroups(fs, &walk, &mut f) {
         f.skip(PHASES[7], why);
     }
+    walk.refs.read_error()?;
+    f.stats().refs_spilled = walk.refs.spilled();
     Ok(f.report)
 }

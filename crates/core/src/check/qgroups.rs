@@ -6,7 +6,7 @@
 //! Sets of subvolumes are interned: snapshots make most blocks share the same few sets,
 //! so a block holds one small id, and unions are memoised.
 
-use super::blocks::{RefKind, Walk, DATA_LEVEL};
+use super::blocks::{ExpRef, RefKind, Walk, DATA_LEVEL};
 use super::Findings;
 use crate::error::Result;
 use crate::fs::Filesystem;
@@ -77,13 +77,11 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
     // Which subvolumes reach each tree block: parents first (higher levels first).
     let mut sets = Sets::default();
     let empty = sets.intern(Vec::new());
-    let mut order: Vec<usize> = (0..walk.refs.len())
-        .filter(|&i| walk.refs[i].level != DATA_LEVEL)
-        .collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(walk.refs[i].level));
+    // Tree block references only (the data ones are streamed below).
+    let mut order: Vec<ExpRef> = walk.refs.iter().filter(|r| r.level != DATA_LEVEL).collect();
+    order.sort_by_key(|r| std::cmp::Reverse(r.level));
     let mut block_set: HashMap<u64, u32> = HashMap::new();
-    for &i in &order {
-        let r = walk.refs[i];
+    for &r in &order {
         let from = if r.from == 0 {
             match r.kind {
                 RefKind::Tree(id) if is_fs_tree(id) => sets.intern(vec![id]),
@@ -96,13 +94,7 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
         let u = sets.union(cur, from);
         block_set.insert(r.bytenr, u);
     }
-    // Data extents: the union over the leaves pointing to them.
-    let mut extent_set: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
-    for r in walk.refs.iter().filter(|r| r.level == DATA_LEVEL) {
-        let from = block_set.get(&r.from).copied().unwrap_or(empty);
-        let e = extent_set.entry(r.bytenr).or_insert((r.len, empty));
-        e.1 = sets.union(e.1, from);
-    }
+    drop(order);
     let nodesize = fs.info.nodesize as u64;
     let mut counted: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     // Ancestors of each qgroup, transitively.
@@ -151,7 +143,23 @@ pub(super) fn check_qgroups(fs: &Filesystem, walk: &Walk, f: &mut Findings) -> O
         let set = sets.sets[s as usize].clone();
         account(&set, nodesize, &mut counted);
     }
-    for (_, &(len, s)) in extent_set.iter() {
+    // Data extents: the union over the leaves pointing to them, one extent at a
+    // time (the references come in address order).
+    let mut cur: Option<(u64, u64, u32)> = None;
+    for r in walk.refs.iter().filter(|r| r.level == DATA_LEVEL) {
+        let from = block_set.get(&r.from).copied().unwrap_or(empty);
+        match &mut cur {
+            Some((b, _, s)) if *b == r.bytenr => *s = sets.union(*s, from),
+            _ => {
+                if let Some((_, len, s)) = cur.take() {
+                    let set = sets.sets[s as usize].clone();
+                    account(&set, len, &mut counted);
+                }
+                cur = Some((r.bytenr, r.len, sets.union(empty, from)));
+            }
+        }
+    }
+    if let Some((_, len, s)) = cur {
         let set = sets.sets[s as usize].clone();
         account(&set, len, &mut counted);
     }

@@ -151,6 +151,9 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
         check_data_csum: verify_data,
         qgroup_report: false,
         item_by_item: false,
+        // Small, so that fuzzed images go through the spill to a temporary file
+        // and its merge too.
+        refs_mem_bytes_max: 64 << 10,
     };
     let r = crate::check::check(&fs, &copts, &mut |_, _| {});
     out.note("check", r);
