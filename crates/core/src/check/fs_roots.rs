@@ -944,7 +944,9 @@ impl TreeCheck<'_> {
         }
         let inside = |x: u64| bounds.is_none_or(|(lo, hi)| lo < x && x < hi);
         let mut facts = std::mem::take(&mut s.pending);
-        facts.sort_unstable_by_key(|x| (x.parent, x.child, x.name_h, x.kind, x.index));
+        // A stable sort: the facts are the children's sorted leftovers one after
+        // the other, and it merges such runs instead of sorting from scratch.
+        facts.sort_by_key(|x| (x.parent, x.child, x.name_h, x.kind, x.index));
         let mut keep = Vec::new();
         let mut i = 0;
         while i < facts.len() {
@@ -971,9 +973,10 @@ impl TreeCheck<'_> {
     /// DIR_INDEX.
     fn check_name(&self, s: &mut Summary, g: &[Fact]) {
         let a = g[0];
-        let refs: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_REF).collect();
-        let items: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_ITEM).collect();
-        let idxs: Vec<&Fact> = g.iter().filter(|x| x.kind == FACT_INDEX).collect();
+        // The group is sorted by side (ref, DIR_ITEM, DIR_INDEX) after the name.
+        let i_item = g.partition_point(|x| x.kind < FACT_ITEM);
+        let i_index = g.partition_point(|x| x.kind < FACT_INDEX);
+        let (refs, items, idxs) = (&g[..i_item], &g[i_item..i_index], &g[i_index..]);
         let known = |t: u8| (t != NO_INODE).then_some(t);
         let child_ty = match refs.first() {
             Some(r) => known(r.own_ty),
@@ -1006,7 +1009,7 @@ impl TreeCheck<'_> {
                     ),
                 ),
             }
-            for r in &refs {
+            for r in refs {
                 if !idxs.iter().any(|x| x.index == r.index) {
                     s.add(
                         "inode-ref",
