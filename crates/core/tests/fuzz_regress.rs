@@ -374,6 +374,31 @@ fn leaves_reached_twice_are_refused() {
     let out = run(&seed_from_image(&img));
     assert_eq!(out.open_error, None);
     assert!(out.errors.iter().any(|e| e.contains("does not follow")));
+    // `check` says so for the fs tree in the same words whether it checks the tree
+    // bottom-up (where, without the rule, the leaves would be counted twice, and
+    // stacked levels would multiply them) or item by item.
+    let fs_tree_problems = |item_by_item: bool| -> Vec<String> {
+        let fs = Filesystem::from_info(open_image(&img).expect("opens"));
+        let opts = ubtrfs_core::CheckOptions {
+            item_by_item,
+            ..Default::default()
+        };
+        let r = ubtrfs_core::check_filesystem(&fs, &opts, &mut |_, _| {}).expect("check runs");
+        let mut v: Vec<String> = r
+            .problems
+            .iter()
+            .filter(|p| p.tree == Some(FS_TREE_OBJECTID))
+            .map(|p| p.to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    let bottom_up = fs_tree_problems(false);
+    assert!(
+        bottom_up.iter().any(|p| p.contains("does not follow")),
+        "{bottom_up:?}"
+    );
+    assert_eq!(bottom_up, fs_tree_problems(true));
 }
 
 /// Random byte mutations of every seed's metadata (checksums repaired, so the damage

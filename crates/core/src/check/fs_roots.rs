@@ -18,7 +18,7 @@
 
 use super::blocks::{tree_kind, RefKind, TreeKind, Walk, DATA_LEVEL};
 use super::{Findings, Problem, Progress};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::fs::{
     Filesystem, S_IFBLK, S_IFCHR, S_IFDIR, S_IFIFO, S_IFLNK, S_IFMT, S_IFREG, S_IFSOCK,
 };
@@ -113,6 +113,8 @@ struct Group {
 struct Seg {
     bytenr: u64,
     generation: u64,
+    /// The leaf's first key, so that the read again finds the same block.
+    first_key: Option<Key>,
     start: u32,
     end: u32,
 }
@@ -140,6 +142,9 @@ struct Summary {
     /// Data ranges that must have no checksums, with the inode (start, length,
     /// inode): reported for each tree, as the others.
     csum_forbid: Vec<(u64, u64, u64)>,
+    /// The last key of the last leaf (an empty leaf: the key its parent gives it):
+    /// the key the next subtree's must be above, as a walk item by item requires.
+    floor: Option<Key>,
 }
 
 impl Summary {
@@ -207,8 +212,13 @@ impl Memo {
     /// block against its parent's pointer (level one below the parent's), so a
     /// thread only waits for a block of a lower level than every block it is
     /// working out.
-    fn get(&self, bytenr: u64, make: impl FnOnce() -> Result<Summary>) -> Result<Arc<Summary>> {
-        let Some(&parents) = self.parents.get(&bytenr) else {
+    fn get(
+        &self,
+        bytenr: u64,
+        use_memo: bool,
+        make: impl FnOnce() -> Result<Summary>,
+    ) -> Result<Arc<Summary>> {
+        let Some(&parents) = self.parents.get(&bytenr).filter(|_| use_memo) else {
             return make().map(Arc::new);
         };
         let lock = || self.slots.lock().unwrap_or_else(|p| p.into_inner());
@@ -231,7 +241,11 @@ impl Memo {
         }
         slots.insert(bytenr, Slot::Busy);
         drop(slots);
+        // Should `make` panic (a bug), the slot must not stay Busy: the threads
+        // waiting for it would wait forever, and the scope that joins them with it.
+        let guard = BusyGuard { memo: self, bytenr };
         let made = make().map(Arc::new);
+        std::mem::forget(guard);
         let mut slots = lock();
         match &made {
             Ok(s) if parents > 1 => {
@@ -250,6 +264,21 @@ impl Memo {
         drop(slots);
         self.ready.notify_all();
         made
+    }
+}
+
+/// Frees a Busy slot when the thread working it out unwinds.
+struct BusyGuard<'a> {
+    memo: &'a Memo,
+    bytenr: u64,
+}
+
+impl Drop for BusyGuard<'_> {
+    fn drop(&mut self) {
+        let mut slots = self.memo.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots.remove(&self.bytenr);
+        drop(slots);
+        self.memo.ready.notify_all();
     }
 }
 
@@ -395,7 +424,7 @@ fn check_tree(
     } else {
         crate::tree::ctree::read_root(&fs.info, &ptr)
             .and_then(|_| t.summary(ptr.bytenr, &root))
-            .and_then(|s| t.settle_root(&s))
+            .and_then(|s| t.settle_root(s))
     };
     match read {
         Ok(s) => {
@@ -473,13 +502,28 @@ impl TreeCheck<'_> {
         // the memo could wait on that ancestor's summary.
         let b = self.fs.info.read_tree_block(bytenr, expect)?;
         let memo = self.memo;
-        memo.get(bytenr, || {
+        // A summary depends on the tree's root directory (its ".." names itself):
+        // one of another root directory than every subvolume's is not shared.
+        let memo_ok = self.root_dirid == FIRST_FREE_OBJECTID;
+        memo.get(bytenr, memo_ok, || {
             if b.level() == 0 {
-                return Ok(self.leaf(&b));
+                return Ok(self.leaf(&b, expect));
             }
             let mut acc = Summary::default();
             for slot in 0..b.nritems() {
                 let (child, e) = child_expect(&b, slot)?;
+                // Keys must grow from subtree to subtree (TreeIter's rule, with its
+                // words): overlapping siblings would otherwise split an inode, and
+                // a block linked from several nodes would be counted again and
+                // again, exponentially in the tree's height.
+                if let (Some(fl), Some(k)) = (acc.floor, e.first_key) {
+                    if slot > 0 && k <= fl {
+                        return Err(Error::corrupt(format!(
+                            "tree block {}: slot {slot} key {k} does not follow {fl} (a block reached twice?)",
+                            b.bytenr
+                        )));
+                    }
+                }
                 let s = self.summary(child, &e)?;
                 self.append(&mut acc, &s)?;
             }
@@ -490,14 +534,20 @@ impl TreeCheck<'_> {
     }
 
     /// A leaf: every inode but its first and last checked now.
-    fn leaf(&mut self, b: &TreeBlock) -> Summary {
+    fn leaf(&mut self, b: &TreeBlock, expect: &Expect) -> Summary {
         let v = b.view();
         let n = v.nritems() as usize;
         let done = self.items.fetch_add(n as u64, Ordering::Relaxed);
         if done / 65536 != (done + n as u64) / 65536 {
             (self.report)(done + n as u64);
         }
-        let mut s = Summary::default();
+        let mut s = Summary {
+            floor: match n {
+                0 => expect.first_key,
+                n => v.item_key(n - 1).ok(),
+            },
+            ..Summary::default()
+        };
         // Runs of slots by inode (inode numbers are one contiguous part of the key
         // space: the other objectids sort before or after all of them).
         let mut runs: Vec<(u64, u32, u32)> = Vec::new();
@@ -520,6 +570,7 @@ impl TreeCheck<'_> {
             segs: vec![Seg {
                 bytenr: b.bytenr,
                 generation: v.generation(),
+                first_key: v.item_key(0).ok(),
                 start: r.1,
                 end: r.2,
             }],
@@ -561,6 +612,7 @@ impl TreeCheck<'_> {
         acc.orphans.extend_from_slice(&s.orphans);
         acc.subvols.extend_from_slice(&s.subvols);
         acc.csum_forbid.extend_from_slice(&s.csum_forbid);
+        acc.floor = s.floor;
         let Some(sf) = &s.first else {
             return Ok(());
         };
@@ -611,7 +663,7 @@ impl TreeCheck<'_> {
                 &Expect {
                     level: Some(0),
                     generation: Some(seg.generation),
-                    first_key: None,
+                    first_key: seg.first_key,
                 },
             )?;
             let v = b.view();
@@ -665,8 +717,8 @@ impl TreeCheck<'_> {
 
     /// The whole tree: its first and last inodes are complete, and every name left
     /// is settled.
-    fn settle_root(&mut self, s: &Summary) -> Result<Summary> {
-        let mut s = s.clone();
+    fn settle_root(&mut self, s: Arc<Summary>) -> Result<Summary> {
+        let mut s = Arc::try_unwrap(s).unwrap_or_else(|shared| (*shared).clone());
         if let Some(g) = s.first.take() {
             self.complete(&mut s, &g)?;
         }

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::sync::Mutex;
 
 /// Bytes of one reference on disk.
@@ -41,8 +41,12 @@ impl Default for RefStore {
     }
 }
 
-fn sort_key(r: &ExpRef) -> (u64, RefKind) {
-    (r.bytenr, r.kind)
+/// The whole record: equal (bytenr, kind) pairs come out in the same order whether
+/// or not they were spilled (the reports name the first one's parent).
+type SortKey = (u64, RefKind, u8, u64, u64, u32);
+
+fn sort_key(r: &ExpRef) -> SortKey {
+    (r.bytenr, r.kind, r.level, r.len, r.from, r.count)
 }
 
 impl RefStore {
@@ -61,9 +65,11 @@ impl RefStore {
 
     pub(super) fn push(&mut self, r: ExpRef) {
         self.mem.push(r);
-        if self.mem.len() >= self.mem_max {
+        // After a failed spill (a full $TMPDIR) no other is tried: `finish` fails
+        // the check, and retrying a sort of the whole buffer per push would not end.
+        if self.mem.len() >= self.mem_max && self.error.is_none() {
             if let Err(e) = self.spill_run() {
-                self.error.get_or_insert(e.to_string());
+                self.error = Some(e.to_string());
             }
         }
     }
@@ -120,7 +126,8 @@ impl RefStore {
     }
 
     /// Every reference in (bytenr, kind) order. A read error of the temporary file
-    /// ends the iteration early; [`RefStore::read_error`] tells.
+    /// ends that run early (the others go on, with a gap); [`RefStore::read_error`]
+    /// tells, and the check then fails rather than report what the gap implies.
     pub(super) fn iter(&self) -> RefIter<'_> {
         let mut it = RefIter {
             store: self,
@@ -158,7 +165,7 @@ pub(super) struct RefIter<'a> {
     mem_next: usize,
     runs: Vec<RunReader>,
     /// The head of each run: (key, run).
-    heap: BinaryHeap<Reverse<((u64, RefKind), usize)>>,
+    heap: BinaryHeap<Reverse<(SortKey, usize)>>,
 }
 
 impl RefIter<'_> {
@@ -209,10 +216,10 @@ impl Iterator for RefIter<'_> {
             (_, Some((_, i))) => {
                 self.heap.pop();
                 let r = &mut self.runs[i];
-                let x = r.buf[r.pos];
+                let x = r.buf.get(r.pos).copied();
                 r.pos += 1;
                 self.refill(i);
-                Some(x)
+                x
             }
             (Some(m), None) => {
                 self.mem_next += 1;
@@ -229,10 +236,12 @@ fn temp_file() -> std::io::Result<File> {
     let pid = std::process::id();
     for n in 0..1000u32 {
         let p = dir.join(format!(".ubtrfs-check-refs-{pid}-{n}"));
+        // Readable by its owner only, for the instant it has a name.
         match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
             .create_new(true)
+            .mode(0o600)
             .open(&p)
         {
             Ok(f) => {
