@@ -34,8 +34,9 @@ pub struct CheckArgs {
     /// subtrees snapshots share (slower; for tests comparing the two).
     #[arg(long, hide = true)]
     item_by_item: bool,
-    /// Memory for the references the extent tree must hold before they spill to a
-    /// temporary file, in bytes (default 256 MiB; for tests of the spill).
+    /// Memory for the references the extent tree must hold, and for each list of
+    /// data ranges, before they spill to a temporary file, in bytes (default 256
+    /// and 64 MiB; for tests of the spill).
     #[arg(long, hide = true, value_name = "BYTES")]
     refs_mem_max: Option<usize>,
     /// Output format.

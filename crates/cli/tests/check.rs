@@ -25,8 +25,9 @@
 //! place (the block, or a number the case gives: inode, extent, tree, ...); ubtrfs
 //! never panics; and the same check run the plain way (`--item-by-item
 //! --refs-mem-max 4096`: each subvolume tree read in key order instead of
-//! bottom-up with shared subtrees worked out once, and the expected references
-//! spilled to a temporary file and merged back) lists the same problems. Every
+//! bottom-up with shared subtrees worked out once, and the expected references and
+//! data ranges spilled to a temporary file and merged back) lists the same
+//! problems. Every
 //! failing case is reported at the end, in one table.
 //!
 //! A second test: the undamaged images and every golden image are clean for both.

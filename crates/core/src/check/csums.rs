@@ -4,7 +4,8 @@
 //! `check_data_csum`, every copy of every checksummed sector is read and compared.
 
 use super::extents::Extents;
-use super::fs_roots::{merge, FsRoots};
+use super::fs_roots::FsRoots;
+use super::refstore::{merged, Ranges};
 use super::{CheckOptions, Findings, Progress};
 use crate::error::Result;
 use crate::io::disk_io::{hex, FsInfo};
@@ -22,11 +23,13 @@ pub(super) fn check_csums(
     opts: &CheckOptions,
     ext: &Extents,
     fsr: &FsRoots,
+    ranges_mem_bytes: usize,
     f: &mut Findings,
     progress: Progress<'_>,
-) {
+) -> Result<()> {
     let tree = Some(CSUM_TREE_OBJECTID);
-    let mut covered: Vec<(u64, u64)> = Vec::new();
+    // What the checksum items cover (read back with `merged`).
+    let mut covered = Ranges::new(ranges_mem_bytes);
     let mut bad_sectors = 0u64;
     let res = (|| -> Result<()> {
         let Some(ptr) = fs.tree_ptr(CSUM_TREE_OBJECTID) else {
@@ -56,12 +59,7 @@ pub(super) fn check_csums(
                 );
             }
             prev_end = prev_end.max(k.offset.saturating_add(len));
-            match covered.last_mut() {
-                Some(c) if c.0.saturating_add(c.1) >= k.offset => {
-                    c.1 = c.1.max(k.offset.saturating_add(len) - c.0)
-                }
-                _ => covered.push((k.offset, len)),
-            }
+            covered.push((k.offset, len));
             if opts.check_data_csum {
                 verify(fs, k.offset, data, f, &mut bad_sectors);
                 verified = verified.saturating_add(len);
@@ -79,8 +77,9 @@ pub(super) fn check_csums(
             None,
             format!("the checksum tree cannot be read to its end: {e}"),
         );
-        return;
+        return Ok(());
     }
+    covered.finish()?;
     if bad_sectors > DATA_CSUM_REPORTS_MAX {
         f.add(
             "data-csum",
@@ -94,21 +93,32 @@ pub(super) fn check_csums(
         );
     }
     // Needed ranges not covered.
-    for (s, l) in subtract(&fsr.csum_need, &covered) {
-        f.add(
-            "csum-missing",
-            tree,
-            Some(s),
-            None,
-            format!(
-                "data {s}..{} of a checksummed file has no checksums",
-                s.saturating_add(l)
-            ),
-        );
-    }
-    // Forbidden ranges covered.
+    subtract_each(
+        merged(fsr.csum_need.iter()),
+        merged(covered.iter()),
+        |s, l| {
+            f.add(
+                "csum-missing",
+                tree,
+                Some(s),
+                None,
+                format!(
+                    "data {s}..{} of a checksummed file has no checksums",
+                    s.saturating_add(l)
+                ),
+            );
+        },
+    );
+    // Forbidden ranges covered (both sorted by start: a covered range that ends
+    // before one forbidden range starts ends before every later one does).
+    let mut cov = merged(covered.iter()).peekable();
     for &(s, l, root, ino) in &fsr.csum_forbid {
-        let hit = intersect(&covered, s, l);
+        while cov.next_if(|c| c.0.saturating_add(c.1) <= s).is_some() {}
+        let hit = cov.peek().and_then(|&(cs, cl)| {
+            let a = cs.max(s);
+            let b = cs.saturating_add(cl).min(s.saturating_add(l));
+            (a < b).then_some((a, b - a))
+        });
         if let Some((hs, hl)) = hit {
             f.add(
                 "csum-unexpected",
@@ -125,8 +135,7 @@ pub(super) fn check_csums(
     }
     // Checksums outside every data extent.
     if ext.complete {
-        let data = merge(ext.data.clone());
-        for (s, l) in subtract(&covered, &data) {
+        subtract_each(merged(covered.iter()), merged(ext.data.iter()), |s, l| {
             f.add(
                 "csum-orphan",
                 tree,
@@ -137,50 +146,52 @@ pub(super) fn check_csums(
                     s.saturating_add(l)
                 ),
             );
-        }
+        });
     }
+    covered.read_error()?;
+    fsr.csum_need.read_error()?;
+    ext.data.read_error()
 }
 
 /// Parts of `a` (sorted, merged) not in `b` (sorted, merged).
 pub(super) fn subtract(a: &[(u64, u64)], b: &[(u64, u64)]) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
-    let mut j = 0;
-    for &(s, l) in a {
+    subtract_each(a.iter().copied(), b.iter().copied(), |s, l| {
+        out.push((s, l))
+    });
+    out
+}
+
+/// Calls `out` with each part of `a` not in `b`, in order; both are sorted and
+/// merged (disjoint, so a range of `b` that reaches past one of `a` is the last
+/// that can touch it, and is kept for the next).
+fn subtract_each(
+    a: impl Iterator<Item = (u64, u64)>,
+    b: impl Iterator<Item = (u64, u64)>,
+    mut out: impl FnMut(u64, u64),
+) {
+    let mut b = b.peekable();
+    for (s, l) in a {
         let end = s.saturating_add(l);
         let mut pos = s;
-        while j < b.len() && b[j].0.saturating_add(b[j].1) <= pos {
-            j += 1;
-        }
-        let mut k = j;
+        while b.next_if(|r| r.0.saturating_add(r.1) <= pos).is_some() {}
         while pos < end {
-            match b.get(k) {
-                Some(&(bs, bl)) if bs < end => {
+            match b.peek().copied() {
+                Some((bs, bl)) if bs < end => {
                     if bs > pos {
-                        out.push((pos, bs - pos));
+                        out(pos, bs - pos);
                     }
                     pos = pos.max(bs.saturating_add(bl));
-                    k += 1;
+                    if bs.saturating_add(bl) <= end {
+                        b.next();
+                    }
                 }
                 _ => {
-                    out.push((pos, end - pos));
+                    out(pos, end - pos);
                     pos = end;
                 }
             }
         }
-    }
-    out
-}
-
-/// The first part of [s, s+l) inside `v` (sorted, merged).
-fn intersect(v: &[(u64, u64)], s: u64, l: u64) -> Option<(u64, u64)> {
-    let i = v.partition_point(|c| c.0.saturating_add(c.1) <= s);
-    let &(cs, cl) = v.get(i)?;
-    let a = cs.max(s);
-    let b = cs.saturating_add(cl).min(s.saturating_add(l));
-    if a < b {
-        Some((a, b - a))
-    } else {
-        None
     }
 }
 

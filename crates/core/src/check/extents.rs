@@ -3,7 +3,8 @@
 //! their extents use, and the free-space tree against the extent tree.
 
 use super::blocks::{ExpRef, RefKind, Walk, DATA_LEVEL};
-use super::refstore::RefIter;
+use super::refstore::{merged, Ranges};
+use super::spill::SpillIter;
 use super::{Findings, Progress};
 use crate::alloc::block_group::super_stripes;
 use crate::alloc::free_space_tree::{fst_items, read_fst_ranges};
@@ -20,9 +21,9 @@ use ubtrfs_format::key::Key;
 #[derive(Default)]
 pub(super) struct Extents {
     /// Data extents (start, length), in address order.
-    pub data: Vec<(u64, u64)>,
-    /// Every extent, adjacent ones merged (start, length), in address order.
-    pub used: Vec<(u64, u64)>,
+    pub data: Ranges,
+    /// Every extent (start, length), in address order (read with `merged`).
+    pub used: Ranges,
     /// Chunks (start, length, type flags), in address order.
     pub chunks: Vec<(u64, u64, u64)>,
     /// Whether the extent tree could be read to its end.
@@ -38,7 +39,7 @@ struct Cur {
 struct State<'a> {
     fs: &'a FsInfo,
     /// The expected references, in (bytenr, kind) order.
-    refs: std::iter::Peekable<RefIter<'a>>,
+    refs: std::iter::Peekable<SpillIter<'a, ExpRef>>,
     prev_end: u64,
     chunk_idx: usize,
     chunk_used: Vec<u64>,
@@ -50,9 +51,10 @@ struct State<'a> {
 pub(super) fn check_extents(
     fs: &FsInfo,
     walk: &Walk,
+    ranges_mem_bytes: usize,
     f: &mut Findings,
     progress: Progress<'_>,
-) -> Extents {
+) -> Result<Extents> {
     let refs = walk.refs.iter().peekable();
     let chunks: Vec<(u64, u64, u64)> = fs
         .chunk_map
@@ -68,7 +70,9 @@ pub(super) fn check_extents(
         outside: 0,
         out: Extents {
             chunks,
-            ..Extents::default()
+            data: Ranges::new(ranges_mem_bytes),
+            used: Ranges::new(ranges_mem_bytes),
+            complete: false,
         },
     };
     let mut bgs: BTreeMap<u64, (u64, BlockGroupItem)> = BTreeMap::new();
@@ -111,7 +115,9 @@ pub(super) fn check_extents(
             ),
         );
     }
-    st.out
+    st.out.data.finish()?;
+    st.out.used.finish()?;
+    Ok(st.out)
 }
 
 fn read_bg_tree(fs: &FsInfo, bgs: &mut BTreeMap<u64, (u64, BlockGroupItem)>) -> Result<()> {
@@ -481,10 +487,7 @@ impl State<'_> {
         if is_data {
             self.out.data.push((bytenr, len));
         }
-        match self.out.used.last_mut() {
-            Some(u) if u.0.saturating_add(u.1) == bytenr => u.1 = u.1.saturating_add(len),
-            _ => self.out.used.push((bytenr, len)),
-        }
+        self.out.used.push((bytenr, len));
     }
 }
 
@@ -555,13 +558,22 @@ pub(super) fn check_free_space(fs: &FsInfo, ext: &Extents, f: &mut Findings) {
         return;
     }
     let tree = Some(FREE_SPACE_TREE_OBJECTID);
-    let mut u = 0usize;
+    // The used ranges, merged (so disjoint, ends in order too), streamed; `window`
+    // holds those read that reach the current chunk (one may reach the next).
+    let mut used = merged(ext.used.iter()).peekable();
+    let mut window: std::collections::VecDeque<(u64, u64)> = Default::default();
     for &(s, l, _) in &ext.chunks {
         // Free = the chunk minus what extents use.
         let mut want: Vec<(u64, u64)> = Vec::new();
         let mut pos = s;
-        while u < ext.used.len() && ext.used[u].0.saturating_add(ext.used[u].1) <= s {
-            u += 1;
+        while window.front().is_some_and(|r| r.0.saturating_add(r.1) <= s) {
+            window.pop_front();
+        }
+        if window.is_empty() {
+            while used.next_if(|r| r.0.saturating_add(r.1) <= s).is_some() {}
+        }
+        while let Some(r) = used.next_if(|r| r.0 < s.saturating_add(l)) {
+            window.push_back(r);
         }
         // Superblock copies are neither free nor extents (exclude_super_stripes).
         // Kernel-made trees list them as free at times, ubtrfs's never: either is
@@ -572,11 +584,7 @@ pub(super) fn check_free_space(fs: &FsInfo, ext: &Extents, f: &mut Findings) {
             .map(super_stripes)
             .unwrap_or_default();
         let mut taken = supers.clone();
-        let mut j = u;
-        while j < ext.used.len() && ext.used[j].0 < s.saturating_add(l) {
-            taken.push(ext.used[j]);
-            j += 1;
-        }
+        taken.extend(window.iter().filter(|r| r.0 < s.saturating_add(l)));
         taken.sort_unstable();
         for &(us, ul) in &taken {
             let a = us.max(s);

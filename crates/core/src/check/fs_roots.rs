@@ -17,6 +17,7 @@
 //! order.
 
 use super::blocks::{tree_kind, RefKind, TreeKind, Walk, DATA_LEVEL};
+use super::refstore::Ranges;
 use super::{Findings, Problem, Progress};
 use crate::error::{Error, Result};
 use crate::fs::{
@@ -51,8 +52,8 @@ pub(super) struct SubvolEntry {
 /// What the fs-roots phase leaves for the checksum and root-ref phases.
 #[derive(Default)]
 pub(super) struct FsRoots {
-    /// Data ranges file extents need checksums for, sorted and merged.
-    pub csum_need: Vec<(u64, u64)>,
+    /// Data ranges file extents need checksums for (read with `merged`).
+    pub csum_need: Ranges,
     /// Data ranges that must have no checksums (nodatasum files, prealloc), with the
     /// tree and inode that say so; sorted.
     pub csum_forbid: Vec<(u64, u64, u64, u64)>,
@@ -309,9 +310,10 @@ pub(super) fn check_fs_roots(
     fs: &Filesystem,
     walk: &Walk,
     item_by_item: bool,
+    ranges_mem_bytes: usize,
     f: &mut Findings,
     progress: Progress<'_>,
-) -> FsRoots {
+) -> Result<FsRoots> {
     let trees: Vec<(u64, &RootItem)> = walk
         .roots
         .iter()
@@ -325,6 +327,7 @@ pub(super) fn check_fs_roots(
     let items = AtomicU64::new(0);
     let next = AtomicUsize::new(0);
     let memo = Memo::new(walk);
+    let need = Mutex::new(Ranges::new(ranges_mem_bytes));
     let threads = if item_by_item {
         1
     } else {
@@ -340,10 +343,8 @@ pub(super) fn check_fs_roots(
             let Some(&(id, r)) = trees.get(i) else {
                 return done;
             };
-            done.push((
-                i,
-                check_tree(fs, id, r, &memo, item_by_item, &items, report),
-            ));
+            let tc = (&memo, &need, item_by_item);
+            done.push((i, check_tree(fs, id, r, tc, &items, report)));
         }
     };
     let mut results = std::thread::scope(|sc| {
@@ -365,7 +366,6 @@ pub(super) fn check_fs_roots(
     for (i, (part, findings)) in results {
         seen.insert(i);
         f.absorb(findings);
-        out.csum_need.extend(part.csum_need);
         out.csum_forbid.extend(part.csum_forbid);
         out.subvol_entries.extend(part.subvol_entries);
         out.checked.extend(part.checked);
@@ -381,11 +381,15 @@ pub(super) fn check_fs_roots(
             );
         }
     }
-    out.csum_need = merge(std::mem::take(&mut out.csum_need));
+    out.csum_need = need.into_inner().unwrap_or_else(|p| p.into_inner());
+    out.csum_need.finish()?;
     out.csum_forbid.sort_unstable();
     out.csum_forbid.dedup();
-    out
+    Ok(out)
 }
+
+/// Ranges needing checksums a tree keeps before handing them to the shared store.
+const NEED_BATCH: usize = 1 << 16;
 
 /// Most threads the subvolume trees are checked on.
 const FS_ROOT_THREADS_MAX: usize = 4;
@@ -395,8 +399,7 @@ fn check_tree(
     fs: &Filesystem,
     id: u64,
     r: &RootItem,
-    memo: &Memo,
-    item_by_item: bool,
+    (memo, need, item_by_item): (&Memo, &Mutex<Ranges>, bool),
     items: &AtomicU64,
     report: &mut dyn FnMut(u64),
 ) -> (FsRoots, Findings) {
@@ -411,7 +414,8 @@ fn check_tree(
         memo,
         items,
         report,
-        out: &mut out,
+        need: Vec::new(),
+        need_sink: need,
     };
     let root = Expect {
         level: Some(ptr.level),
@@ -426,6 +430,7 @@ fn check_tree(
             .and_then(|_| t.summary(ptr.bytenr, &root))
             .and_then(|s| t.settle_root(s))
     };
+    t.flush_need();
     match read {
         Ok(s) => {
             for p in s.problems {
@@ -462,8 +467,6 @@ fn check_tree(
             format!("the tree cannot be read to its end: {e}"),
         ),
     }
-    // Bounded before the merge too (snapshots repeat the same extents).
-    out.csum_need = merge(std::mem::take(&mut out.csum_need));
     (out, f)
 }
 
@@ -488,12 +491,23 @@ struct TreeCheck<'a> {
     memo: &'a Memo,
     items: &'a AtomicU64,
     report: &'a mut dyn FnMut(u64),
-    /// Ranges that need checksums go straight here: a subtree's are needed once,
-    /// whichever tree meets it first.
-    out: &'a mut FsRoots,
+    /// Ranges that need checksums, on their way to `need_sink`: a subtree's are
+    /// needed once, whichever tree meets it first.
+    need: Vec<(u64, u64)>,
+    need_sink: &'a Mutex<Ranges>,
 }
 
 impl TreeCheck<'_> {
+    /// Hands the ranges needing checksums to the shared store, merged first
+    /// (snapshots repeat the same extents).
+    fn flush_need(&mut self) {
+        let v = merge(std::mem::take(&mut self.need));
+        let mut sink = self.need_sink.lock().unwrap_or_else(|p| p.into_inner());
+        for r in v {
+            sink.push(r);
+        }
+    }
+
     /// The summary of the subtree at `bytenr`, from the memo when it has one.
     fn summary(&mut self, bytenr: u64, expect: &Expect) -> Result<Arc<Summary>> {
         // Read (and verified against the parent's pointer) even when the memo has
@@ -887,11 +901,9 @@ impl TreeCheck<'_> {
             if fe.ty == FILE_EXTENT_PREALLOC || flags & INODE_NODATASUM != 0 {
                 s.csum_forbid.push((range.0, range.1, k.objectid));
             } else {
-                self.out.csum_need.push(range);
-                // Keep the outstanding work bounded: compact the ranges now and
-                // then (snapshots repeat the same extents).
-                if self.out.csum_need.len() > (1 << 22) {
-                    self.out.csum_need = merge(std::mem::take(&mut self.out.csum_need));
+                self.need.push(range);
+                if self.need.len() >= NEED_BATCH {
+                    self.flush_need();
                 }
             }
         }

@@ -34,6 +34,7 @@ mod fs_roots;
 mod qgroups;
 mod refstore;
 mod roots;
+mod spill;
 mod supers;
 
 use crate::error::Result;
@@ -52,9 +53,10 @@ pub struct CheckOptions {
     /// other, instead of bottom-up with the subtrees snapshots share worked out once.
     /// Slower; the plain algorithm the default must agree with (tests compare them).
     pub item_by_item: bool,
-    /// Memory for the references the extent tree must hold (0: 256 MiB); beyond
-    /// it they are sorted in runs in an unlinked temporary file ($TMPDIR) and
-    /// merged back, so memory stays bounded however many extents there are.
+    /// Memory for the references the extent tree must hold (0: 256 MiB) and for
+    /// each list of data ranges (0: 64 MiB); beyond it they are sorted in runs in
+    /// an unlinked temporary file ($TMPDIR) and merged back, so memory stays
+    /// bounded however many extents there are.
     pub refs_mem_bytes_max: usize,
 }
 
@@ -231,24 +233,27 @@ pub fn check(fs: &Filesystem, opts: &CheckOptions, progress: Progress<'_>) -> Re
     }
     // Phase 2: every tree block; the references the extent tree must hold.
     progress(1, 0);
-    let refs_mem = match opts.refs_mem_bytes_max {
-        0 => refstore::REFS_MEM_BYTES_DEFAULT,
-        n => n,
+    let (refs_mem, ranges_mem) = match opts.refs_mem_bytes_max {
+        0 => (
+            refstore::REFS_MEM_BYTES_DEFAULT,
+            refstore::RANGES_MEM_BYTES_DEFAULT,
+        ),
+        n => (n, n),
     };
     let walk = blocks::walk_all(&fs.info, refs_mem, &mut f, progress)?;
     // Phase 3: the extent tree against them; block groups; then chunks and devices.
     progress(2, 0);
-    let ext = extents::check_extents(&fs.info, &walk, &mut f, progress);
+    let ext = extents::check_extents(&fs.info, &walk, ranges_mem, &mut f, progress)?;
     walk.refs.read_error()?;
     chunks::check_chunks(&fs.info, &ext, &mut f);
     progress(3, 0);
     extents::check_free_space(&fs.info, &ext, &mut f);
     // Phase 5: subvolume trees, bottom-up.
     progress(4, 0);
-    let fsr = fs_roots::check_fs_roots(fs, &walk, opts.item_by_item, &mut f, progress);
+    let fsr = fs_roots::check_fs_roots(fs, &walk, opts.item_by_item, ranges_mem, &mut f, progress)?;
     // Phase 6: checksums.
     progress(5, 0);
-    csums::check_csums(&fs.info, opts, &ext, &fsr, &mut f, progress);
+    csums::check_csums(&fs.info, opts, &ext, &fsr, ranges_mem, &mut f, progress)?;
     // Phase 7: subvolume links.
     progress(6, 0);
     roots::check_root_refs(&walk, &fsr, &mut f);
