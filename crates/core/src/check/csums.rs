@@ -117,7 +117,12 @@ pub(super) fn check_csums(
         let hit = cov.peek().and_then(|&(cs, cl)| {
             let a = cs.max(s);
             let b = cs.saturating_add(cl).min(s.saturating_add(l));
-            (a < b).then_some((a, b - a))
+            // (not then_some: its argument is computed even when a >= b)
+            if a < b {
+                Some((a, b - a))
+            } else {
+                None
+            }
         });
         if let Some((hs, hl)) = hit {
             f.add(
