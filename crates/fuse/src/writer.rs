@@ -4,7 +4,8 @@
 //! The read-write side is one [`Trans`] behind a reader-writer lock: reads share it,
 //! each change takes it alone for the length of one engine call. Changes accumulate
 //! in the running transaction, which is committed every `commit=` seconds, on
-//! fsync/syncfs and at unmount. An error that may have left the transaction half
+//! fsync/syncfs and at unmount. A commit holds the transaction only to end it; its
+//! write-out runs with the lock released, while the next transaction takes changes. An error that may have left the transaction half
 //! applied (an I/O error, corruption, no space) aborts it, as the kernel's
 //! transaction abort does: the mount turns read-only and nothing more is committed,
 //! so the image stays at its last commit.
@@ -14,7 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 use std::time::Duration;
 use ubtrfs_core::format::items::Timespec;
-use ubtrfs_core::{now, Error, Filesystem, LogStats, Node, Reservation, Synced, Trans, TreeLog};
+use ubtrfs_core::{
+    now, CommitIo, Error, Filesystem, LogStats, Node, Reservation, Synced, Trans, TreeLog,
+};
 
 use crate::ops::errno;
 
@@ -82,6 +85,11 @@ pub struct Writer {
     /// The tree log fsyncs write (None: `-o notreelog`, every fsync commits).
     /// Locked only with `trans` held for writing.
     log: Mutex<Option<TreeLog>>,
+    /// Held by a commit from its start to its end, the write-out included (which
+    /// runs with `trans` released), and by fsync: so sync and fsync return only once
+    /// everything before them is durable. Taken before `trans`, never while holding
+    /// it.
+    commit_serial: Mutex<()>,
 }
 
 /// Tree blocks the mount's cleaner visits while holding the transaction (between two
@@ -144,6 +152,7 @@ impl Writer {
             changes: AtomicU64::new(0),
             stop: (Mutex::new(false), Condvar::new()),
             log: Mutex::new(Some(TreeLog::new())),
+            commit_serial: Mutex::new(()),
         })
     }
 
@@ -169,6 +178,9 @@ impl Writer {
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EIO);
         }
+        // After a commit being written (the log replays over it; and what it
+        // holds may be this file's).
+        let _serial = self.commit_serial.lock().unwrap_or_else(|p| p.into_inner());
         let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
         if self.changes.load(Ordering::Acquire) == 0
             && self.delalloc_bytes.load(Ordering::Acquire) == 0
@@ -455,17 +467,60 @@ impl Writer {
         self.aborted.load(Ordering::Acquire)
     }
 
-    /// Commits the running transaction if anything changed (sync, fsync, the timer,
+    /// Commits the running transaction if anything changed (sync, the timer,
     /// unmount). Durable when it returns Ok.
+    ///
+    /// The transaction is held only to end it ([`Trans::commit_start`]: delayed
+    /// data, delayed refs, the tree updates) and to finish; the write-out, flushes
+    /// and superblock included, runs with it released, so file operations and reads
+    /// go on in the next transaction meanwhile (as on the kernel, whose commit lets
+    /// new transactions start before it writes the tree blocks).
     pub fn commit(&self) -> Result<(), i32> {
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EIO);
         }
+        let _serial = self.commit_serial.lock().unwrap_or_else(|p| p.into_inner());
+        let io = {
+            let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+            if self.changes.load(Ordering::Acquire) == 0 {
+                return Ok(());
+            }
+            self.changes.store(0, Ordering::Release);
+            self.flush(&mut t)?;
+            match t.commit_start() {
+                Ok(Some(io)) => io,
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    self.abort(&format!("commit: {e}"));
+                    return Err(errno::EIO);
+                }
+            }
+        };
+        self.write_out(&io, "commit")
+    }
+
+    /// Writes a started commit with the transaction released, then finishes it.
+    /// The caller holds `commit_serial`.
+    fn write_out(&self, io: &CommitIo, what: &str) -> Result<(), i32> {
+        let written = io.run();
         let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
-        if self.changes.load(Ordering::Acquire) == 0 {
-            return Ok(());
+        if let Err(e) = written.and_then(|_| t.commit_finish()) {
+            self.abort(&format!("{what}: {e}"));
+            return Err(errno::EIO);
         }
-        self.commit_locked(&mut t)
+        self.retire_log(&t);
+        Ok(())
+    }
+
+    /// The log of the committed transaction is obsolete: freed now, off the next
+    /// fsync's path. (An fsync holding the log waits for the transaction: never
+    /// wait for the log here.)
+    fn retire_log(&self, t: &Trans) {
+        if let Ok(mut g) = self.log.try_lock() {
+            if let Some(l) = g.as_mut() {
+                l.retire(t.transid);
+            }
+        }
     }
 
     /// Commits, with the transaction held: delayed data first; a failure aborts.
@@ -476,14 +531,7 @@ impl Writer {
             self.abort(&format!("commit: {e}"));
             errno::EIO
         })?;
-        // The log of the committed transaction is obsolete: freed now, off the
-        // next fsync's path. (An fsync holding the log waits for the transaction:
-        // never wait for the log here.)
-        if let Ok(mut g) = self.log.try_lock() {
-            if let Some(l) = g.as_mut() {
-                l.retire(t.transid);
-            }
-        }
+        self.retire_log(t);
         Ok(())
     }
 
@@ -519,19 +567,31 @@ impl Writer {
             if stopping || self.is_aborted() {
                 return;
             }
-            let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
-            let Ok(dead) = t.dead_roots() else { return };
-            let Some(&id) = dead.first() else { return };
-            if self.flush(&mut t).is_err() {
-                return;
-            }
-            self.changes.store(0, Ordering::Release);
-            if let Err(e) = t
-                .drop_dead_root_step(id, CLEANER_BLOCKS_PER_STEP)
-                .and_then(|_| t.commit())
-            {
-                self.abort(&format!("dropping deleted subvolume {id}: {e}"));
-                return;
+            let _serial = self.commit_serial.lock().unwrap_or_else(|p| p.into_inner());
+            let io = {
+                let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+                let Ok(dead) = t.dead_roots() else { return };
+                let Some(&id) = dead.first() else { return };
+                if self.flush(&mut t).is_err() {
+                    return;
+                }
+                self.changes.store(0, Ordering::Release);
+                match t
+                    .drop_dead_root_step(id, CLEANER_BLOCKS_PER_STEP)
+                    .and_then(|_| t.commit_start())
+                {
+                    Ok(io) => io.map(|io| (id, io)),
+                    Err(e) => {
+                        self.abort(&format!("dropping deleted subvolume {id}: {e}"));
+                        return;
+                    }
+                }
+            };
+            if let Some((id, io)) = io {
+                let what = format!("dropping deleted subvolume {id}");
+                if self.write_out(&io, &what).is_err() {
+                    return;
+                }
             }
         }
     }
@@ -541,5 +601,132 @@ impl Writer {
         let (lock, cv) = &self.stop;
         *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
         cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use ubtrfs_core::format::consts::{FIRST_FREE_OBJECTID, FS_TREE_OBJECTID};
+    use ubtrfs_core::tools::mkfs::{make_filesystem, MkfsOptions};
+    use ubtrfs_core::{Device, FsInfo, MemDevice, NewInode, OpenOptions};
+
+    /// A device whose flushes wait while the gate is closed: holds a commit inside
+    /// its write-out.
+    #[derive(Debug)]
+    struct GateDevice {
+        inner: Arc<MemDevice>,
+        closed: Mutex<bool>,
+        cv: Condvar,
+        waiting: AtomicUsize,
+    }
+
+    impl GateDevice {
+        fn set(&self, closed: bool) {
+            *self.closed.lock().unwrap() = closed;
+            self.cv.notify_all();
+        }
+    }
+
+    impl Device for GateDevice {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.inner.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.inner.write_at(offset, buf)
+        }
+        fn flush(&self) -> std::io::Result<()> {
+            let mut closed = self.closed.lock().unwrap();
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            while *closed {
+                closed = self.cv.wait(closed).unwrap();
+            }
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.inner.flush()
+        }
+        fn size(&self) -> u64 {
+            self.inner.size()
+        }
+        fn name(&self) -> String {
+            "gate".into()
+        }
+    }
+
+    fn file(t: &mut Trans, name: &[u8]) -> ubtrfs_core::Result<u64> {
+        let attr = NewInode {
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            time: now(),
+        };
+        t.create(FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, name, attr)
+    }
+
+    /// A commit held inside its write-out (its flush does not return) does not
+    /// stop the mount: a change and a read complete meanwhile, in the next
+    /// transaction; the commit then returns, and the next one makes the change
+    /// durable too.
+    #[test]
+    fn operations_go_on_while_a_commit_is_written() {
+        let mem = MemDevice::new(vec![0u8; 160 << 20], "mem");
+        let gate = Arc::new(GateDevice {
+            inner: mem.clone(),
+            closed: Mutex::new(false),
+            cv: Condvar::new(),
+            waiting: AtomicUsize::new(0),
+        });
+        let t = make_filesystem(gate.clone() as Arc<dyn Device>, &MkfsOptions::default())
+            .expect("mkfs");
+        let w = Writer::new(t);
+        w.change("create a", |t| file(t, b"a")).expect("create a");
+        w.write_data(FS_TREE_OBJECTID, 257, 0, &[7u8; 100_000])
+            .expect("write a");
+        gate.set(true);
+        let committer = {
+            let w = Arc::clone(&w);
+            std::thread::spawn(move || w.commit())
+        };
+        while gate.waiting.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The commit is inside its write-out: the mount goes on.
+        let (tx, rx) = std::sync::mpsc::channel();
+        {
+            let w = Arc::clone(&w);
+            std::thread::spawn(move || {
+                let b = w.change("create b", |t| file(t, b"b"));
+                let names = w.read(|fs| {
+                    fs.readdir(fs.top())
+                        .map(|v| v.into_iter().map(|e| e.name).collect::<Vec<_>>())
+                });
+                let size = w.read(|fs| fs.stat(ubtrfs_core::Node::new(FS_TREE_OBJECTID, 257)));
+                let _ = tx.send((b, names, size.map(|s| s.size)));
+            });
+        }
+        let Ok((b, names, size)) = rx.recv_timeout(Duration::from_secs(20)) else {
+            gate.set(false);
+            panic!("a change and a read waited for the commit's write-out");
+        };
+        assert_eq!(names.expect("readdir"), vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(size.expect("stat a"), 100_000);
+        let b = b.expect("create b");
+        assert!(!committer.is_finished(), "the commit waits for its flush");
+        gate.set(false);
+        committer.join().expect("committer").expect("commit");
+        w.commit().expect("second commit");
+        let copy = MemDevice::new(mem.snapshot(), "copy");
+        let info = FsInfo::open(vec![copy as Arc<dyn Device>], OpenOptions::default())
+            .expect("open the image");
+        let fs = Filesystem::from_info(info);
+        let names: Vec<Vec<u8>> = fs
+            .readdir(fs.top())
+            .expect("readdir")
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        assert_eq!(names, vec![b"a".to_vec(), b"b".to_vec()]);
+        assert_eq!(b, 258);
     }
 }

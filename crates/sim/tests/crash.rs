@@ -35,7 +35,7 @@ use ubtrfs_core::format::consts::{
 use ubtrfs_core::format::superblock::SuperBlock;
 use ubtrfs_core::kernel_rdev_to_user;
 use ubtrfs_core::read_best_super;
-use ubtrfs_core::{Device, MemDevice};
+use ubtrfs_core::{CommitIo, Device, MemDevice};
 use ubtrfs_sim::fault_dev::{allowed_points, RecordingDevice};
 use ubtrfs_sim::golden::type_name;
 use ubtrfs_sim::host::{
@@ -86,17 +86,53 @@ fn run_workload(seed: u64) -> (Arc<RecordingDevice>, Vec<Committed>, Vec<String>
             h.tail(30)
         )
     };
-    for _ in 0..TRANSACTIONS {
-        for _ in 0..r.range(3, 12) {
+    // Every other commit is written the way a mount writes it: started, then the
+    // next transaction's first operations run (CoWing the committing blocks, reading
+    // them, freeing them) before the write-out and the finish.
+    let mut in_flight: Option<(Arc<CommitIo>, Model)> = None;
+    let finish = |h: &mut Harness, io: Arc<CommitIo>, model: Model| -> Committed {
+        io.run()
+            .unwrap_or_else(|e| fail(h, format!("commit write-out: {e}")));
+        h.t.commit_finish()
+            .unwrap_or_else(|e| fail(h, format!("commit finish: {e}")));
+        assert_eq!(h.t.fs.info.sb.generation + 1, h.t.transid);
+        Committed {
+            generation: io.transid(),
+            flushes: rec.flushes(),
+            model,
+        }
+    };
+    for i in 0..TRANSACTIONS {
+        let ops = r.range(3, 12);
+        for k in 0..ops {
             let op = gen_op(&h.model, &mut r);
             h.step(&op).unwrap_or_else(|e| fail(&h, e));
+            if k == ops / 2 {
+                if let Some((io, model)) = in_flight.take() {
+                    let c = finish(&mut h, io, model);
+                    commits.push(c);
+                }
+            }
         }
-        h.commit().unwrap_or_else(|e| fail(&h, e));
-        commits.push(Committed {
-            generation: h.t.fs.info.sb.generation,
-            flushes: rec.flushes(),
-            model: h.model.clone(),
-        });
+        if i % 2 == 0 {
+            h.commit().unwrap_or_else(|e| fail(&h, e));
+            commits.push(Committed {
+                generation: h.t.fs.info.sb.generation,
+                flushes: rec.flushes(),
+                model: h.model.clone(),
+            });
+        } else {
+            h.log.push("commit started".into());
+            let io =
+                h.t.commit_start()
+                    .unwrap_or_else(|e| fail(&h, format!("commit start: {e}")))
+                    .expect("a transaction with changes");
+            in_flight = Some((io, h.model.clone()));
+        }
+    }
+    if let Some((io, model)) = in_flight.take() {
+        let c = finish(&mut h, io, model);
+        commits.push(c);
     }
     // An uncommitted tail: data writes reach the device, no superblock does. Besides
     // random operations: overwrite committed files (CoW must not touch their old data)

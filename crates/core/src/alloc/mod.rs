@@ -90,17 +90,23 @@ impl Allocator {
         }
     }
 
-    /// Returns the pinned space to the free indexes: the commit that stopped
-    /// referencing it is on disk.
-    pub(crate) fn unpin_all(&mut self, nodesize: u64) -> Result<()> {
-        let log = std::mem::take(&mut self.log_blocks);
-        let pinned = std::mem::take(&mut self.pinned);
+    /// Returns pinned space to the free indexes: the commit that stopped referencing
+    /// it is on disk. `pinned` and `log_blocks` are what that commit's transaction
+    /// freed (taken from [`Allocator::pinned`] and [`Allocator::log_blocks`] when it
+    /// started writing); `removed` the block groups it removed, whose space is not
+    /// returned.
+    pub(crate) fn unpin(
+        &mut self,
+        pinned: Vec<(u64, u64)>,
+        log_blocks: std::collections::BTreeSet<u64>,
+        removed: &[block_group::RemovedGroup],
+        nodesize: u64,
+    ) -> Result<()> {
         for (b, l) in pinned
             .into_iter()
-            .chain(log.into_iter().map(|b| (b, nodesize)))
+            .chain(log_blocks.into_iter().map(|b| (b, nodesize)))
         {
-            if self
-                .removed
+            if removed
                 .iter()
                 .any(|r| b >= r.start && b < r.start + r.length)
             {

@@ -87,6 +87,11 @@ pub struct FsInfo {
     /// Tree blocks written by the running transaction and not yet committed. Reads see
     /// them first, so every read path works on the uncommitted state too.
     pub(crate) dirty: Mutex<HashMap<u64, Arc<TreeBlock>>>,
+    /// Tree blocks of a commit being written (transaction/commit_io.rs) while the
+    /// next transaction runs: committed in the next transaction's eyes (CoWed before
+    /// any change, never written in place), but maybe not on disk yet, so reads
+    /// take them from here until the commit is durable.
+    pub(crate) committing: Mutex<HashMap<u64, Arc<TreeBlock>>>,
     /// With [`OpenOptions::salvage`]: the lost blocks and their stand-ins.
     salvage: Option<Salvage>,
     /// The superblock's generation as found on disk, before an older root tree
@@ -261,6 +266,7 @@ impl FsInfo {
             salvage,
             tree_roots: BTreeMap::new(),
             dirty: Mutex::new(HashMap::new()),
+            committing: Mutex::new(HashMap::new()),
         };
         fs.read_chunk_tree()?;
         fs.choose_root_tree()?;
@@ -375,6 +381,7 @@ impl FsInfo {
             salvage: None,
             tree_roots: BTreeMap::new(),
             dirty: Mutex::new(HashMap::new()),
+            committing: Mutex::new(HashMap::new()),
         }
     }
 
@@ -548,6 +555,9 @@ impl FsInfo {
         if let Some(b) = self.dirty_get(bytenr) {
             return Ok(b);
         }
+        if let Some(b) = self.committing_get(bytenr) {
+            return Ok(b);
+        }
         if let Some(b) = self.cache_get(bytenr) {
             // A cached block must satisfy this parent's expectations too: a hostile
             // node could point twice at one block under different keys.
@@ -624,6 +634,14 @@ impl FsInfo {
 
     pub(crate) fn dirty_get(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {
         let d = self.dirty.lock().ok()?;
+        if d.is_empty() {
+            return None;
+        }
+        d.get(&bytenr).cloned()
+    }
+
+    fn committing_get(&self, bytenr: u64) -> Option<Arc<TreeBlock>> {
+        let d = self.committing.lock().ok()?;
         if d.is_empty() {
             return None;
         }

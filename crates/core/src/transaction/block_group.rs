@@ -217,8 +217,11 @@ impl Trans {
 
     /// After the commit that removed them is durable: the removed groups' logical
     /// ranges leave the chunk map and their device ranges become free.
-    pub(crate) fn forget_removed_block_groups(&mut self) {
-        for r in std::mem::take(&mut self.alloc.removed) {
+    pub(crate) fn forget_removed_block_groups(
+        &mut self,
+        removed: Vec<crate::alloc::block_group::RemovedGroup>,
+    ) {
+        for r in removed {
             self.fs.info.chunk_map.remove(r.start);
             for (devid, physical) in r.stripes {
                 if let Some(ds) = self.alloc.dev_space.get_mut(&devid) {

@@ -15,6 +15,7 @@
 //! block it references was overwritten, because freed space stays pinned until then.
 
 pub(crate) mod block_group;
+pub(crate) mod commit_io;
 pub(crate) mod cow;
 pub(crate) mod extent_tree;
 pub(crate) mod free_space_tree;
@@ -28,8 +29,9 @@ use crate::alloc::{AllocStats, Allocator};
 use crate::error::{Error, Result};
 use crate::io::disk_io::{FsInfo, OpenOptions};
 use crate::tree::ctree::TreeIter;
-use crate::tree::tree_checker::{check_block, check_header, Expect};
+use crate::tree::tree_checker::Expect;
 use crate::tree::RootPtr;
+pub use commit_io::CommitIo;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
@@ -128,6 +130,9 @@ pub struct Trans {
     pub reloc_batch_bytes: u64,
     /// Simple quotas' charges, when they are on (transaction/quota.rs).
     pub(crate) squota: Option<quota::Squota>,
+    /// The previous transaction's commit, started and not yet finished
+    /// (transaction/commit_io.rs).
+    pub(crate) inflight: Option<commit_io::Inflight>,
 }
 
 impl std::fmt::Debug for Trans {
@@ -262,6 +267,7 @@ impl Trans {
             quota_reserved_by_caller: false,
             reloc_batch_bytes: RELOC_BATCH_BYTES_DEFAULT,
             squota: None,
+            inflight: None,
         }
     }
 
@@ -491,8 +497,25 @@ impl Trans {
         }
     }
 
-    /// Writes the transaction durably (see the module comment) and starts the next.
+    /// Writes the transaction durably (see the module comment) and starts the next:
+    /// [`Trans::commit_start`], [`CommitIo::run`], [`Trans::commit_finish`] in one.
     pub fn commit(&mut self) -> Result<()> {
+        if let Some(io) = self.commit_start()? {
+            io.run()?;
+        }
+        self.commit_finish()
+    }
+
+    /// Ends the transaction: finishes a commit still in flight first, runs the
+    /// commit's tree updates until nothing changes (step 1 of the module comment),
+    /// and hands the write-out (steps 2 to 4) back as a [`CommitIo`]; None when
+    /// nothing changed. The next transaction starts at once: its changes CoW the
+    /// committing blocks like committed ones and its reads see them. The commit is
+    /// durable once [`CommitIo::run`] returned Ok; [`Trans::commit_finish`] then
+    /// frees what it unpinned (the next `commit_start`, or anything else that
+    /// commits, calls it first, writing the commit itself if nobody has).
+    pub fn commit_start(&mut self) -> Result<Option<Arc<CommitIo>>> {
+        self.commit_finish()?;
         if !self.has_pending_work()
             && self.dirty_bytes() == 0
             && self.alloc.pinned.is_empty()
@@ -503,7 +526,7 @@ impl Trans {
             if let Some(c) = self.dir_index_changes.as_mut() {
                 c.complete = true;
             }
-            return Ok(());
+            return Ok(None);
         }
         // The superblock's generation must be the root tree root's: make sure the
         // root tree is part of every commit.
@@ -532,18 +555,19 @@ impl Trans {
                 break;
             }
         }
-        self.write_dirty_blocks()?;
-        self.flush_devices()?;
-        self.write_supers()?;
-        self.flush_devices()?;
-        // Durable: the pinned space is no longer referenced by any committed tree.
-        self.alloc.unpin_all(self.fs.info.nodesize as u64)?;
-        self.forget_removed_block_groups();
+        let io = self.prepare_write_out()?;
+        // What this transaction freed stays pinned until its commit is durable; what
+        // the next one frees is pinned until the next commit.
+        self.inflight = Some(commit_io::Inflight {
+            io: io.clone(),
+            pinned: std::mem::take(&mut self.alloc.pinned),
+            log_blocks: std::mem::take(&mut self.alloc.log_blocks),
+            removed: std::mem::take(&mut self.alloc.removed),
+        });
         self.fs.info.sb.generation = self.transid;
         self.commit_view = Self::view_of(&self.fs.info);
         self.quota_reserved.clear();
         self.dir_index_next.clear();
-        self.fs.clear_data_caches();
         if let Some(c) = self.file_extent_changes.as_mut() {
             c.clear();
         }
@@ -553,85 +577,54 @@ impl Trans {
             c.complete = true;
         }
         self.transid += 1;
+        Ok(Some(io))
+    }
+
+    /// Finishes the commit in flight, if any: writes it if nobody has (or waits for
+    /// the thread writing it), then, durable, returns the space it unpinned, drops
+    /// the block groups it removed and moves its blocks from `FsInfo::committing`
+    /// to the block cache. A failed write-out is returned again on every call, and
+    /// nothing is unpinned: the mount aborts.
+    pub fn commit_finish(&mut self) -> Result<()> {
+        let Some(inf) = self.inflight.take() else {
+            return Ok(());
+        };
+        if let Err(e) = inf.io.run() {
+            self.inflight = Some(inf);
+            return Err(e);
+        }
+        for b in inf.io.take_written() {
+            self.fs.info.cache_insert(b);
+        }
+        if let Ok(mut c) = self.fs.info.committing.lock() {
+            c.clear();
+        }
+        self.alloc.unpin(
+            inf.pinned,
+            inf.log_blocks,
+            &inf.removed,
+            self.fs.info.nodesize as u64,
+        )?;
+        self.forget_removed_block_groups(inf.removed);
+        self.fs.clear_data_caches();
         self.commits += 1;
         Ok(())
     }
 
-    fn write_dirty_blocks(&mut self) -> Result<()> {
-        let blocks: Vec<Arc<crate::tree::TreeBlock>> = {
-            let mut d = self
-                .fs
-                .info
-                .dirty
-                .lock()
-                .map_err(|_| Error::corrupt("internal: dirty map poisoned"))?;
-            let mut v: Vec<_> = d.drain().map(|(_, b)| b).collect();
-            v.sort_by_key(|b| b.bytenr);
-            v
-        };
-        let mut ctx = self.fs.info.check_ctx();
-        ctx.super_generation = self.transid;
-        for b in blocks {
-            let mut data = b.data.clone();
-            let flags = crate::tree::block_edit::flags(&data) | HEADER_FLAG_WRITTEN;
-            crate::tree::block_edit::set_flags(&mut data, flags);
-            ubtrfs_format::tree::finish_block(&mut data, self.fs.info.csum_type);
-            // Never write a block the tree checker would reject on read.
-            check_header(&ctx, b.bytenr, &data, &Expect::default())
-                .and_then(|_| check_block(&ctx, b.bytenr, &data, &Expect::default()))
-                .map_err(|e| {
-                    Error::corrupt(format!("refusing to write an invalid block (a bug): {e}"))
-                })?;
-            self.write_logical(b.bytenr, &data)?;
-            self.fs.info.cache_insert(Arc::new(crate::tree::TreeBlock {
-                bytenr: b.bytenr,
-                data,
-            }));
-        }
-        Ok(())
+    /// True while a commit's write-out has not been finished
+    /// ([`Trans::commit_finish`]).
+    pub fn commit_in_flight(&self) -> bool {
+        self.inflight.is_some()
     }
 
     /// Writes bytes at a logical address to every copy.
     pub(crate) fn write_logical(&self, logical: u64, data: &[u8]) -> Result<()> {
-        let mut done = 0usize;
-        while done < data.len() {
-            let l = logical + done as u64;
-            let e = self.fs.info.chunk_map.lookup(l)?;
-            let mut n = data.len() - done;
-            for m in 0..e.num_mirrors() {
-                let p = e.map(l, m)?;
-                n = n.min(p.len as usize);
-                let dev = self
-                    .fs
-                    .info
-                    .devices
-                    .get(&p.devid)
-                    .ok_or_else(|| Error::Invalid(format!("devid {} missing", p.devid)))?;
-                dev.write_at(p.offset, &data[done..done + n])
-                    .map_err(|err| {
-                        Error::io(
-                            format!(
-                                "writing {n} bytes at logical {l} (devid {} physical {})",
-                                p.devid, p.offset
-                            ),
-                            err,
-                        )
-                    })?;
-            }
-            done += n;
-        }
-        Ok(())
+        commit_io::write_places(data, &self.places(logical, data.len())?, logical)
     }
 
-    fn flush_devices(&self) -> Result<()> {
-        for d in self.fs.info.devices.values() {
-            d.flush()
-                .map_err(|e| Error::io(format!("flushing {}", d.name()), e))?;
-        }
-        Ok(())
-    }
-
-    fn write_supers(&mut self) -> Result<()> {
+    /// Brings the in-memory superblock to this generation (roots, backup roots) and
+    /// returns the bytes of every copy that fits on each device, with their places.
+    fn prepare_supers(&mut self) -> Result<Vec<(Vec<u8>, commit_io::Place)>> {
         let transid = self.transid;
         let backup = self.make_backup()?;
         let sb = &mut self.fs.info.sb;
@@ -660,6 +653,7 @@ impl Trans {
             .iter()
             .map(|(k, v)| (*k, v.clone()))
             .collect();
+        let mut out = Vec::new();
         for (devid, dev) in devs {
             let mut sb = self.fs.info.sb.clone();
             if let Some(ds) = self.alloc.dev_space.get(&devid) {
@@ -677,12 +671,19 @@ impl Trans {
                 }
                 sb.bytenr = off;
                 let bytes = sb.to_bytes();
-                dev.write_at(off, &bytes).map_err(|e| {
-                    Error::io(format!("writing superblock at {off} on {}", dev.name()), e)
-                })?;
+                let len = bytes.len();
+                out.push((
+                    bytes,
+                    commit_io::Place {
+                        dev: dev.clone(),
+                        physical: off,
+                        from: 0,
+                        len,
+                    },
+                ));
             }
         }
-        Ok(())
+        Ok(out)
     }
 
     fn make_backup(&mut self) -> Result<RootBackup> {

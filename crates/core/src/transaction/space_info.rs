@@ -151,7 +151,10 @@ impl Trans {
         if meta == 0 && data == 0 {
             return Ok(());
         }
-        if !self.alloc.pinned.is_empty() || self.fs.info.dirty_blocks() > 0 {
+        if !self.alloc.pinned.is_empty()
+            || self.fs.info.dirty_blocks() > 0
+            || self.commit_in_flight()
+        {
             self.commit()?;
             let (meta, data) = self.shortfall(&r);
             if meta == 0 && data == 0 {

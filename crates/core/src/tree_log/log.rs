@@ -308,6 +308,9 @@ impl TreeLog {
     /// `datasync` (fdatasync) is logged as fsync is.
     pub fn fsync(&mut self, t: &mut Trans, root: u64, ino: u64, _datasync: bool) -> Result<Synced> {
         self.stats.fsyncs += 1;
+        // A log replays over the last commit's superblock: a commit still being
+        // written must be durable first.
+        t.commit_finish()?;
         if self.transid != t.transid {
             self.reset(t.transid);
         }

@@ -487,6 +487,33 @@ impl Harness {
             .map_err(|e| format!("after commit (uncommitted view): {e}"))
     }
 
+    /// A commit written as a mount writes it: started, then `during` runs in the
+    /// next transaction (CoWing, reading and freeing the committing blocks), then
+    /// the write-out and the finish. Returns the model as committed.
+    pub fn commit_overlapped(
+        &mut self,
+        during: impl FnOnce(&mut Harness) -> Result<(), String>,
+    ) -> Result<Model, String> {
+        self.log
+            .push("commit (written after the next operations)".into());
+        self.steps.push(Step::Commit);
+        let committed = self.model.clone();
+        let io = self
+            .t
+            .commit_start()
+            .map_err(|e| format!("commit start: {e}"))?;
+        during(self)?;
+        if let Some(io) = io {
+            io.run().map_err(|e| format!("commit write-out: {e}"))?;
+        }
+        self.t
+            .commit_finish()
+            .map_err(|e| format!("commit finish: {e}"))?;
+        compare_tree(&self.t.fs, &self.model)
+            .map_err(|e| format!("after an overlapped commit (uncommitted view): {e}"))?;
+        Ok(committed)
+    }
+
     /// Balances (after committing): `which` 0 = data, 1 = metadata and system,
     /// 2 = everything, 3 = data with usage=50. Contents never change; the whole
     /// tree is compared after it.
@@ -583,6 +610,8 @@ pub struct RunStats {
     pub max_fs_tree_level: u8,
     /// Most model nodes at a commit.
     pub max_nodes: usize,
+    /// Commits written while the next transaction's operations ran.
+    pub overlapped_commits: u64,
 }
 
 /// One seeded run: mkfs on a [`SparseMem`] device, `cfg.ops` random ops with random commits, a
@@ -634,7 +663,22 @@ fn run_seed_inner(
             }
             let last = i + 1 == cfg.ops;
             if last || r.chance(1, 5) {
-                h.commit()?;
+                // Half the commits are written while the next operations run.
+                let overlapped = !last && r.chance(1, 2);
+                let committed = if overlapped {
+                    stats.overlapped_commits += 1;
+                    h.commit_overlapped(|h| {
+                        for _ in 0..r.range(1, 4) {
+                            let op = gen_op(&h.model, &mut r);
+                            h.step(&op)?;
+                            stats.ops += 1;
+                        }
+                        Ok(())
+                    })?
+                } else {
+                    h.commit()?;
+                    h.model.clone()
+                };
                 stats.commits += 1;
                 let level =
                     h.t.root_ptr(FS_TREE)
@@ -645,7 +689,7 @@ fn run_seed_inner(
                 // A copy of the bytes, opened from scratch.
                 let fs = open_ro(mem.copy("copy"))
                     .map_err(|e| format!("open a copy after the commit: {e}"))?;
-                compare_tree(&fs, &h.model)
+                compare_tree(&fs, &committed)
                     .map_err(|e| format!("copy of the device after the commit: {e}"))?;
                 compare_quotas(&fs).map_err(|e| format!("quotas after the commit: {e}"))?;
                 if !last && r.chance(1, 6) {
@@ -658,8 +702,9 @@ fn run_seed_inner(
                         .map_err(|e| format!("copy of the device after the balance: {e}"))?;
                     compare_quotas(&fs).map_err(|e| format!("quotas after the balance: {e}"))?;
                 }
-                if !last && r.chance(1, 3) {
-                    // Continue on a handle opened from disk.
+                if !last && !overlapped && r.chance(1, 3) {
+                    // Continue on a handle opened from disk (which holds what was
+                    // committed: not after an overlapped commit).
                     h.reopen(dev.clone())?;
                     stats.reopens += 1;
                 }
