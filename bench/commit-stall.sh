@@ -25,8 +25,7 @@ KM=$WORK/kernel
 UM=$WORK/ubtrfs
 mkdir -p "$WORK" "$KM" "$UM"
 cleanup() {
-    [ -n "${wpid:-}" ] && kill "$wpid" 2>/dev/null && wait "$wpid" 2>/dev/null || true
-    wpid=
+    touch "$WORK/stop"
     mountpoint -q "$KM" && umount "$KM" || true
     mountpoint -q "$UM" && fusermount3 -u "$UM" || true
     sleep 0.5
@@ -51,7 +50,7 @@ fresh() { # fresh NAME: a new image file
 # writer DIR: tar x + commit until killed; counts commits in DIR.commits.
 writer() {
     local d=$1 i=0
-    while :; do
+    while [ ! -e "$WORK/stop" ]; do
         i=$((i + 1))
         mkdir "$d/w$i"
         tar xf "$TAR" -C "$d/w$i"
@@ -89,18 +88,20 @@ EOF
 
 run() { # run MOUNTPOINT: writer in the background, probe in the foreground
     echo 0 > "$WORK/commits"
+    rm -f "$WORK/stop"
     writer "$1" & wpid=$!
     sleep 2
     probe "$1/probe"
-    kill "$wpid" 2>/dev/null; wait "$wpid" 2>/dev/null || true
+    touch "$WORK/stop"   # the writer stops after its current round
+    wait "$wpid" 2>/dev/null || true
     wpid=
 }
 
 fresh k; mount -o loop "$WORK/k.img" "$KM"
-read -r kn kmed kp99 kmax < <(run "$KM"); kc=$(cat "$WORK/commits")
+run "$KM" > "$WORK/k.out"; read -r kn kmed kp99 kmax < "$WORK/k.out"; kc=$(cat "$WORK/commits")
 cleanup
 fresh u; "$U" mount "$WORK/u.img" "$UM"
-read -r un umed up99 umax < <(run "$UM"); uc=$(cat "$WORK/commits")
+run "$UM" > "$WORK/u.out"; read -r un umed up99 umax < "$WORK/u.out"; uc=$(cat "$WORK/commits")
 cleanup
 echo "probe rounds (create + 4 KiB write + close + stat) for ${SECS} s beside tar x + btrfs filesystem sync:"
 echo "  kernel: $kn rounds, median $kmed ms, p99 $kp99 ms, longest $kmax ms ($kc commits)"

@@ -19,7 +19,7 @@
 use crate::error::{Error, Result};
 use crate::io::disk_io::FsInfo;
 use crate::io::root_tree::root_ptr_of;
-use crate::tree::ctree::{read_root, TreeIter};
+use crate::tree::ctree::{read_root, read_tree_blocks, TreeIter};
 use crate::tree::tree_checker::Expect;
 use std::collections::{BTreeMap, HashMap};
 use ubtrfs_format::consts::*;
@@ -165,6 +165,11 @@ pub fn live_fs_roots(fs: &FsInfo) -> Result<Vec<(u64, RootItem)>> {
     Ok(out)
 }
 
+/// Tree blocks read ahead at once by the recount (at most this many held).
+const READ_BATCH: usize = 4096;
+/// Threads reading them.
+const READ_THREADS: usize = 8;
+
 /// One pass over all live subvolume trees.
 pub fn compute_sharing(fs: &FsInfo) -> Result<Sharing> {
     let roots = live_fs_roots(fs)?;
@@ -193,11 +198,28 @@ pub fn compute_sharing(fs: &FsInfo) -> Result<Sharing> {
     // Highest level first: every parent of a level-L block is at level L+1, so its
     // set is final before the block is read.
     while let Some((&level, _)) = levels.iter().next_back() {
-        let blocks = levels.remove(&level).unwrap_or_default();
-        for (bytenr, (set, expect)) in blocks {
+        // In address order, a batch at a time read on several threads: a cold
+        // device serves many requests at once, and nearby blocks in turn.
+        let mut blocks: Vec<(u64, (SetId, Expect))> = levels
+            .remove(&level)
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        blocks.sort_unstable_by_key(|(b, _)| *b);
+        let mut read = Vec::new();
+        for (i, &(bytenr, (set, _))) in blocks.iter().enumerate() {
+            if i % READ_BATCH == 0 {
+                let end = (i + READ_BATCH).min(blocks.len());
+                let want: Vec<(u64, Expect)> =
+                    blocks[i..end].iter().map(|&(b, (_, e))| (b, e)).collect();
+                read = read_tree_blocks(fs, &want, READ_THREADS);
+                read.reverse();
+            }
             *block_bytes.entry(set).or_default() += fs.nodesize as u64;
             tree_blocks += 1;
-            let b = fs.read_tree_block(bytenr, &expect)?;
+            let b = read
+                .pop()
+                .ok_or_else(|| Error::corrupt("internal: a batch read came back short"))??;
             let v = b.view();
             if level > 0 {
                 let children = levels.entry(level - 1).or_default();

@@ -419,6 +419,52 @@ pub(crate) fn tree_block_addrs(fs: &dyn BlockSource, root: &RootPtr) -> Result<V
     Ok(out)
 }
 
+/// Reads `want` (address and what its parent says of it) on `threads` threads;
+/// the results in the order asked.
+pub(crate) fn read_tree_blocks<S: BlockSource + Sync>(
+    fs: &S,
+    want: &[(u64, Expect)],
+    threads: usize,
+) -> Vec<Result<Arc<TreeBlock>>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let mut got: Vec<(usize, Result<Arc<TreeBlock>>)> = Vec::with_capacity(want.len());
+    std::thread::scope(|sc| {
+        let workers: Vec<_> = (0..threads.clamp(1, want.len().max(1)))
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((bytenr, expect)) = want.get(i) else {
+                            return mine;
+                        };
+                        mine.push((i, fs.read_tree_block(*bytenr, expect)));
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            if let Ok(mine) = w.join() {
+                got.extend(mine);
+            }
+        }
+    });
+    got.sort_unstable_by_key(|(i, _)| *i);
+    let mut out = Vec::with_capacity(want.len());
+    let mut it = got.into_iter().peekable();
+    for (i, (bytenr, _)) in want.iter().enumerate() {
+        match it.next_if(|(j, _)| *j == i) {
+            Some((_, r)) => out.push(r),
+            // Its reader panicked: say so for this block.
+            None => out.push(Err(Error::corrupt(format!(
+                "tree block {bytenr}: its read did not finish"
+            )))),
+        }
+    }
+    out
+}
+
 /// Reads a whole tree ahead of a walk that will need all of it, a level at a time,
 /// on `threads` threads, so a cold device serves many requests at once instead of
 /// one leaf after another (the blocks land in the block cache, verified against
