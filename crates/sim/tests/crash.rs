@@ -72,13 +72,26 @@ fn run_workload(seed: u64) -> (Arc<RecordingDevice>, Vec<Committed>, Vec<String>
     let size = if fsc.dup { 148 << 20 } else { 108 << 20 };
     let rec = RecordingDevice::new(vec![0u8; size], "crash");
     let dev: Arc<dyn Device> = rec.clone();
-    let mut h = Harness::mkfs(dev, &fsc).unwrap_or_else(|e| panic!("{fsc:?}: {e}"));
+    // Commits mkfs makes before its last (quotas are enabled in a second one).
+    let mut early: Vec<(u64, usize)> = Vec::new();
+    let mut h = Harness::mkfs_noting(dev, &fsc, |generation| {
+        early.push((generation, rec.flushes()))
+    })
+    .unwrap_or_else(|e| panic!("{fsc:?}: {e}"));
     eprintln!("crash: {fsc:?}");
-    let mut commits = vec![Committed {
+    let mut commits: Vec<Committed> = early
+        .into_iter()
+        .map(|(generation, flushes)| Committed {
+            generation,
+            flushes,
+            model: h.model.clone(),
+        })
+        .collect();
+    commits.push(Committed {
         generation: h.t.fs.info.sb.generation,
         flushes: rec.flushes(),
         model: h.model.clone(),
-    }];
+    });
     let mut r = Rng::new(seed);
     let fail = |h: &Harness, e: String| -> ! {
         panic!(

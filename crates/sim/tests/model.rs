@@ -26,9 +26,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use ubtrfs_sim::host::{env_u64, have_btrfs, panic_message, skip};
+use ubtrfs_core::{Device, Synced};
+use ubtrfs_sim::host::{env_u64, have_btrfs, panic_message, require_root, skip};
 use ubtrfs_sim::model::{
-    failure_signature, minimize, run_seed_recorded, FsConfig, RunConfig, RunStats,
+    check_fsync_cut, failure_signature, minimize, run_seed_recorded, FsConfig, Harness, Op,
+    RunConfig, RunStats, SparseMem,
 };
 
 #[derive(Default)]
@@ -184,4 +186,63 @@ fn model_random_workloads() {
             failures[0].0
         );
     }
+}
+
+/// A file fsynced after its committed parent directory moved, then a new file made in
+/// the moved directory and fsynced: both logged, not committed (the kernel does not
+/// commit either), and the log moves the directory: a power cut after each fsync
+/// replays (ubtrfs, and as root the kernel, which must show the same tree) with the
+/// files at the paths they had when fsynced; `btrfs check` is clean.
+#[test]
+fn fsync_after_the_parent_directory_moved() {
+    let kernel = require_root("fsync_after_the_parent_directory_moved: the kernel's replay");
+    let btrfs = have_btrfs();
+    let fsc = FsConfig::default();
+    let mem = SparseMem::new(fsc.dev_size(0), "renamed-parent");
+    let mut h = Harness::mkfs(mem.clone() as std::sync::Arc<dyn Device>, &fsc).expect("mkfs");
+    let make = |dir: &[u8], name: &[u8], mode: u32| Op::Create {
+        dir: dir.to_vec(),
+        name: name.to_vec(),
+        mode,
+        rdev: 0,
+    };
+    let setup = [
+        make(b"", b"a", 0o40755),
+        make(b"", b"b", 0o40755),
+        make(b"a", b"d", 0o40755),
+        make(b"a/d", b"f", 0o100644),
+        Op::Write {
+            path: b"a/d/f".to_vec(),
+            offset: 0,
+            len: 5000,
+            seed: 1,
+        },
+    ];
+    for op in &setup {
+        h.step(op).expect("setup");
+    }
+    h.commit().expect("commit");
+    h.step(&Op::Rename {
+        odir: b"a".to_vec(),
+        oname: b"d".to_vec(),
+        ndir: b"b".to_vec(),
+        nname: b"d".to_vec(),
+        noreplace: false,
+    })
+    .expect("rename");
+    h.step(&Op::Write {
+        path: b"b/d/f".to_vec(),
+        offset: 4096,
+        len: 20_000,
+        seed: 2,
+    })
+    .expect("write");
+    let synced = h.fsync(b"b/d/f", false).expect("fsync");
+    assert_eq!(synced, Synced::Logged);
+    check_fsync_cut(&mem, &h.model, b"b/d/f", synced, btrfs, kernel).expect("cut after fsync");
+    h.step(&make(b"b/d", b"new", 0o100644)).expect("create");
+    let synced = h.fsync(b"b/d/new", false).expect("fsync of the new file");
+    assert_eq!(synced, Synced::Logged);
+    check_fsync_cut(&mem, &h.model, b"b/d/new", synced, btrfs, kernel)
+        .expect("cut after the second fsync");
 }

@@ -28,8 +28,7 @@
 //!
 //! Where a log could not say what the fsync must make durable, the fsync commits the
 //! transaction instead, as the kernel falls back to a full commit, and counts why
-//! ([`LogStats::full_commits`]): an ancestor directory renamed, an old parent
-//! directory removed, a directory logged earlier in the transaction removed, a
+//! ([`LogStats::full_commits`]): an old parent directory removed, a directory logged earlier in the transaction removed, a
 //! subvolume entry in a directory to log, a chunk allocated in this transaction
 //! (the log could not be read before the commit), metadata space short, items this
 //! log does not copy (verity), or a log past its size limit.
@@ -750,9 +749,10 @@ impl TreeLog {
         Ok(None)
     }
 
-    /// A parent directory of a logged inode: made in this transaction, it is logged
-    /// (inode and name, and so on up); committed, it must not have moved (nor any
-    /// directory above it), or the log would leave the inode at a stale path.
+    /// A parent directory of a logged inode: made in this transaction, or moved
+    /// since the commit, it is logged (inode and names, and so on up), so the
+    /// replay places it where it is now; committed and unmoved, its own parents are
+    /// checked the same way.
     fn log_parent(&mut self, t: &Trans, root: u64, dir: u64, v: &mut Visit) -> Result<Fallback> {
         let mut cur = dir;
         for _ in 0..4096 {
@@ -777,7 +777,12 @@ impl TreeLog {
                     .collect()
             };
             if refs(&then) != refs(&now) {
-                return Ok(Some("ancestor directory renamed"));
+                // Renamed (or linked elsewhere) since the commit: logged with its
+                // names as they are now, and the parents it lost a name in logged
+                // whole, so the replay moves it (the kernel logs a renamed directory
+                // the same way, at the rename, once it or its old parent is in the
+                // log). Its new parents follow from there.
+                return self.log_inode(t, root, cur, Mode::Exists, v);
             }
             if cur == FIRST_FREE_OBJECTID {
                 return Ok(None);

@@ -30,8 +30,8 @@ pub use compare::{
 pub use gen::{gen_op, FsConfig};
 pub use op::{bulk_data, bulk_name, bulk_victims, link_name, write_data, Op};
 pub use run::{
-    apply_engine, failure_signature, minimize, replay, run_seed, run_seed_recorded, time_of,
-    Harness, RunConfig, RunStats, SparseMem, Step,
+    apply_engine, check_fsync_cut, failure_signature, minimize, replay, run_seed,
+    run_seed_recorded, time_of, Harness, RunConfig, RunStats, SparseMem, Step,
 };
 
 /// Tree id of the top-level subvolume.

@@ -334,9 +334,22 @@ pub struct Harness {
 impl Harness {
     /// mkfs on `dev`; the model starts as the empty top directory.
     pub fn mkfs(dev: Arc<dyn Device>, cfg: &FsConfig) -> Result<Harness, String> {
+        Self::mkfs_noting(dev, cfg, |_| {})
+    }
+
+    /// [`Harness::mkfs`], calling `committed` with the generation of each commit it
+    /// makes before the last (mkfs's own, when quotas are then enabled in a second
+    /// commit): a crash test must allow those states too, which hold the same empty
+    /// top directory.
+    pub fn mkfs_noting(
+        dev: Arc<dyn Device>,
+        cfg: &FsConfig,
+        mut committed: impl FnMut(u64),
+    ) -> Result<Harness, String> {
         let opts = cfg.mkfs_options();
         let mut t = make_filesystem(dev, &opts).map_err(|e| format!("mkfs: {e}"))?;
         if cfg.quotas {
+            committed(t.fs.info.sb.generation);
             t.quota_enable(cfg.simple_quotas)
                 .and_then(|()| t.commit())
                 .map_err(|e| format!("quota enable: {e}"))?;
