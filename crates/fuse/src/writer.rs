@@ -73,8 +73,11 @@ pub struct Writer {
     aborted: AtomicBool,
     /// Changes made since the last commit.
     changes: AtomicU64,
-    /// Wakes the commit thread early (unmount).
-    stop: (Mutex<bool>, Condvar),
+    /// Wakes the commit thread early: to stop (unmount), or to commit now.
+    stop: (Mutex<Wake>, Condvar),
+    /// The committer was asked to commit the running transaction early (see
+    /// [`Writer::commit_soon`]); cleared when a commit starts.
+    kicked: AtomicBool,
     /// Unlinked inodes the kernel may still hold open: (tree, inode). They go when
     /// the kernel forgets them, or at unmount.
     orphans: Mutex<HashSet<(u64, u64)>>,
@@ -91,6 +94,21 @@ pub struct Writer {
     /// it.
     commit_serial: Mutex<()>,
 }
+
+/// Why the commit thread wakes before its timer.
+#[derive(Debug, Default)]
+struct Wake {
+    /// Unmounting: the thread ends (the caller commits one last time).
+    stopped: bool,
+    /// Commit the running transaction now.
+    commit: bool,
+}
+
+/// Dirty tree blocks a transaction holds before the committer is asked to commit it
+/// (without waiting for `commit=`): bounds the memory a long transaction keeps (a
+/// million new files make about 600 MiB of them), as the kernel writes dirty
+/// metadata back and ends large transactions.
+pub(crate) const DIRTY_METADATA_COMMIT_BYTES: usize = 256 << 20;
 
 /// Tree blocks the mount's cleaner visits while holding the transaction (between two
 /// commits): bounds how long a file operation can wait behind it.
@@ -150,7 +168,8 @@ impl Writer {
             trans: RwLock::new(trans),
             aborted: AtomicBool::new(false),
             changes: AtomicU64::new(0),
-            stop: (Mutex::new(false), Condvar::new()),
+            stop: (Mutex::new(Wake::default()), Condvar::new()),
+            kicked: AtomicBool::new(false),
             log: Mutex::new(Some(TreeLog::new())),
             commit_serial: Mutex::new(()),
         })
@@ -360,6 +379,8 @@ impl Writer {
             self.flush_where(&mut t, |k| k == largest)?;
             d = self.delalloc.lock().unwrap_or_else(|p| p.into_inner());
         }
+        drop(d);
+        self.commit_soon_if_needed(&t);
         Ok(())
     }
 
@@ -402,6 +423,7 @@ impl Writer {
             }
         }
         let r = f(&mut t);
+        self.commit_soon_if_needed(&t);
         let orphaned = t.take_orphans();
         if !orphaned.is_empty() {
             self.orphans
@@ -486,6 +508,7 @@ impl Writer {
                 return Ok(());
             }
             self.changes.store(0, Ordering::Release);
+            self.kicked.store(false, Ordering::Release);
             self.flush(&mut t)?;
             match t.commit_start() {
                 Ok(Some(io)) => io,
@@ -535,23 +558,52 @@ impl Writer {
         Ok(())
     }
 
-    /// Commits every `interval` until [`Writer::stop`] (the kernel's commit= timer).
+    /// After a change: asks the committer to commit now when the transaction holds
+    /// more than [`DIRTY_METADATA_COMMIT_BYTES`] of dirty tree blocks, or allocated a
+    /// chunk. The latter because an fsync in a transaction that created a block
+    /// group must commit (the log could point into a chunk the committed chunk tree
+    /// does not map; the kernel's btrfs_make_block_group forces the same full
+    /// commit): committed soon after, later fsyncs are logged again.
+    fn commit_soon_if_needed(&self, t: &Trans) {
+        if self.kicked.load(Ordering::Acquire) {
+            return;
+        }
+        if t.dirty_bytes() > DIRTY_METADATA_COMMIT_BYTES || t.chunks_allocated() {
+            self.commit_soon();
+        }
+    }
+
+    /// Wakes the committer to commit the running transaction now, not at its timer.
+    pub fn commit_soon(&self) {
+        self.kicked.store(true, Ordering::Release);
+        let (lock, cv) = &self.stop;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).commit = true;
+        cv.notify_all();
+    }
+
+    /// Commits every `interval` until [`Writer::stop`] (the kernel's commit= timer),
+    /// and at once when [`Writer::commit_soon`] asks.
     pub fn spawn_committer(self: &Arc<Self>, interval: Duration) -> std::thread::JoinHandle<()> {
         let w = Arc::clone(self);
         std::thread::spawn(move || {
             let (lock, cv) = &w.stop;
-            let mut stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
-            while !*stopped {
-                let (g, timeout) = cv
-                    .wait_timeout(stopped, interval)
-                    .unwrap_or_else(|p| p.into_inner());
-                stopped = g;
-                if timeout.timed_out() && !*stopped {
-                    drop(stopped);
-                    let _ = w.commit();
-                    w.clean();
-                    stopped = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let mut wake = lock.lock().unwrap_or_else(|p| p.into_inner());
+            let mut deadline = std::time::Instant::now() + interval;
+            while !wake.stopped {
+                let now = std::time::Instant::now();
+                if !wake.commit && now < deadline {
+                    let (g, _) = cv
+                        .wait_timeout(wake, deadline - now)
+                        .unwrap_or_else(|p| p.into_inner());
+                    wake = g;
+                    continue;
                 }
+                wake.commit = false;
+                drop(wake);
+                let _ = w.commit();
+                w.clean();
+                deadline = std::time::Instant::now() + interval;
+                wake = lock.lock().unwrap_or_else(|p| p.into_inner());
             }
         })
     }
@@ -563,7 +615,12 @@ impl Writer {
     /// resumes at the next mount (or in the kernel).
     pub fn clean(&self) {
         loop {
-            let stopping = *self.stop.0.lock().unwrap_or_else(|p| p.into_inner());
+            let stopping = self
+                .stop
+                .0
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .stopped;
             if stopping || self.is_aborted() {
                 return;
             }
@@ -599,7 +656,7 @@ impl Writer {
     /// Stops the commit thread (the caller commits one last time).
     pub fn stop(&self) {
         let (lock, cv) = &self.stop;
-        *lock.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).stopped = true;
         cv.notify_all();
     }
 }
@@ -728,5 +785,47 @@ mod tests {
             .collect();
         assert_eq!(names, vec![b"a".to_vec(), b"b".to_vec()]);
         assert_eq!(b, 258);
+    }
+
+    /// The generation of the superblock on `dev` (what a crash would find).
+    fn generation_on(dev: &MemDevice) -> u64 {
+        let copy = MemDevice::new(dev.snapshot(), "copy");
+        FsInfo::open(vec![copy as Arc<dyn Device>], OpenOptions::default())
+            .expect("open the image")
+            .sb
+            .generation
+    }
+
+    /// Data that makes the transaction allocate a chunk wakes the committer at once
+    /// (its timer is an hour here): the transaction commits soon, so later fsyncs
+    /// can be logged again instead of committing.
+    #[test]
+    fn a_new_chunk_commits_soon() {
+        let mem = MemDevice::new(vec![0u8; 512 << 20], "mem");
+        let t =
+            make_filesystem(mem.clone() as Arc<dyn Device>, &MkfsOptions::default()).expect("mkfs");
+        let w = Writer::new(t);
+        let committer = w.spawn_committer(Duration::from_secs(3600));
+        let before = generation_on(&mem);
+        w.change("create a", |t| file(t, b"a")).expect("create a");
+        let chunk = vec![5u8; 1 << 20];
+        let mut off = 0u64;
+        while !w.read(|_| w.kicked.load(Ordering::Acquire)) {
+            assert!(off < 400 << 20, "400 MiB written without a new chunk");
+            w.write_data(FS_TREE_OBJECTID, 257, off, &chunk)
+                .expect("write");
+            off += chunk.len() as u64;
+        }
+        let t0 = std::time::Instant::now();
+        while generation_on(&mem) == before {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "no commit 20 s after a chunk was allocated"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        w.stop();
+        committer.join().expect("committer");
+        w.commit().expect("last commit");
     }
 }

@@ -611,6 +611,12 @@ impl Trans {
         Ok(())
     }
 
+    /// True when the running transaction created a chunk (its items go in at the
+    /// commit): until it commits, fsyncs commit instead of logging.
+    pub fn chunks_allocated(&self) -> bool {
+        !self.alloc.pending_chunks.is_empty()
+    }
+
     /// True while a commit's write-out has not been finished
     /// ([`Trans::commit_finish`]).
     pub fn commit_in_flight(&self) -> bool {

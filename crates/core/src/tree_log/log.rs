@@ -28,8 +28,8 @@
 //!
 //! Where a log could not say what the fsync must make durable, the fsync commits the
 //! transaction instead, as the kernel falls back to a full commit, and counts why
-//! ([`LogStats::full_commits`]): an old parent directory removed, a directory logged earlier in the transaction removed, a
-//! subvolume entry in a directory to log, a chunk allocated in this transaction
+//! ([`LogStats::full_commits`]): an old parent directory removed, a directory
+//! logged earlier in the transaction removed, a subvolume entry in a directory to log, a chunk allocated in this transaction
 //! (the log could not be read before the commit), metadata space short, items this
 //! log does not copy (verity), or a log past its size limit.
 //!
