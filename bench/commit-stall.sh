@@ -30,13 +30,7 @@ cleanup() {
     mountpoint -q "$UM" && fusermount3 -u "$UM" || true
     sleep 0.5
 }
-URING_PARAM=/sys/module/fuse/parameters/enable_uring
-uring_old=$(cat "$URING_PARAM" 2>/dev/null || true)
-restore_uring() { [ -n "$uring_old" ] && echo "$uring_old" > "$URING_PARAM" || true; }
-if [ -n "$uring_old" ]; then
-    if [ "${URING:-1}" = 1 ]; then echo Y > "$URING_PARAM"; else echo N > "$URING_PARAM"; fi
-    echo "fuse enable_uring=$(cat "$URING_PARAM")"
-fi
+use_uring
 trap 'cleanup; restore_uring' EXIT
 cleanup
 TAR=$WORK/src.tar

@@ -32,17 +32,7 @@ cleanup() {
     mountpoint -q "$UM" && fusermount3 -u "$UM" || true
     sleep 0.5
 }
-# FUSE over io_uring (Linux 6.14 on): the mount uses it when the fuse module's
-# enable_uring parameter is set; URING=0 measures /dev/fuse instead. Put back after.
-URING_PARAM=/sys/module/fuse/parameters/enable_uring
-uring_old=$(cat "$URING_PARAM" 2>/dev/null || true)
-restore_uring() { [ -n "$uring_old" ] && echo "$uring_old" > "$URING_PARAM" || true; }
-if [ -n "$uring_old" ]; then
-    if [ "${URING:-1}" = 1 ]; then echo Y > "$URING_PARAM"; else echo N > "$URING_PARAM"; fi
-    echo "fuse enable_uring=$(cat "$URING_PARAM") (FUSE over io_uring $([ "$(cat "$URING_PARAM")" = Y ] && echo on || echo off))"
-else
-    echo "this kernel has no FUSE over io_uring: /dev/fuse"
-fi
+use_uring
 trap 'cleanup; restore_uring; rm -f "${RAND:-}"' EXIT
 cleanup
 TAR=$WORK/src.tar

@@ -7,3 +7,17 @@ drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }'; }
 # report LABEL UBTRFS_MS KERNEL_MS
 report() { echo "$1: ubtrfs $2 ms, kernel $3 ms, ratio $(ratio "$2" "$3")x"; }
+# use_uring: FUSE over io_uring (Linux 6.14 on) is used by the mount when the fuse
+# module's enable_uring parameter is set: set it (URING=0: clear it, to measure
+# /dev/fuse); restore_uring puts the old value back (call it on exit).
+URING_PARAM=/sys/module/fuse/parameters/enable_uring
+use_uring() {
+    uring_old=$(cat "$URING_PARAM" 2>/dev/null || true)
+    if [ -n "$uring_old" ]; then
+        if [ "${URING:-1}" = 1 ]; then echo Y > "$URING_PARAM"; else echo N > "$URING_PARAM"; fi
+        echo "fuse enable_uring=$(cat "$URING_PARAM") (FUSE over io_uring $([ "$(cat "$URING_PARAM")" = Y ] && echo on || echo off))"
+    else
+        echo "this kernel has no FUSE over io_uring: /dev/fuse"
+    fi
+}
+restore_uring() { [ -n "${uring_old:-}" ] && echo "$uring_old" > "$URING_PARAM" || true; }
