@@ -31,7 +31,12 @@ cleanup() {
     if mountpoint -q "$MNT"; then umount "$MNT" 2>/dev/null || fusermount3 -u "$MNT" || true; fi
     # The ubtrfs server commits and exits after the unmount.
     for _ in $(seq 600); do pgrep -f "mount $LOOP " >/dev/null 2>&1 || break; sleep 0.1; done
-    if [ -n "$LOOP" ]; then losetup -d "$LOOP" 2>/dev/null || true; LOOP=; fi
+    # The kernel may hold the device a moment after the unmount: try for a while.
+    if [ -n "$LOOP" ]; then
+        for _ in $(seq 50); do losetup -d "$LOOP" 2>/dev/null && break; sleep 0.1; done
+        losetup -l -n -O NAME | grep -qx "$LOOP" && echo "warning: $LOOP still attached" >&2
+        LOOP=
+    fi
 }
 trap cleanup EXIT
 cleanup
@@ -76,6 +81,8 @@ wal() {
     b0=$(written)
     out=$(python3 -c "$WAL_PY" "$MNT/wal" "$COUNT")
     b1=$(written)
+    # This runs in a command substitution: unmount and detach here, where LOOP is set.
+    cleanup >&2
     echo "$out $(( (b1 - b0) / COUNT ))"
 }
 
@@ -108,6 +115,7 @@ dirfsync() {
     xfs_io -c fsync "$MNT/testdir"
     e=$(date +%s%N); b1=$(written)
     t2=$(( (e - s) / 1000000 )); w2=$(( b1 - b0 ))
+    cleanup >&2
     echo "$t1 $w1 $t2 $w2"
 }
 
