@@ -57,6 +57,10 @@ pub struct CommitIo {
     /// Each superblock copy: its bytes and where they go.
     supers: Vec<(Vec<u8>, Place)>,
     devices: Vec<Arc<dyn Device>>,
+    /// Bytes of written blocks kept for the block cache: its capacity (more would
+    /// only evict each other), so a large commit does not hold a second copy of
+    /// itself until the finish.
+    keep_bytes_max: usize,
     csum_type: CsumType,
     ctx: CheckCtx,
     state: Mutex<IoState>,
@@ -134,8 +138,8 @@ impl CommitIo {
         }
     }
 
-    /// The blocks as written (for the block cache), once; empty before the
-    /// write-out succeeded.
+    /// The blocks as written (for the block cache; at most its capacity), once;
+    /// empty before the write-out succeeded.
     pub(crate) fn take_written(&self) -> Vec<Arc<TreeBlock>> {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match &mut *st {
@@ -145,7 +149,8 @@ impl CommitIo {
     }
 
     fn write_out(&self) -> Result<Vec<Arc<TreeBlock>>> {
-        let mut written = Vec::with_capacity(self.blocks.len());
+        let mut written = Vec::new();
+        let mut kept_bytes = 0usize;
         for (b, places) in self.blocks.iter().zip(&self.places) {
             let mut data = b.data.clone();
             let flags = crate::tree::block_edit::flags(&data) | HEADER_FLAG_WRITTEN;
@@ -157,10 +162,13 @@ impl CommitIo {
                     Error::corrupt(format!("refusing to write an invalid block (a bug): {e}"))
                 })?;
             write_places(&data, places, b.bytenr)?;
-            written.push(Arc::new(TreeBlock {
-                bytenr: b.bytenr,
-                data,
-            }));
+            if kept_bytes + data.len() <= self.keep_bytes_max {
+                kept_bytes += data.len();
+                written.push(Arc::new(TreeBlock {
+                    bytenr: b.bytenr,
+                    data,
+                }));
+            }
         }
         self.flush()?;
         for (bytes, p) in &self.supers {
@@ -277,6 +285,7 @@ impl Trans {
             places,
             supers,
             devices: self.fs.info.devices.values().cloned().collect(),
+            keep_bytes_max: self.fs.info.opts.cache_bytes_max,
             csum_type: self.fs.info.csum_type,
             ctx,
             state: Mutex::new(IoState::Waiting),
