@@ -12,7 +12,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockWriteGuard};
 use std::time::Duration;
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::{
@@ -502,24 +502,37 @@ impl Writer {
             return Err(errno::EIO);
         }
         let _serial = self.commit_serial.lock().unwrap_or_else(|p| p.into_inner());
-        let io = {
-            let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
-            if self.changes.load(Ordering::Acquire) == 0 {
-                return Ok(());
-            }
-            self.changes.store(0, Ordering::Release);
-            self.kicked.store(false, Ordering::Release);
-            self.flush(&mut t)?;
-            match t.commit_start() {
-                Ok(Some(io)) => io,
-                Ok(None) => return Ok(()),
-                Err(e) => {
-                    self.abort(&format!("commit: {e}"));
-                    return Err(errno::EIO);
-                }
+        let t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+        if self.changes.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        self.commit_held(t, "commit", |_| Ok(()))
+    }
+
+    /// Commits the transaction `t` (write-locked; the caller holds `commit_serial`):
+    /// delayed data, then `step` (the cleaner's part of a dead tree), then the
+    /// commit's start; its write-out runs with `t` released. An early commit asked
+    /// for ([`Writer::commit_soon`]) is answered by this one. A failure aborts, named
+    /// by `what`.
+    fn commit_held(
+        &self,
+        mut t: RwLockWriteGuard<'_, Trans>,
+        what: &str,
+        step: impl FnOnce(&mut Trans) -> ubtrfs_core::Result<()>,
+    ) -> Result<(), i32> {
+        self.changes.store(0, Ordering::Release);
+        self.kicked.store(false, Ordering::Release);
+        self.flush(&mut t)?;
+        let io = match step(&mut t).and_then(|_| t.commit_start()) {
+            Ok(Some(io)) => io,
+            Ok(None) => return Ok(()),
+            Err(e) => {
+                self.abort(&format!("{what}: {e}"));
+                return Err(errno::EIO);
             }
         };
-        self.write_out(&io, "commit")
+        drop(t);
+        self.write_out(&io, what)
     }
 
     /// Writes a started commit with the transaction released, then finishes it.
@@ -625,30 +638,16 @@ impl Writer {
                 return;
             }
             let _serial = self.commit_serial.lock().unwrap_or_else(|p| p.into_inner());
-            let io = {
-                let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
-                let Ok(dead) = t.dead_roots() else { return };
-                let Some(&id) = dead.first() else { return };
-                if self.flush(&mut t).is_err() {
-                    return;
-                }
-                self.changes.store(0, Ordering::Release);
-                match t
-                    .drop_dead_root_step(id, CLEANER_BLOCKS_PER_STEP)
-                    .and_then(|_| t.commit_start())
-                {
-                    Ok(io) => io.map(|io| (id, io)),
-                    Err(e) => {
-                        self.abort(&format!("dropping deleted subvolume {id}: {e}"));
-                        return;
-                    }
-                }
+            let t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+            let Ok(dead) = t.dead_roots() else { return };
+            let Some(&id) = dead.first() else { return };
+            let what = format!("dropping deleted subvolume {id}");
+            let step = |t: &mut Trans| {
+                t.drop_dead_root_step(id, CLEANER_BLOCKS_PER_STEP)
+                    .map(|_| ())
             };
-            if let Some((id, io)) = io {
-                let what = format!("dropping deleted subvolume {id}");
-                if self.write_out(&io, &what).is_err() {
-                    return;
-                }
+            if self.commit_held(t, &what, step).is_err() {
+                return;
             }
         }
     }
