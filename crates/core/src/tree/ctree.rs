@@ -465,66 +465,36 @@ pub(crate) fn read_tree_blocks<S: BlockSource + Sync>(
     out
 }
 
-/// Reads a whole tree ahead of a walk that will need all of it, a level at a time,
-/// on `threads` threads, so a cold device serves many requests at once instead of
-/// one leaf after another (the blocks land in the block cache, verified against
-/// their parents as a walk would). Stops once `bytes_max` bytes were read (a tree
-/// larger than the cache would only evict itself). Errors are left for the walk
-/// to report where it meets them.
+/// Reads a whole tree ahead of a walk that will need all of it, a level at a time
+/// in address order, on `threads` threads ([`read_tree_blocks`]), so a cold device
+/// serves many requests at once instead of one leaf after another (the blocks land
+/// in the block cache, verified against their parents as a walk would). Stops once
+/// `bytes_max` bytes were read (a tree larger than the cache would only evict
+/// itself). Errors are left for the walk to report where it meets them.
 pub(crate) fn prefetch_tree<S: BlockSource + Sync>(
     fs: &S,
     root: &RootPtr,
     threads: usize,
     bytes_max: u64,
 ) {
-    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
     let Ok(top) = read_root(fs, root) else {
         return;
     };
-    let read_bytes = AtomicU64::new(top.data.len() as u64);
+    let node_bytes = top.data.len().max(1) as u64;
+    let mut budget_blocks = (bytes_max / node_bytes).saturating_sub(1);
     let mut level = vec![top];
-    while level.first().is_some_and(|b| b.level() > 0) {
-        // Every child pointer of this level.
+    while budget_blocks > 0 && level.first().is_some_and(|b| b.level() > 0) {
+        // Every child pointer of this level, as far as the budget goes.
         let mut wanted = Vec::new();
         for b in &level {
-            for slot in 0..b.nritems() {
-                if let Ok(c) = child_expect(b, slot) {
-                    wanted.push(c);
-                }
-            }
+            wanted.extend((0..b.nritems()).filter_map(|slot| child_expect(b, slot).ok()));
         }
-        let next = AtomicUsize::new(0);
-        let mut children: Vec<Arc<TreeBlock>> = Vec::with_capacity(wanted.len());
-        std::thread::scope(|sc| {
-            let workers: Vec<_> = (0..threads.max(1))
-                .map(|_| {
-                    sc.spawn(|| {
-                        let mut got = Vec::new();
-                        loop {
-                            if read_bytes.load(Ordering::Relaxed) >= bytes_max {
-                                return got;
-                            }
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            let Some((bytenr, expect)) = wanted.get(i) else {
-                                return got;
-                            };
-                            if let Ok(b) = fs.read_tree_block(*bytenr, expect) {
-                                read_bytes.fetch_add(b.data.len() as u64, Ordering::Relaxed);
-                                got.push(b);
-                            }
-                        }
-                    })
-                })
-                .collect();
-            for w in workers {
-                if let Ok(got) = w.join() {
-                    children.extend(got);
-                }
-            }
-        });
-        if read_bytes.load(Ordering::Relaxed) >= bytes_max {
-            return;
-        }
-        level = children;
+        wanted.truncate(usize::try_from(budget_blocks).unwrap_or(usize::MAX));
+        budget_blocks -= wanted.len() as u64;
+        wanted.sort_unstable_by_key(|(bytenr, _)| *bytenr);
+        level = read_tree_blocks(fs, &wanted, threads)
+            .into_iter()
+            .filter_map(|r| r.ok())
+            .collect();
     }
 }
