@@ -49,7 +49,8 @@ fn regression_inputs_do_not_crash() {
     }
 }
 
-/// Every seed is a kernel-made image: it must open and walk without a single error.
+/// Every seed is a kernel-made image: it must open and walk, take the write phase's
+/// changes and commit them, and walk again, without a single error.
 #[test]
 fn seeds_open_and_walk_cleanly() {
     let files = files_in(&seeds_dir());
@@ -63,6 +64,11 @@ fn seeds_open_and_walk_cleanly() {
         assert!(out.errors.is_empty(), "{}: {:?}", f.display(), out.errors);
         assert!(out.dumped, "{}", f.display());
         assert!(out.entries > 3, "{}: {} entries", f.display(), out.entries);
+        assert!(
+            out.write_committed,
+            "{}: the write phase did not commit",
+            f.display()
+        );
         // The same input without checksum repair must behave the same.
         let mut raw = data.clone();
         raw[0] &= !FLAG_FIX_CSUMS;

@@ -81,6 +81,10 @@ pub struct Outcome {
     pub bytes_read: u64,
     /// dump-tree ran to the end without error.
     pub dumped: bool,
+    /// The image was opened for writing (validation, replay and recovery passed).
+    pub write_started: bool,
+    /// The write phase's changes were committed.
+    pub write_committed: bool,
 }
 
 impl Outcome {
@@ -131,7 +135,7 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
         cache_bytes_max: limits.cache_bytes,
         ..Default::default()
     };
-    let info = match FsInfo::open(vec![dev], opts) {
+    let info = match FsInfo::open(vec![dev.clone()], opts) {
         Ok(i) => i,
         Err(e) => {
             out.open_error = Some(e.to_string());
@@ -158,7 +162,129 @@ pub fn run_device(dev: Arc<dyn Device>, verify_data: bool, limits: Limits) -> Ou
     let r = crate::check::check(&fs, &copts, &mut |_, _| {});
     out.note("check", r);
     let _ = fs.info.take_warnings();
+    drop(fs);
+    write_phase(dev, verify_data, &limits, &mut out);
     out
+}
+
+/// The write side, after the read side is done with the device: the image opened
+/// for writing as every writing command opens it (validation, log replay,
+/// relocation recovery, orphan cleanup), changes to new and to existing inodes, an
+/// fsync through the tree log, a snapshot, a commit, and the committed image opened
+/// and walked again. Any step may fail with an error (a damaged image is refused or
+/// a change is refused where it meets the damage); none may panic or hang.
+fn write_phase(dev: Arc<dyn Device>, verify_data: bool, limits: &Limits, out: &mut Outcome) {
+    use crate::inode::reflink::FilePos;
+    use crate::transaction::Trans;
+    use crate::tree_log::TreeLog;
+    use crate::NewInode;
+    use ubtrfs_format::items::Timespec;
+    let opts = OpenOptions {
+        writable: true,
+        verify_data_csum: verify_data,
+        cache_bytes_max: limits.cache_bytes,
+        ..Default::default()
+    };
+    let Some(info) = out.note("write: open", FsInfo::open(vec![dev.clone()], opts.clone())) else {
+        return;
+    };
+    let Some(mut t) = out.note("write: start", Trans::from_fs(info)) else {
+        return;
+    };
+    out.write_started = true;
+    let time = Timespec {
+        sec: 1_700_000_000,
+        nsec: 0,
+    };
+    let (root, top) = (FS_TREE_OBJECTID, FIRST_FREE_OBJECTID);
+    let attr = |mode: u32| NewInode {
+        mode,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        time,
+    };
+    // Existing entries of the top directory: their inodes are changed too, so the
+    // changes meet whatever the image holds.
+    let existing = out
+        .note("write: list", t.list_dir(root, top))
+        .unwrap_or_default();
+    let dir = out.note(
+        "write: mkdir",
+        t.create(root, top, b"fuzz-d", attr(0o40755)),
+    );
+    if let Some(dir) = dir {
+        if let Some(f) = out.note("write: create", t.create(root, dir, b"f", attr(0o100644))) {
+            let data = vec![0x5a; 9000];
+            out.note("write: write", t.write(root, f, 0, &data, time));
+            out.note(
+                "write: overwrite",
+                t.write(root, f, 4096, &data[..4096], time),
+            );
+            out.note(
+                "write: xattr",
+                t.set_xattr(root, f, b"user.fuzz", b"v", time),
+            );
+            out.note("write: punch", t.punch_hole(root, f, 0, 4096, time));
+            let mut log = TreeLog::new();
+            out.note("write: fsync", log.fsync(&mut t, root, f, false));
+            out.note("write: link", t.link(root, f, top, b"fuzz-link", time));
+        }
+    }
+    for (i, (name, _)) in existing.iter().take(4).enumerate() {
+        // A subvolume entry's location is another tree's root: renamed only.
+        let Some(Some((ino, _, loc))) = out.note("write: lookup", t.lookup(root, top, name)) else {
+            continue;
+        };
+        let ino = &ino;
+        let inode = if loc.ty == INODE_ITEM_KEY {
+            match out.note("write: read inode", t.read_inode(root, *ino)) {
+                Some(i) => i,
+                None => continue,
+            }
+        } else {
+            Default::default()
+        };
+        let regular = inode.mode & S_IFMT == S_IFREG;
+        if regular {
+            out.note("write: cow", t.write(root, *ino, 0, &[0xa5; 4096], time));
+            let size = inode.size.max(4096) / 2;
+            out.note("write: truncate", t.truncate(root, *ino, size, time));
+            if size >= 8192 {
+                let at = |offset| FilePos {
+                    root,
+                    ino: *ino,
+                    offset,
+                };
+                out.note("write: clone", t.clone_range(at(0), at(4096), 4096, time));
+            }
+        }
+        if regular && i % 2 == 1 {
+            out.note("write: unlink", t.unlink(root, top, name, time));
+        } else {
+            let moved = format!("fuzz-moved-{i}");
+            let r = t.rename(root, top, name, top, moved.as_bytes(), false, time);
+            out.note("write: rename", r);
+        }
+    }
+    out.note(
+        "write: snapshot",
+        t.create_snapshot(root, root, top, b"fuzz-snap", false, time),
+    );
+    if out.note("write: commit", t.commit()).is_none() {
+        return;
+    }
+    out.write_committed = true;
+    drop(t);
+    let opts = OpenOptions {
+        writable: false,
+        ..opts
+    };
+    let Some(info) = out.note("write: reopen", FsInfo::open(vec![dev], opts)) else {
+        return;
+    };
+    let fs = Filesystem::from_info(info);
+    walk(&fs, limits, out);
 }
 
 /// Every item of every tree the root tree knows, in key order.

@@ -561,7 +561,7 @@ impl Trans {
             let released = self.drop_extents(root, ino, 0, u64::MAX)?;
             inode.nbytes = inode.nbytes.saturating_sub(released);
             self.insert_inline(root, ino, data)?;
-            inode.nbytes += end;
+            inode.nbytes = inode.nbytes.saturating_add(end);
             inode.size = end;
             self.touch(&mut inode, t, true);
             return self.write_inode(root, ino, &inode);
@@ -634,7 +634,7 @@ impl Trans {
             let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_REG, &body);
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, fo), &v)?;
             self.add_new_data_extent(bytenr, got, root, ino, fo);
-            inode.nbytes += got;
+            inode.nbytes = inode.nbytes.saturating_add(got);
             pos += got;
         }
         inode.size = new_size;
@@ -721,7 +721,7 @@ impl Trans {
                 let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_PREALLOC, &body);
                 self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, p), &v)?;
                 self.add_new_data_extent(bytenr, got, root, ino, p);
-                inode.nbytes += got;
+                inode.nbytes = inode.nbytes.saturating_add(got);
                 out.push((bytenr, got));
                 p += got;
             }
@@ -881,7 +881,7 @@ impl Trans {
             let v = file_extent_bytes(self.transid, n as u64, alg as u8, FILE_EXTENT_REG, &body);
             self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, fo), &v)?;
             self.add_new_data_extent(bytenr, disk_len, root, ino, fo);
-            inode.nbytes += n as u64;
+            inode.nbytes = inode.nbytes.saturating_add(n as u64);
             pos += n;
         }
         let flag = match alg {
@@ -1101,7 +1101,7 @@ impl Trans {
         let v = file_extent_bytes(self.transid, got, 0, FILE_EXTENT_REG, &body);
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &v)?;
         self.add_new_data_extent(bytenr, got, root, ino, 0);
-        inode.nbytes += got;
+        inode.nbytes = inode.nbytes.saturating_add(got);
         self.write_inode(root, ino, inode)
     }
 
@@ -1160,7 +1160,7 @@ impl Trans {
                     inode.nbytes = inode.nbytes.saturating_sub(released);
                     if size > 0 {
                         self.insert_inline(root, ino, &data)?;
-                        inode.nbytes += size;
+                        inode.nbytes = inode.nbytes.saturating_add(size);
                     }
                 } else {
                     // The inline data stays; only what follows it (holes) goes.

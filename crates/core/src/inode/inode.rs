@@ -317,7 +317,7 @@ impl Trans {
         self.append_to_item(root, &dkey, &entry)?;
         self.insert_item(root, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
         self.add_inode_ref(root, ino, dir, index, name)?;
-        d.size += name.len() as u64 * 2;
+        d.size = d.size.saturating_add(name.len() as u64 * 2);
         self.touch(&mut d, t, true);
         self.write_inode(root, dir, &d)?;
         Ok(index)

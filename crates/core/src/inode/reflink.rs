@@ -219,7 +219,7 @@ impl Trans {
                         at.wrapping_sub(offset),
                         1,
                     );
-                    dst_i.nbytes += plen;
+                    dst_i.nbytes = dst_i.nbytes.saturating_add(plen);
                 }
                 Piece::Hole => {
                     if !self.no_holes() {

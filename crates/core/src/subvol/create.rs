@@ -127,7 +127,7 @@ impl Trans {
         self.append_to_item(parent, &dkey, &entry)?;
         self.insert_item(parent, &Key::new(dir, DIR_INDEX_KEY, index), &entry)?;
         let mut d = self.read_inode(parent, dir)?;
-        d.size += name.len() as u64 * 2;
+        d.size = d.size.saturating_add(name.len() as u64 * 2);
         d.ctime = t;
         d.mtime = t;
         d.transid = self.transid;

@@ -521,7 +521,7 @@ impl Trans {
             self.add_inode_ref(root, ino, dir, index, name)?;
         }
         let mut d = self.read_inode(root, dir)?;
-        d.size += name.len() as u64 * 2;
+        d.size = d.size.saturating_add(name.len() as u64 * 2);
         d.transid = self.transid;
         d.sequence += 1;
         self.write_inode(root, dir, &d)?;
@@ -828,7 +828,7 @@ impl Trans {
             FileExtentBody::Inline { .. } => self.overwrite_item(root, k, d)?,
         }
         let mut i = self.read_inode(root, ino)?;
-        i.nbytes = i.nbytes.saturating_sub(released) + added;
+        i.nbytes = i.nbytes.saturating_sub(released).saturating_add(added);
         self.write_inode(root, ino, &i)?;
         Ok(())
     }
