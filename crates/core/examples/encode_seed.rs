@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! cargo run -p ubtrfs-core --example encode_seed -- [--all] IMAGE SEED
-//! cargo run -p ubtrfs-core --example encode_seed -- --decode SEED IMAGE
+//! cargo run -p ubtrfs-core --example encode_seed -- --decode SEED IMAGE   (checksums
+//!     repaired first when the seed's flags byte asks, as the harness does)
 //! ```
 //!
 //! By default only the blocks the fuzz harness reads (superblocks, live tree blocks,
@@ -137,6 +138,10 @@ fn decode_seed(seed: &str, image: &str) -> Result<(), String> {
     let bytes = std::fs::read(seed).map_err(|e| format!("{seed}: {e}"))?;
     let body = bytes.get(1..).ok_or("empty seed")?;
     let dev = decode(body).ok_or("not a sparse encoding")?;
+    // What the harness opens: with the flag set, the checksums repaired first.
+    if bytes[0] & ubtrfs_core::fuzzing::harness::FLAG_FIX_CSUMS != 0 {
+        ubtrfs_core::fuzzing::harness::fix_checksums(&dev);
+    }
     let mut img = vec![0u8; dev.size() as usize];
     dev.read_at(0, &mut img).map_err(|e| e.to_string())?;
     std::fs::write(image, &img).map_err(|e| format!("{image}: {e}"))?;

@@ -355,8 +355,16 @@ impl Walker<'_> {
             let v = BlockView::new(&data);
             self.visited.insert(p.bytenr, (v.level(), v.generation()));
             self.check_owner(f, tree, kind, p.bytenr, v.owner());
-            let n = v.nritems() as usize;
             let ns = self.fs.nodesize;
+            // A block whose header claims more items than fit (reported when it
+            // was read) is walked only as far as its bytes go: never 2^32 loop
+            // turns or a child list that size.
+            let fit = if v.level() > 0 {
+                node_ptrs_max(ns)
+            } else {
+                (ns as usize).saturating_sub(HEADER_SIZE) / ITEM_SIZE
+            };
+            let n = (v.nritems() as usize).min(fit);
             if kind != TreeKind::Log {
                 let st = f.stats();
                 st.tree_bytes += ns as u64;
