@@ -19,7 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-(cd "$root" && cargo build -q -p ubtrfs-core --example encode_seed)
+(cd "$root" && cargo build -q -p ubtrfs-core --features fuzzing --example encode_seed)
 enc=$(cd "$root" && cargo metadata -q --format-version 1 --no-deps |
     python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/debug/examples/encode_seed
 
@@ -36,15 +36,20 @@ sys.stdout.buffer.write(bytes(out[:n]))" "$1" "$2"
 }
 
 # mkseed NAME MKFS_ARGS MOUNT_OPTS POPULATE_FUNCTION
+# ONLY=NAME makes just that seed (the others stay byte for byte as they are).
 mkseed() {
     local name=$1 mkfs_args=$2 opts=$3 fill=$4
+    [ -z "${ONLY:-}" ] || [ "$ONLY" = "$name" ] || return 0
     local img=$work/$name.img
     truncate -s 120M "$img"
     # shellcheck disable=SC2086
     mkfs.btrfs -q -f $mkfs_args "$img"
     mount -o "loop${opts:+,$opts}" "$img" "$mnt"
     "$fill" "$mnt" || { umount "$mnt"; return 1; }
+    # A fill that leaves $work/crash.img (an image copied while mounted) gives
+    # the seed from that copy: a filesystem with an unreplayed tree log.
     umount "$mnt"
+    if [ -e "$work/crash.img" ]; then mv "$work/crash.img" "$img"; fi
     "$enc" "$img" "$out/$name.seed"
 }
 
@@ -96,6 +101,28 @@ fill_many() {
     sync
 }
 
+# A tree log the kernel wrote and never replayed: no commit after the setup
+# (commit=300), then fsyncs, then the image copied while still mounted (the log
+# and the superblock went through the loop device into the file's page cache).
+fill_log() {
+    local m=$1
+    mkdir "$m/d" "$m/gone"
+    echo keep >"$m/d/old"
+    echo bye >"$m/gone/x"
+    pattern 20000 6 >"$m/d/renamed-from"
+    sync
+    pattern 9000 7 >"$m/d/new"
+    setfattr -n user.logged -v yes "$m/d/new"
+    xfs_io -c 'pwrite -S 0x62 100k 8k' -c 'fpunch 0 4k' -c fsync "$m/d/new" >/dev/null
+    ln "$m/d/new" "$m/d/link"
+    mv "$m/d/renamed-from" "$m/d/renamed-to"
+    rm "$m/gone/x"
+    xfs_io -c fsync "$m/d/renamed-to" >/dev/null
+    xfs_io -c fsync "$m/d" >/dev/null
+    xfs_io -c fsync "$m/gone" >/dev/null
+    cp --sparse=always "$(findmnt -n -o SOURCE "$m" | xargs losetup -n -O BACK-FILE -l)" "$work/crash.img"
+}
+
 mkseed kernel-n4k-basic "-n 4096" "" fill_basic
 mkseed kernel-n16k-basic "" "" fill_basic
 mkseed kernel-n4k-zstd "-n 4096" "compress-force=zstd" fill_compressed
@@ -104,4 +131,5 @@ mkseed kernel-n4k-zlib "-n 4096" "compress-force=zlib" fill_compressed
 mkseed kernel-n4k-snapshots "-n 4096" "" fill_snapshot
 mkseed kernel-n4k-many "-n 4096" "" fill_many
 mkseed kernel-n4k-xxhash-bgt "-n 4096 --csum xxhash -O block-group-tree" "" fill_basic
+mkseed kernel-n4k-log "-n 4096" "commit=300" fill_log
 ls -l "$out"
