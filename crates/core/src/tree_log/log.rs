@@ -262,6 +262,11 @@ fn check_entries(
 /// The inodes one fsync has logged, and how many more it may.
 struct Visit {
     seen: BTreeSet<(u64, u64)>,
+    /// Those of `seen` logged whole ([`Mode::Full`]). An inode first reached as a
+    /// renamed ancestor (names only) may be needed whole later in the same fsync:
+    /// as the old parent of another renamed directory, whose lost name only its
+    /// whole logging (the changed DIR_INDEX range) removes at replay.
+    seen_full: BTreeSet<(u64, u64)>,
     budget: usize,
     /// The transaction's file extent changes, taken for this fsync: (tree, inode) ->
     /// lowest offset changed. What no inode logged here used goes back.
@@ -374,6 +379,7 @@ impl TreeLog {
         }
         let mut v = Visit {
             seen: BTreeSet::new(),
+            seen_full: BTreeSet::new(),
             budget: INODES_PER_FSYNC_MAX,
             changes: {
                 t.track_log_changes();
@@ -498,8 +504,13 @@ impl TreeLog {
         mode: Mode,
         v: &mut Visit,
     ) -> Result<Fallback> {
-        if !v.seen.insert((root, ino)) {
+        let first_visit = v.seen.insert((root, ino));
+        let upgrade = !first_visit && mode == Mode::Full && !v.seen_full.contains(&(root, ino));
+        if !first_visit && !upgrade {
             return Ok(None);
+        }
+        if mode == Mode::Full {
+            v.seen_full.insert((root, ino));
         }
         if v.budget == 0 {
             return Ok(Some("too many inodes for one fsync"));
@@ -693,10 +704,16 @@ impl TreeLog {
                 self.log_csums(t, root, fe)?;
             }
         }
+        // Logged whole by a nested call while this one logged its names only.
+        let logged_mode = if v.seen_full.contains(&(root, ino)) {
+            Mode::Full
+        } else {
+            mode
+        };
         self.logged.insert(
             (root, ino),
             Logged {
-                mode,
+                mode: logged_mode,
                 inode: inode_bytes,
                 reg: is_reg(inode.mode),
             },
