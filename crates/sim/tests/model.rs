@@ -198,6 +198,27 @@ fn model_random_workloads() {
     }
 }
 
+/// A fresh default filesystem on a memory device for one fsync case, and whether
+/// the kernel (root) replays its cuts and btrfs check runs on them.
+fn fsync_case(test: &str) -> (std::sync::Arc<SparseMem>, Harness, bool, bool) {
+    let kernel = require_root(&format!("{test}: the kernel's replay"));
+    let btrfs = have_btrfs();
+    let fsc = FsConfig::default();
+    let mem = SparseMem::new(fsc.dev_size(0), test);
+    let h = Harness::mkfs(mem.clone() as std::sync::Arc<dyn Device>, &fsc).expect("mkfs");
+    (mem, h, kernel, btrfs)
+}
+
+/// The model's create of `dir/name` with `mode`.
+fn create_op(dir: &[u8], name: &[u8], mode: u32) -> Op {
+    Op::Create {
+        dir: dir.to_vec(),
+        name: name.to_vec(),
+        mode,
+        rdev: 0,
+    }
+}
+
 /// A file fsynced after its committed parent directory moved, then a new file made in
 /// the moved directory and fsynced: both logged, not committed (the kernel does not
 /// commit either), and the log moves the directory: a power cut after each fsync
@@ -205,17 +226,8 @@ fn model_random_workloads() {
 /// files at the paths they had when fsynced; `btrfs check` is clean.
 #[test]
 fn fsync_after_the_parent_directory_moved() {
-    let kernel = require_root("fsync_after_the_parent_directory_moved: the kernel's replay");
-    let btrfs = have_btrfs();
-    let fsc = FsConfig::default();
-    let mem = SparseMem::new(fsc.dev_size(0), "renamed-parent");
-    let mut h = Harness::mkfs(mem.clone() as std::sync::Arc<dyn Device>, &fsc).expect("mkfs");
-    let make = |dir: &[u8], name: &[u8], mode: u32| Op::Create {
-        dir: dir.to_vec(),
-        name: name.to_vec(),
-        mode,
-        rdev: 0,
-    };
+    let (mem, mut h, kernel, btrfs) = fsync_case("fsync_after_the_parent_directory_moved");
+    let make = create_op;
     let setup = [
         make(b"", b"a", 0o40755),
         make(b"", b"b", 0o40755),
@@ -265,18 +277,9 @@ fn fsync_after_the_parent_directory_moved() {
 /// replay kept `l/b`, a directory cycle (`l` -> `b` -> `l`) whose walk never ended.
 #[test]
 fn fsync_after_a_directory_moved_below_its_old_child() {
-    let kernel =
-        require_root("fsync_after_a_directory_moved_below_its_old_child: the kernel's replay");
-    let btrfs = have_btrfs();
-    let fsc = FsConfig::default();
-    let mem = SparseMem::new(fsc.dev_size(0), "dir-below-child");
-    let mut h = Harness::mkfs(mem.clone() as std::sync::Arc<dyn Device>, &fsc).expect("mkfs");
-    let make = |dir: &[u8], name: &[u8], mode: u32| Op::Create {
-        dir: dir.to_vec(),
-        name: name.to_vec(),
-        mode,
-        rdev: 0,
-    };
+    let (mem, mut h, kernel, btrfs) =
+        fsync_case("fsync_after_a_directory_moved_below_its_old_child");
+    let make = create_op;
     let rename = |odir: &[u8], oname: &[u8], ndir: &[u8], nname: &[u8]| Op::Rename {
         odir: odir.to_vec(),
         oname: oname.to_vec(),

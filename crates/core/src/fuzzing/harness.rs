@@ -236,9 +236,8 @@ fn write_phase(dev: Arc<dyn Device>, verify_data: bool, limits: &Limits, out: &m
         let Some(Some((ino, _, loc))) = out.note("write: lookup", t.lookup(root, top, name)) else {
             continue;
         };
-        let ino = &ino;
         let inode = if loc.ty == INODE_ITEM_KEY {
-            match out.note("write: read inode", t.read_inode(root, *ino)) {
+            match out.note("write: read inode", t.read_inode(root, ino)) {
                 Some(i) => i,
                 None => continue,
             }
@@ -247,15 +246,11 @@ fn write_phase(dev: Arc<dyn Device>, verify_data: bool, limits: &Limits, out: &m
         };
         let regular = inode.mode & S_IFMT == S_IFREG;
         if regular {
-            out.note("write: cow", t.write(root, *ino, 0, &[0xa5; 4096], time));
+            out.note("write: cow", t.write(root, ino, 0, &[0xa5; 4096], time));
             let size = inode.size.max(4096) / 2;
-            out.note("write: truncate", t.truncate(root, *ino, size, time));
+            out.note("write: truncate", t.truncate(root, ino, size, time));
             if size >= 8192 {
-                let at = |offset| FilePos {
-                    root,
-                    ino: *ino,
-                    offset,
-                };
+                let at = |offset| FilePos { root, ino, offset };
                 out.note("write: clone", t.clone_range(at(0), at(4096), 4096, time));
             }
         }
