@@ -61,8 +61,12 @@ Mount options (-o, comma separated, repeatable):
   fsname=NAME           mount source shown in /proc/mounts (default: the image path)
   subtype=NAME          mount type shown in /proc/mounts: fuse.NAME (default ubtrfs); empty
                         (subtype=): plain fuse, as fstests' FSTYP=fuse expects
-  default_permissions, atime, noatime, relatime: accepted (permissions are always checked
-                        by the kernel; atime is not updated: noatime)";
+  relatime              (the default, as the kernel) a read or listing gives a new atime
+                        when atime is not newer than mtime or ctime, or is a day old
+  strictatime           every read or listing gives a new atime
+  noatime, nodiratime   never a new atime; never for directories (atime, diratime,
+                        norelatime, nostrictatime, lazytime, nolazytime: the kernel's meaning)
+  default_permissions   accepted (permissions are always checked by the kernel)";
 
 #[derive(Args)]
 #[command(after_help = OPTIONS_HELP)]
@@ -115,6 +119,8 @@ struct Opts {
     generation: Option<u64>,
     /// `-o rescue=usebackuproot`: accepted, and read-only (see `open_read_only`).
     usebackuproot: bool,
+    /// The atime words (relatime, noatime, strictatime, nodiratime, ...) as flags.
+    atime: ubtrfs_fuse::AtimeFlags,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -150,6 +156,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         tree_root: None,
         generation: None,
         usebackuproot: false,
+        atime: Default::default(),
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -172,10 +179,8 @@ fn parse_options(list: &[String]) -> Result<Opts> {
                 o.compress = Some(c.to_string());
                 o.compress_force = k == "compress-force";
             }
-            (
-                "default_permissions" | "atime" | "noatime" | "relatime" | "nosuid" | "nodev",
-                None,
-            ) => {}
+            ("default_permissions" | "nosuid" | "nodev", None) => {}
+            (w, None) if o.atime.parse_word(w) => {}
             ("subvol", Some(p)) => o.subvol = Some(p.to_string()),
             ("subvolid", Some(n)) => o.subvolid = Some(num(k, n)?),
             ("allow_other", None) => o.allow_other = true,
@@ -335,6 +340,8 @@ pub fn run(args: MountArgs) -> Result<()> {
     cfg.mount.suid = o.suid;
     cfg.mount.dev = o.dev;
     cfg.ino = o.ino;
+    cfg.atime = o.atime.options();
+    cfg.mount.atime = o.atime.options();
     if engine.writable() {
         // Names and attributes change: the kernel revalidates after a second.
         cfg.ttl = std::time::Duration::from_secs(1);
@@ -457,8 +464,39 @@ fn remount(dir: &std::path::Path, o: &Opts) -> Result<()> {
     if !o.dev {
         flags |= MsFlags::MS_NODEV;
     }
+    for (set, f) in [
+        (o.atime.noatime, MsFlags::MS_NOATIME),
+        (o.atime.relatime, MsFlags::MS_RELATIME),
+        (o.atime.strictatime, MsFlags::MS_STRICTATIME),
+        (o.atime.nodiratime, MsFlags::MS_NODIRATIME),
+    ] {
+        if set {
+            flags |= f;
+        }
+    }
     nix::mount::mount(None::<&str>, dir, None::<&str>, flags, None::<&str>)
-        .with_context(|| format!("remounting {}", dir.display()))
+        .with_context(|| format!("remounting {}", dir.display()))?;
+    // The server learns the outcome from us: FUSE tells it nothing of a remount.
+    // It matters for what starts there: atime updates, and the commit before
+    // read-only. The atime options are the kernel's result (it keeps the old ones
+    // when none is given, and strictatime overrides noatime), read back.
+    let st =
+        nix::sys::statvfs::statvfs(dir).with_context(|| format!("statvfs of {}", dir.display()))?;
+    let f = st.flags();
+    use nix::sys::statvfs::FsFlags;
+    let atime = ubtrfs_fuse::AtimeOptions {
+        mode: if f.contains(FsFlags::ST_NOATIME) {
+            ubtrfs_fuse::AtimeMode::NoAtime
+        } else if f.contains(FsFlags::ST_RELATIME) {
+            ubtrfs_fuse::AtimeMode::Relatime
+        } else {
+            ubtrfs_fuse::AtimeMode::StrictAtime
+        },
+        nodiratime: f.contains(FsFlags::ST_NODIRATIME),
+    };
+    let d = std::fs::File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
+    ubtrfs_fuse::atime::client::remounted(&d, f.contains(FsFlags::ST_RDONLY), Some(atime))
+        .with_context(|| format!("telling the server of {} about the remount", dir.display()))
 }
 
 /// The image cannot be opened for writing (a read-only file, medium or mount), as

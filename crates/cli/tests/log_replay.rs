@@ -277,7 +277,8 @@ fn kernel_logs_replay_like_the_kernel() {
         // (b) Read-write: replayed into the image.
         let rw = dir.path().join(format!("{name}.rw.img"));
         copy(&crash, &rw);
-        let mut m = FuseMount::start(&UBTRFS, &[&rw], &["rw,ino=kernel"]);
+        // noatime, as the kernel's walks: the walk reads every file.
+        let mut m = FuseMount::start(&UBTRFS, &[&rw], &["rw,ino=kernel,noatime"]);
         let got = walk_mounted(&m.mnt);
         let st = m.unmount();
         assert!(st.success(), "{name}: rw mount exited {st}: {}", m.log());
@@ -551,7 +552,8 @@ fn ubtrfs_logs_replay_in_the_kernel() {
 
         let img = dir.path().join(format!("{name}.ubtrfs.img"));
         mkfs_btrfs(&img, 1 << 30, &[]);
-        let mut m = FuseMount::start(&UBTRFS, &[&img], &["rw,commit=300,ino=kernel"]);
+        // noatime: the walk of the fsynced state must not change it.
+        let mut m = FuseMount::start(&UBTRFS, &[&img], &["rw,commit=300,ino=kernel,noatime"]);
         // sync(2) never reaches a FUSE server: BTRFS_IOC_SYNC commits the setup.
         // btrfs-progs refuses a FUSE mount (statfs magic): the same through ubtrfs.
         let ubtrfs_setup = setup

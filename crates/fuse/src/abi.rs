@@ -88,9 +88,13 @@ pub(crate) mod init {
     pub(crate) const INIT_EXT: u32 = 1 << 30;
     /// In `flags2`: FUSE over io_uring (FUSE_OVER_IO_URING, bit 41 of the whole).
     pub(crate) const FLAGS2_OVER_IO_URING: u32 = 1 << (41 - 32);
+    /// In `flags2`: shared mmap of a file opened with FOPEN_DIRECT_IO
+    /// (FUSE_DIRECT_IO_ALLOW_MMAP, bit 36 of the whole).
+    pub(crate) const FLAGS2_DIRECT_IO_ALLOW_MMAP: u32 = 1 << (36 - 32);
 }
 
 /// fuse_open_out `open_flags`.
+pub(crate) const FOPEN_DIRECT_IO: u32 = 1 << 0;
 pub(crate) const FOPEN_KEEP_CACHE: u32 = 1 << 1;
 pub(crate) const FOPEN_CACHE_DIR: u32 = 1 << 3;
 

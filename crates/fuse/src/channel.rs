@@ -26,6 +26,9 @@ pub struct MountOptions {
     pub dev: bool,
     /// Mount read-only (MS_RDONLY), as `-o ro`.
     pub read_only: bool,
+    /// Shown in /proc/mounts as the kernel shows them (MS_NOATIME, MS_STRICTATIME,
+    /// MS_NODIRATIME); the server applies them itself (module `atime`).
+    pub atime: crate::AtimeOptions,
 }
 
 /// A mounted FUSE connection.
@@ -176,6 +179,19 @@ fn flags(o: &MountOptions) -> MsFlags {
     if !o.dev {
         f |= MsFlags::MS_NODEV;
     }
+    f | atime_ms_flags(o.atime)
+}
+
+/// The mount(2) flags of these atime options.
+pub fn atime_ms_flags(a: crate::AtimeOptions) -> MsFlags {
+    let mut f = match a.mode {
+        crate::AtimeMode::NoAtime => MsFlags::MS_NOATIME,
+        crate::AtimeMode::Relatime => MsFlags::MS_RELATIME,
+        crate::AtimeMode::StrictAtime => MsFlags::MS_STRICTATIME,
+    };
+    if a.nodiratime {
+        f |= MsFlags::MS_NODIRATIME;
+    }
     f
 }
 
@@ -243,6 +259,14 @@ fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<File> {
     }
     if o.allow_other {
         opts.push_str(",allow_other");
+    }
+    match o.atime.mode {
+        crate::AtimeMode::NoAtime => opts.push_str(",noatime"),
+        crate::AtimeMode::StrictAtime => opts.push_str(",strictatime"),
+        crate::AtimeMode::Relatime => {}
+    }
+    if o.atime.nodiratime {
+        opts.push_str(",nodiratime");
     }
     let mut mp = OsString::new();
     mp.push(mountpoint.as_os_str());

@@ -24,6 +24,7 @@
 
 mod abi;
 mod acl;
+pub mod atime;
 pub mod balance_ops;
 mod channel;
 mod ino;
@@ -39,7 +40,8 @@ mod uring;
 mod write_ops;
 mod writer;
 
-pub use channel::MountOptions;
+pub use atime::{AtimeFlags, AtimeMode, AtimeOptions};
+pub use channel::{atime_ms_flags, MountOptions};
 pub use ino::InoMode;
 pub use session::{Session, Tuning};
 
@@ -67,6 +69,8 @@ pub struct Config {
     pub ttl: Duration,
     /// What st_ino shows.
     pub ino: InoMode,
+    /// When reads update atime (read-write mounts).
+    pub atime: AtimeOptions,
     /// Request sizes, readahead and threads.
     pub tuning: Tuning,
 }
@@ -82,10 +86,12 @@ impl Config {
                 suid: false,
                 dev: false,
                 read_only: true,
+                atime: AtimeOptions::default(),
             },
             root,
             ttl: DEFAULT_TTL,
             ino: InoMode::Unique,
+            atime: AtimeOptions::default(),
             tuning: Tuning {
                 max_read: 1 << 20,
                 readahead_kb: Some(4096),
@@ -120,6 +126,7 @@ pub fn mount(engine: Engine, mountpoint: &Path, cfg: &Config) -> std::io::Result
             root: cfg.root,
             ttl: cfg.ttl,
             ino: cfg.ino,
+            atime: cfg.atime,
         },
     );
     let ch = Channel::mount(mountpoint, &cfg.mount)?;

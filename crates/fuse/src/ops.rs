@@ -7,6 +7,7 @@
 //! read-only one.
 
 use crate::abi::{self, op, Args, Attr, InHeader, Out};
+use crate::atime::{Atime, AtimeMode, AtimeOptions};
 use crate::ino::{InoMap, InoMode};
 use crate::nodes::{NodeKey, Nodes};
 use crate::reply::Reply;
@@ -17,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 use ubtrfs_core::Stat;
 use ubtrfs_core::{fsflags_to_xflags, inode_flags_to_fsflags};
-use ubtrfs_core::{Error, Node};
+use ubtrfs_core::{now, Error, Node};
 
 use crate::writer::Engine;
 use ubtrfs_format::consts::*;
@@ -57,6 +58,8 @@ pub struct OpsConfig {
     /// How long the kernel may cache attributes, names and negative lookups.
     pub ttl: Duration,
     pub ino: InoMode,
+    /// When reads update atime (read-write only).
+    pub atime: AtimeOptions,
 }
 
 struct OpenFile {
@@ -86,6 +89,14 @@ pub struct Ops {
     pub(crate) setxattr_ext: AtomicBool,
     /// st_ino of every file (module `ino`).
     ino: InoMap,
+    /// When reads and listings update atime; a remount may change it.
+    pub(crate) atime: Atime,
+    /// The kernel maps files opened with FOPEN_DIRECT_IO shared too
+    /// (FUSE_DIRECT_IO_ALLOW_MMAP): an empty file may then be opened that way.
+    direct_io_mmap: AtomicBool,
+    /// Remounted read-only (`mount -o remount,ro`): the kernel refuses changes
+    /// itself, and atime updates, which start here, stop too.
+    pub(crate) remounted_ro: AtomicBool,
     /// Read-write mount: the read-only subvolumes (`btrfs subvolume snapshot -r`,
     /// `btrfs property set ... ro true`), where every change is EROFS, as on the
     /// kernel. Grows when a read-only snapshot is made through the mount.
@@ -110,6 +121,9 @@ const DT_DIR: u32 = 4;
 
 const O_ACCMODE: u32 = 0o3;
 const O_TRUNC: u32 = 0o1000;
+/// open(2)'s O_NOATIME: reads through this descriptor leave atime (the kernel lets
+/// only the owner or CAP_FOWNER set it, checked before the flag reaches us).
+const O_NOATIME: u32 = 0o1000000;
 
 const SEEK_DATA: u32 = 3;
 const SEEK_HOLE: u32 = 4;
@@ -157,6 +171,9 @@ impl Ops {
         Ops {
             nodes: Nodes::new(cfg.root),
             ino,
+            atime: Atime::new(cfg.atime),
+            remounted_ro: AtomicBool::new(false),
+            direct_io_mmap: AtomicBool::new(false),
             ro_subvols: RwLock::new(ro_subvols),
             engine,
             files: RwLock::new(HashMap::new()),
@@ -175,7 +192,11 @@ impl Ops {
     }
 
     /// Called with the kernel's INIT flags, before any other request.
-    pub fn set_kernel_flags(&self, flags: u32) {
+    pub fn set_kernel_flags(&self, flags: u32, flags2: u32) {
+        self.direct_io_mmap.store(
+            flags2 & abi::init::FLAGS2_DIRECT_IO_ALLOW_MMAP != 0,
+            Ordering::Relaxed,
+        );
         // Without OPEN requests, opening a file for writing cannot be refused; a
         // read-only subvolume needs that (EROFS at open, as the kernel answers).
         self.no_open.store(
@@ -548,7 +569,15 @@ impl Ops {
             .read_metadata(|fs| fs.readlink(node))
             .and_then(|t| lost_since(before, "its target").map(|()| t))
         {
-            Ok(t) => reply.ok(&t),
+            Ok(t) => {
+                // Reading a link (and following one) touches its atime on the kernel.
+                if self.atime_applies(node) {
+                    if let Ok(i) = self.engine.read(|fs| fs.inode_item(node)) {
+                        self.accessed(node, &i, false);
+                    }
+                }
+                reply.ok(&t)
+            }
             Err(e) => {
                 self.log_error(h.nodeid, node, "readlink", &e);
                 reply.error(e.errno())
@@ -590,6 +619,27 @@ impl Ops {
                 return reply.error(e);
             }
         }
+        // A read that must update atime has to reach us: the kernel then drops the
+        // pages it holds (module `atime`).
+        let keep = if flags & O_NOATIME == 0
+            && self.atime_applies(node)
+            && self.atime.wants_read(&inode, now())
+        {
+            // An empty file's read never reaches us otherwise (the kernel answers
+            // reads at the end of file itself); read-only opens only, and only
+            // where a shared mapping still works.
+            if inode.size == 0
+                && kind == S_IFREG
+                && flags & O_ACCMODE == 0
+                && self.direct_io_mmap.load(Ordering::Relaxed)
+            {
+                abi::FOPEN_DIRECT_IO
+            } else {
+                0
+            }
+        } else {
+            abi::FOPEN_KEEP_CACHE
+        };
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         let f = Arc::new(OpenFile {
             nodeid: h.nodeid,
@@ -600,7 +650,7 @@ impl Ops {
             m.insert(fh, f);
         }
         let mut o = Out::with_capacity(16);
-        o.u64(fh).u32(abi::FOPEN_KEEP_CACHE).u32(0);
+        o.u64(fh).u32(keep).u32(0);
         reply.ok(&o.buf);
     }
 
@@ -629,6 +679,8 @@ impl Ops {
         let (Some(fh), Some(offset), Some(size)) = (a.u64(), a.u64(), a.u32()) else {
             return reply.error(errno::EINVAL);
         };
+        // fuse_read_in goes on with read_flags, lock_owner, and the file's open flags.
+        let open_flags = a.skip(4 + 8).and_then(|()| a.u32()).unwrap_or(0);
         let f = match self.file(h, fh) {
             Ok(f) => f,
             Err(e) => return reply.error(e),
@@ -643,7 +695,14 @@ impl Ops {
             })
             .and_then(|d| lost_since(before, "the extent items of this range").map(|()| d))
         {
-            Ok(data) => reply.ok(&data),
+            Ok(data) => {
+                // Before the answer: the kernel asks for attributes again right after
+                // a read (fuse_invalidate_atime), and must see the new atime.
+                if open_flags & O_NOATIME == 0 {
+                    self.accessed(f.node, &f.inode, false);
+                }
+                reply.ok(&data);
+            }
             Err(e) => {
                 self.log_error(f.nodeid, f.node, &format!("read at offset {offset}"), &e);
                 reply.error(e.errno())
@@ -808,8 +867,43 @@ impl Ops {
         match r {
             // Entries already encoded are returned even if a later one failed.
             Err(e) if o.is_empty() => reply.error(e.errno()),
-            _ => reply.ok(&o.buf),
+            _ => {
+                if self.atime_applies(dir) && !self.atime.get().nodiratime {
+                    if let Ok(i) = self.engine.read(|fs| fs.inode_item(dir)) {
+                        self.accessed(dir, &i, true);
+                    }
+                }
+                reply.ok(&o.buf);
+            }
         }
+    }
+
+    /// `mount -o remount` told us the mount's new flags (module `atime`). Only root
+    /// or the mount's owner may say so. Read-only, the transaction is committed, as
+    /// the kernel's btrfs does when remounted read-only.
+    fn remounted(&self, h: &InHeader, input: &[u8]) -> Result<(), i32> {
+        if h.uid != 0 && h.uid != nix::unistd::geteuid().as_raw() {
+            return Err(errno::EPERM);
+        }
+        let r = crate::atime::parse_remount(input).ok_or(errno::EINVAL)?;
+        if let Some(a) = r.atime {
+            self.atime.set(a);
+        }
+        self.remounted_ro.store(r.read_only, Ordering::Relaxed);
+        if let (true, Engine::ReadWrite(w)) = (r.read_only, &self.engine) {
+            w.commit()?;
+        }
+        Ok(())
+    }
+
+    /// Whether reads of `node` may update atime at all: a read-write mount (not
+    /// remounted read-only), outside read-only subvolumes.
+    pub(crate) fn atime_applies(&self, node: Node) -> bool {
+        self.engine.writable()
+            && !self.remounted_ro.load(Ordering::Relaxed)
+            && !node.is_placeholder()
+            && !self.read_only_subvol(node.root)
+            && self.atime.get().mode != AtimeMode::NoAtime
     }
 
     fn statfs(&self, reply: Reply<'_>) {
@@ -946,6 +1040,16 @@ impl Ops {
             return reply.ok(&o.buf);
         }
         let input = a.rest().get(..in_size as usize).unwrap_or_default();
+        if cmd == crate::atime::UBTRFS_IOC_REMOUNT {
+            return match self.remounted(h, input) {
+                Ok(()) => {
+                    let mut o = Out::with_capacity(16);
+                    o.i32(0).u32(0).u32(0).u32(0);
+                    reply.ok(&o.buf)
+                }
+                Err(e) => reply.error(e),
+            };
+        }
         // The btrfs ioctls that answer with bytes: (result, the bytes copied back,
         // at most `out_size`).
         let answered = if crate::balance_ops::is_balance_ioctl(cmd) {
@@ -1017,6 +1121,9 @@ impl Ops {
                 if let Err(e) = self.setflags(w, h, node, cmd, input) {
                     return reply.error(e);
                 }
+                // The change moved ctime, and the kernel does not drop the attributes
+                // it caches after an ioctl: `chattr +i f; stat f` would show the old.
+                crate::reply::inval_inode(reply.channel(), h.nodeid, -1);
                 Vec::new()
             }
             _ => return reply.error(errno::ENOTTY),

@@ -135,11 +135,11 @@ impl Session {
             let uring = self.tuning.uring_threads_per_cpu > 0
                 && flags2 & init::FLAGS2_OVER_IO_URING != 0
                 && crate::uring::possible_cpus().is_some();
-            let (ext, flags2_out) = if uring {
-                (init::INIT_EXT, init::FLAGS2_OVER_IO_URING)
-            } else {
-                (0, 0)
-            };
+            let mut flags2_out = flags2 & init::FLAGS2_DIRECT_IO_ALLOW_MMAP;
+            if uring {
+                flags2_out |= init::FLAGS2_OVER_IO_URING;
+            }
+            let ext = if flags2_out != 0 { init::INIT_EXT } else { 0 };
             o.u32(abi::KERNEL_VERSION)
                 .u32(minor.min(abi::KERNEL_MINOR_VERSION))
                 .u32(max_readahead.max(self.tuning.max_read))
@@ -153,7 +153,7 @@ impl Session {
                 .u32(flags2_out)
                 .u32(0) // max_stack_depth
                 .zeros(24);
-            self.ops.set_kernel_flags(flags);
+            self.ops.set_kernel_flags(flags, flags2_out);
             let body = if minor < 23 { &o.buf[..24] } else { &o.buf[..] };
             reply.ok(body);
             return Ok(uring);

@@ -291,6 +291,27 @@ impl Ops {
     /// which must be in a writable subvolume (EROFS otherwise, as the kernel's
     /// btrfs_permission and btrfs_setattr answer) and be a real inode (not the
     /// empty placeholder of a subvolume seen inside a snapshot).
+    /// After a read or a listing of `node` (whose inode item was `inode`): a new
+    /// atime when the mount's rule asks for one (module `atime`). Best effort, as
+    /// the kernel's touch_atime: without space, or on an aborted mount, atime stays.
+    pub(crate) fn accessed(&self, node: Node, inode: &InodeItem, is_dir: bool) {
+        let crate::writer::Engine::ReadWrite(w) = &self.engine else {
+            return;
+        };
+        let t0 = now();
+        if !self.atime_applies(node) || !self.atime.needs_update(inode, is_dir, t0) {
+            return;
+        }
+        let _ = w.change_reserved("atime", Reservation::items(1), |t| {
+            // Again under the lock: another reader may have just done it.
+            let i = t.read_inode(node.root, node.ino)?;
+            if self.atime.needs_update(&i, is_dir, t0) {
+                t.set_atime(node.root, node.ino, t0)?;
+            }
+            Ok(())
+        });
+    }
+
     pub(crate) fn changeable(&self, nodeid: u64) -> Result<Node, i32> {
         let n = self.node_key(nodeid)?.node;
         if self.read_only_subvol(n.root) {

@@ -312,28 +312,12 @@ pub fn walk_mounted(root: &Path) -> BTreeMap<String, Value> {
     let mut out = BTreeMap::new();
     let mut stack = vec![("/".to_string(), root.to_path_buf())];
     while let Some((path, host)) = stack.pop() {
-        let md = std::fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
-        let ty = file_type_name(md.file_type());
-        let mut v = serde_json::json!({
-            "type": ty, "ino": md.ino(), "mode": md.mode(), "nlink": md.nlink(),
-            "uid": md.uid(), "gid": md.gid(), "rdev": md.rdev(), "size": md.size(),
-            "blocks": md.blocks(),
-            "atime": ts(md.atime(), md.atime_nsec()),
-            "mtime": ts(md.mtime(), md.mtime_nsec()),
-            "ctime": ts(md.ctime(), md.ctime_nsec()),
-            "crtime": md.created().ok().map(systime),
-        });
-        let mut x = serde_json::Map::new();
-        for n in xattr::list(&host).unwrap_or_else(|e| panic!("listxattr {path}: {e}")) {
-            let val = xattr::get(&host, &n)
-                .unwrap_or_else(|e| panic!("getxattr {path}: {e}"))
-                .unwrap_or_default();
-            x.insert(
-                String::from_utf8_lossy(n.as_bytes()).into(),
-                hex(&val).into(),
-            );
-        }
-        v["xattrs"] = Value::Object(x);
+        let first =
+            std::fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
+        let ty = file_type_name(first.file_type());
+        // Contents, link target and listing first, stat after: reading them may give
+        // a new atime (relatime on a read-write mount), which the stat then shows.
+        let mut v = serde_json::json!({});
         match ty {
             "file" => {
                 let data = std::fs::read(&host).unwrap_or_else(|e| panic!("read {path}: {e}"));
@@ -358,6 +342,30 @@ pub fn walk_mounted(root: &Path) -> BTreeMap<String, Value> {
             }
             _ => {}
         }
+        let md = std::fs::symlink_metadata(&host).unwrap_or_else(|e| panic!("lstat {path}: {e}"));
+        let stat = serde_json::json!({
+            "type": ty, "ino": md.ino(), "mode": md.mode(), "nlink": md.nlink(),
+            "uid": md.uid(), "gid": md.gid(), "rdev": md.rdev(), "size": md.size(),
+            "blocks": md.blocks(),
+            "atime": ts(md.atime(), md.atime_nsec()),
+            "mtime": ts(md.mtime(), md.mtime_nsec()),
+            "ctime": ts(md.ctime(), md.ctime_nsec()),
+            "crtime": md.created().ok().map(systime),
+        });
+        if let (Value::Object(v), Value::Object(stat)) = (&mut v, stat) {
+            v.extend(stat);
+        }
+        let mut x = serde_json::Map::new();
+        for n in xattr::list(&host).unwrap_or_else(|e| panic!("listxattr {path}: {e}")) {
+            let val = xattr::get(&host, &n)
+                .unwrap_or_else(|e| panic!("getxattr {path}: {e}"))
+                .unwrap_or_default();
+            x.insert(
+                String::from_utf8_lossy(n.as_bytes()).into(),
+                hex(&val).into(),
+            );
+        }
+        v["xattrs"] = Value::Object(x);
         out.insert(path, v);
     }
     out

@@ -233,6 +233,17 @@ impl Trans {
         })
     }
 
+    /// Sets an inode's access time and nothing else, as the kernel's atime update
+    /// (btrfs_update_time with S_ATIME): ctime and the sequence (i_version) stay,
+    /// the item's transid becomes this transaction's. The mount decides when
+    /// (relatime, strictatime); this only writes.
+    pub fn set_atime(&mut self, root: u64, ino: u64, atime: Timespec) -> Result<()> {
+        let mut i = self.read_inode(root, ino)?;
+        i.atime = atime;
+        i.transid = self.transid;
+        self.write_inode(root, ino, &i)
+    }
+
     pub(crate) fn touch(&mut self, i: &mut InodeItem, t: Timespec, mtime: bool) {
         i.ctime = t;
         if mtime {
