@@ -260,13 +260,10 @@ fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<File> {
     if o.allow_other {
         opts.push_str(",allow_other");
     }
-    match o.atime.mode {
-        crate::AtimeMode::NoAtime => opts.push_str(",noatime"),
-        crate::AtimeMode::StrictAtime => opts.push_str(",strictatime"),
-        crate::AtimeMode::Relatime => {}
-    }
-    if o.atime.nodiratime {
-        opts.push_str(",nodiratime");
+    // fusermount3 (3.14) knows noatime but not strictatime or nodiratime: those the
+    // server applies all the same; /proc/mounts then shows relatime.
+    if o.atime.mode == crate::AtimeMode::NoAtime {
+        opts.push_str(",noatime");
     }
     let mut mp = OsString::new();
     mp.push(mountpoint.as_os_str());
