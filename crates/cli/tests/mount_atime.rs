@@ -144,6 +144,8 @@ fn atime_follows_the_kernels_rules() {
         "read it again: ---",
         "list a new directory: A--",
         "strictatime: read again: A--",
+        "strictatime: readlink again: A--",
+        "list it with O_NOATIME: ---",
         "nodiratime: list a changed directory: ---",
         "noatime: read a new file: ---",
         "read-only snapshot: read: ---",

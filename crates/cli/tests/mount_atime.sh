@@ -21,6 +21,9 @@ step() {
     [ "$a3" != "$b3" ] && r+=C || r+=-
     echo "$label: $r"
 }
+noatime_list() {
+    python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY|os.O_DIRECTORY|os.O_NOATIME); list(os.scandir(fd))' "$1"
+}
 noatime_read() {
     python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY|os.O_NOATIME); os.read(fd, 100)' "$1"
 }
@@ -58,6 +61,8 @@ step "read an immutable file" fi cat fi
 chattr -i fi
 step "new entry in the directory" d touch d/new
 step "look a name up in it" d stat d/g
+step "list it with O_NOATIME" d noatime_list d
+step "list it after that" d ls d
 
 eval "$REMOUNT strictatime"
 step "strictatime: read" f cat f
@@ -65,6 +70,8 @@ step "strictatime: read again" f cat f
 step "strictatime: list" d ls d
 step "strictatime: list again" d ls d
 step "strictatime: readlink" l readlink l
+step "strictatime: readlink again" l readlink l
+step "strictatime: follow the link" l cat l
 
 eval "$REMOUNT nodiratime"
 touch d/new2

@@ -781,6 +781,8 @@ impl Ops {
         let (Some(fh), Some(offset), Some(size)) = (a.u64(), a.u64(), a.u32()) else {
             return reply.error(errno::EINVAL);
         };
+        // As for READ: the directory's open flags end fuse_read_in.
+        let open_flags = a.skip(4 + 8).and_then(|()| a.u32()).unwrap_or(0);
         let key = match self.node(h.nodeid) {
             Ok(k) => k,
             Err(e) => return reply.error(e),
@@ -868,7 +870,10 @@ impl Ops {
             // Entries already encoded are returned even if a later one failed.
             Err(e) if o.is_empty() => reply.error(e.errno()),
             _ => {
-                if self.atime_applies(dir) && !self.atime.get().nodiratime {
+                if open_flags & O_NOATIME == 0
+                    && self.atime_applies(dir)
+                    && !self.atime.get().nodiratime
+                {
                     if let Ok(i) = self.engine.read(|fs| fs.inode_item(dir)) {
                         self.accessed(dir, &i, true);
                     }

@@ -121,7 +121,6 @@ impl Session {
                 // directory has a default ACL (write_ops.rs new_inode).
                 | init::DONT_MASK
                 | init::MAX_PAGES
-                | init::CACHE_SYMLINKS
                 // No GETXATTR of security.capability before every write and no
                 // GETATTR before every chown: the server clears setuid/setgid.
                 | init::HANDLE_KILLPRIV_V2
@@ -129,6 +128,14 @@ impl Session {
                 // without CAP_FSETID drops setgid: the kernel says so in the request.
                 | init::SETXATTR_EXT
                 | init::EXPORT_SUPPORT;
+            // Read-only, link targets stay in the kernel's page cache. Read-write,
+            // every readlink and link followed comes to us: it may update the link's
+            // atime (module `atime`), which a cached target would skip.
+            let want = if self.ops.engine.writable() {
+                want
+            } else {
+                want | init::CACHE_SYMLINKS
+            };
             let page = 4096u32;
             let max_pages = (self.tuning.max_read.div_ceil(page)).clamp(1, 256) as u16;
             // The kernel offers io_uring only with its enable_uring parameter set.

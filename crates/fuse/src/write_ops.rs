@@ -298,20 +298,23 @@ impl Ops {
         let crate::writer::Engine::ReadWrite(w) = &self.engine else {
             return;
         };
-        let t0 = now();
-        if !self.atime_applies(node) || !self.atime.needs_update(inode, is_dir, t0) {
+        if !self.atime_applies(node) || !self.atime.needs_update(inode, is_dir, now()) {
             return;
         }
-        let _ = w.change_reserved("atime", Reservation::items(1), |t| {
-            // Again under the lock: another reader may have just done it.
+        let _ = w.change_inode_only("atime", |t| {
+            // Again under the lock, and the time taken there: another reader may
+            // have just done it, and atime must not go back.
             let i = t.read_inode(node.root, node.ino)?;
-            if self.atime.needs_update(&i, is_dir, t0) {
-                t.set_atime(node.root, node.ino, t0)?;
+            let t1 = now();
+            if self.atime.needs_update(&i, is_dir, t1) {
+                t.set_atime(node.root, node.ino, t1)?;
             }
             Ok(())
         });
     }
 
+    /// The node a change applies to: EROFS in a read-only subvolume, EPERM for the
+    /// placeholder of a subvolume inside a snapshot.
     pub(crate) fn changeable(&self, nodeid: u64) -> Result<Node, i32> {
         let n = self.node_key(nodeid)?.node;
         if self.read_only_subvol(n.root) {

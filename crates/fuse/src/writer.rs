@@ -404,6 +404,27 @@ impl Writer {
         need: Reservation,
         f: impl FnOnce(&mut Trans) -> ubtrfs_core::Result<R>,
     ) -> Result<R, i32> {
+        self.change_inner(what, need, true, f)
+    }
+
+    /// A change of inode items alone that written data waiting for extents does not
+    /// need to precede (an access time: that data's later write keeps it), so the
+    /// delayed runs stay whole.
+    pub fn change_inode_only<R>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&mut Trans) -> ubtrfs_core::Result<R>,
+    ) -> Result<R, i32> {
+        self.change_inner(what, Reservation::items(1), false, f)
+    }
+
+    fn change_inner<R>(
+        &self,
+        what: &str,
+        need: Reservation,
+        flush_first: bool,
+        f: impl FnOnce(&mut Trans) -> ubtrfs_core::Result<R>,
+    ) -> Result<R, i32> {
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EROFS);
         }
@@ -411,7 +432,9 @@ impl Writer {
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EROFS);
         }
-        self.flush(&mut t)?;
+        if flush_first {
+            self.flush(&mut t)?;
+        }
         match t.reserve(need) {
             Ok(()) => {}
             // Refused before anything changed: the mount goes on.
