@@ -160,6 +160,33 @@ posix_fadvise = 1
 copy_file_range = 3
 "#;
 
+/// The operation number when fsx stopped on its own zero-length posix_fallocate (the
+/// last operation of its log dump, answered EINVAL by the VFS before any filesystem
+/// sees it), else None.
+fn fsx_zero_length_fallocate(text: &str) -> Option<u64> {
+    if !text.contains("Test file system does not support posix_fallocate.") {
+        return None;
+    }
+    let last = text.lines().rev().find(|l| l.starts_with("[ERROR fsx] "))?;
+    let mut words = last.trim_start_matches("[ERROR fsx] ").split_whitespace();
+    let at = words.next()?.parse().ok()?;
+    (words.next() == Some("POSIX_FALLOCATE") && last.ends_with("(    0x0 bytes)")).then_some(at)
+}
+
+#[test]
+fn fsx_zero_length_fallocate_is_recognised() {
+    let dump = "Test file system does not support posix_fallocate.\n\
+                [ERROR fsx] 154648 MAPWRITE  0x9c733 =>  0x9ed5c ( 0x2629 bytes)\n\
+                [ERROR fsx] 154649 POSIX_FALLOCATE  0x3dbf1 =>  0x3dbf0 (    0x0 bytes)\n";
+    assert_eq!(fsx_zero_length_fallocate(dump), Some(154_649));
+    let real = dump.replace("(    0x0 bytes)", "( 0x6f1f bytes)");
+    assert_eq!(fsx_zero_length_fallocate(&real), None);
+    assert_eq!(
+        fsx_zero_length_fallocate("[ERROR fsx] 12 READ bad data"),
+        None
+    );
+}
+
 #[test]
 fn fsx_on_the_rw_mount() {
     if !require_fuse("fsx_on_the_rw_mount") {
@@ -200,11 +227,23 @@ fn fsx_on_the_rw_mount() {
             .output()
             .expect("fsx");
         let text = output_text(&o);
-        assert!(
-            o.status.success(),
-            "fsx seed {seed} ({opts}), {ops} ops: {text}\nserver: {}",
-            fm.log()
-        );
+        if let Some(at) = fsx_zero_length_fallocate(&text) {
+            // fsx 0.3.2 draws a length of 0 now and then; posix_fallocate(2) of 0
+            // bytes is EINVAL from the VFS on every filesystem, and fsx stops. The
+            // kernel's btrfs stops at the same operation (seed 3 at 154,649 with
+            // compress=zstd, checked in session 15); what came before was verified.
+            eprintln!(
+                "fsx seed {seed} ({opts}): stopped by fsx at operation {at} (a zero-length \
+                 posix_fallocate, EINVAL on every filesystem); the {} operations before it passed",
+                at - 1
+            );
+        } else {
+            assert!(
+                o.status.success(),
+                "fsx seed {seed} ({opts}), {ops} ops: {text}\nserver: {}",
+                fm.log()
+            );
+        }
         if nocow {
             let o = Command::new("lsattr")
                 .arg(fm.mnt.join("fsx-file"))
