@@ -12,9 +12,10 @@
 //! btrfs_update_time refuses there), or for an inode with the `A` flag
 //! (BTRFS_INODE_NOATIME). Reads served from the kernel's page cache never reach
 //! the server, so OPEN drops the cache when the next read must update atime
-//! ([`Atime::wants_read`]): then that read arrives. Left as a difference: a read
-//! at or past the end of file (an empty file) is answered by the kernel without
-//! a request, so it updates nothing here, where the kernel's btrfs updates atime.
+//! (`Atime::wants_read`): then that read arrives. A read at the end of file is
+//! answered by the kernel without a request too, so an empty file is opened for
+//! direct reads. Left as a difference: a read through a descriptor opened before
+//! the file's last change may be served from the cache and update nothing.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use ubtrfs_format::consts::INODE_NOATIME;
