@@ -1038,7 +1038,11 @@ impl Trans {
             .into_iter()
             .map(|(k, fe)| {
                 let len = match fe.body {
-                    FileExtentBody::Inline { .. } => fe.ram_bytes.next_multiple_of(ss),
+                    // A compressed inline extent's claim is not bounded by its item.
+                    FileExtentBody::Inline { .. } => fe
+                        .ram_bytes
+                        .min(ubtrfs_compress::MAX_UNCOMPRESSED as u64)
+                        .next_multiple_of(ss),
                     FileExtentBody::Regular { num_bytes, .. } => num_bytes,
                 };
                 (k.offset, k.offset + len)
@@ -1074,6 +1078,13 @@ impl Trans {
             .map_err(|e| Error::corrupt(format!("inode {ino} inline extent: {e}")))?;
         drop(it);
         let len = fe.ram_bytes;
+        // The tree checker holds uncompressed inline extents to their item's size; a
+        // compressed one's claim is checked here, before it sizes a buffer.
+        if len > ubtrfs_compress::MAX_UNCOMPRESSED as u64 {
+            return Err(Error::corrupt(format!(
+                "inode {ino}: inline extent claims {len} bytes uncompressed"
+            )));
+        }
         let view = InodeItem {
             size: len,
             ..inode.clone()

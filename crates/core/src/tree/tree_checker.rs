@@ -304,7 +304,22 @@ fn check_file_extent(ctx: &CheckCtx, key: &Key, data: &[u8]) -> std::result::Res
         return Err("encrypted or encoded extent".into());
     }
     match data[20] {
-        FILE_EXTENT_INLINE => Ok(()),
+        // The kernel's check_extent_data_item: an inline extent starts the file, and
+        // uncompressed it holds exactly ram_bytes of data (a larger claim would be
+        // believed when the extent is read back or converted to a regular one).
+        FILE_EXTENT_INLINE => {
+            if key.offset != 0 {
+                return Err(format!("inline extent at file offset {}", key.offset));
+            }
+            let ram_bytes = u64::from_le_bytes(data[8..16].try_into().unwrap_or([0; 8]));
+            let held = (data.len() - FILE_EXTENT_INLINE_DATA_START) as u64;
+            if compression == 0 && ram_bytes != held {
+                return Err(format!(
+                    "uncompressed inline extent claims {ram_bytes} bytes but holds {held}"
+                ));
+            }
+            Ok(())
+        }
         FILE_EXTENT_REG | FILE_EXTENT_PREALLOC => {
             if data.len() != FILE_EXTENT_SIZE {
                 return Err(format!("regular extent item size {} != 53", data.len()));
