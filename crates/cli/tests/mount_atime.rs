@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use ubtrfs_sim::golden::walk_mounted;
 use ubtrfs_sim::host::{bash_ok, output_text, require_fuse, serial};
-use ubtrfs_sim::mount::{is_mounted, kernel_round_trip, mkfs_btrfs, KernelMount};
+use ubtrfs_sim::mount::{is_mounted, kernel_round_trip, mkfs_btrfs, HelperLink, KernelMount};
 
 const SEQUENCE: &str = include_str!("mount_atime.sh");
 
@@ -23,28 +23,6 @@ fn run_sequence(dir: &Path, remount: &str, snapshot: &str, what: &str) -> String
     // Single quotes: $1 belongs to the functions, not to the assignment.
     let script = format!("REMOUNT='{remount}'\nSNAPSHOT='{snapshot}'\n{SEQUENCE}");
     bash_ok(dir, &script).unwrap_or_else(|e| panic!("the sequence on {what}: {e}"))
-}
-
-/// The mount helper link, made for the test if missing, removed on drop.
-struct HelperLink(Option<PathBuf>);
-
-impl HelperLink {
-    fn ensure() -> HelperLink {
-        let helper = Path::new("/sbin/mount.fuse.ubtrfs");
-        if helper.exists() {
-            return HelperLink(None);
-        }
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ubtrfs"), helper).expect("helper link");
-        HelperLink(Some(helper.to_path_buf()))
-    }
-}
-
-impl Drop for HelperLink {
-    fn drop(&mut self) {
-        if let Some(p) = &self.0 {
-            let _ = std::fs::remove_file(p);
-        }
-    }
 }
 
 /// A `mount -t fuse.ubtrfs` mount, unmounted on drop (also when the test fails).
@@ -82,7 +60,7 @@ fn atime_follows_the_kernels_rules() {
     );
     k.umount();
 
-    let _link = HelperLink::ensure();
+    let _link = HelperLink::ensure(Path::new(env!("CARGO_BIN_EXE_ubtrfs")));
     let uimg = dir.path().join("u.img");
     mkfs_btrfs(&uimg, 1 << 30, &[]);
     let umnt = dir.path().join("m");

@@ -286,27 +286,12 @@ fn rw_mount_refuses_what_the_kernel_refuses() {
     );
 }
 
-/// Removes the mount helper link on drop.
-struct HelperLink(std::path::PathBuf);
-
-impl Drop for HelperLink {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 #[test]
 fn mount_t_fuse_ubtrfs_through_the_helper() {
     if !require_fuse("mount_t_fuse_ubtrfs_through_the_helper") {
         return;
     }
-    let helper = Path::new("/sbin/mount.fuse.ubtrfs");
-    let _link = if helper.exists() {
-        None
-    } else {
-        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_ubtrfs"), helper).expect("helper link");
-        Some(HelperLink(helper.to_path_buf()))
-    };
+    let _link = ubtrfs_sim::mount::HelperLink::ensure(Path::new(env!("CARGO_BIN_EXE_ubtrfs")));
     let dir = tempfile::tempdir().expect("tempdir");
     let img = fresh_image(dir.path(), "a.img");
     let mnt = dir.path().join("m");

@@ -831,7 +831,14 @@ impl Ops {
                 abi::encode_dirent(&mut o, *ino, next, DT_DIR, name);
             }
         }
+        // The directory's inode item for its atime, read under the listing's lock.
+        let atime_wanted =
+            open_flags & O_NOATIME == 0 && self.atime_applies(dir) && !self.atime.get().nodiratime;
+        let mut dir_inode = None;
         let r = self.engine.read(|fs| {
+            if atime_wanted {
+                dir_inode = fs.inode_item(dir).ok();
+            }
             fs.readdir_from(dir, offset.max(2), |e| {
                 if e.index >= end {
                     return Ok(false);
@@ -870,13 +877,8 @@ impl Ops {
             // Entries already encoded are returned even if a later one failed.
             Err(e) if o.is_empty() => reply.error(e.errno()),
             _ => {
-                if open_flags & O_NOATIME == 0
-                    && self.atime_applies(dir)
-                    && !self.atime.get().nodiratime
-                {
-                    if let Ok(i) = self.engine.read(|fs| fs.inode_item(dir)) {
-                        self.accessed(dir, &i, true);
-                    }
+                if let Some(i) = &dir_inode {
+                    self.accessed(dir, i, true);
                 }
                 reply.ok(&o.buf);
             }

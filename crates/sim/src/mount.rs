@@ -218,6 +218,31 @@ impl Default for ScratchBtrfs {
     }
 }
 
+/// The mount helper `/sbin/mount.fuse.ubtrfs` (for `mount -t fuse.ubtrfs`), linked to
+/// `bin` for a test if missing and removed again on drop; an existing one is kept.
+#[derive(Debug)]
+pub struct HelperLink(Option<PathBuf>);
+
+impl HelperLink {
+    /// Makes the link unless it is there.
+    pub fn ensure(bin: &Path) -> HelperLink {
+        let helper = Path::new("/sbin/mount.fuse.ubtrfs");
+        if helper.exists() {
+            return HelperLink(None);
+        }
+        std::os::unix::fs::symlink(bin, helper).expect("mount helper link");
+        HelperLink(Some(helper.to_path_buf()))
+    }
+}
+
+impl Drop for HelperLink {
+    fn drop(&mut self) {
+        if let Some(p) = &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 /// Unmounts a FUSE mount like a user would (`fusermount3 -u`, else `umount -l`).
 pub fn fuse_unmount(mnt: &Path) {
     if is_mounted(mnt) {
