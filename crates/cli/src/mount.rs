@@ -342,10 +342,6 @@ pub fn run(args: MountArgs) -> Result<()> {
     cfg.ino = o.ino;
     cfg.atime = o.atime.options();
     cfg.mount.atime = o.atime.options();
-    if engine.writable() {
-        // Names and attributes change: the kernel revalidates after a second.
-        cfg.ttl = std::time::Duration::from_secs(1);
-    }
     if let Some(s) = o.ttl {
         cfg.ttl = std::time::Duration::from_secs(s);
     }

@@ -102,7 +102,15 @@ impl Config {
     }
 }
 
-/// The image never changes under a read-only mount, so the kernel may cache for long.
+/// How long the kernel may cache names and attributes, read-only and read-write alike.
+/// Nothing changes the image behind the kernel's back: a mount holds the image's
+/// lock, and every change reaches the server through this mount's VFS, which keeps
+/// its caches right (FUSE's own rules: a create or unlink marks the directory's
+/// attributes stale, a write the file's, a read its atime). The changes the server
+/// makes by itself are the ioctls, and each is followed by a notification: a
+/// subvolume created or deleted drops that name (NOTIFY_INVAL_ENTRY), chattr the
+/// inode's attributes (NOTIFY_INVAL_INODE). A one-second time on the read-write mount
+/// cost a LOOKUP per name again (`rm` of 50,000 files: 3.2 s against 2.0 s).
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Threads serving requests.
 pub const DEFAULT_THREADS: usize = 8;
