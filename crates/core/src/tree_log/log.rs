@@ -145,13 +145,40 @@ impl LogBuf {
             .map_or(Key::MIN, |(p, _)| *p)
     }
 
+    /// The partition holding `k` and where the next one starts (None: the last).
+    fn partition_of(&mut self, k: &Key) -> (Key, Option<Key>) {
+        let part = self.leaf_of(k);
+        let next = self
+            .leaves
+            .range((std::ops::Bound::Excluded(part), std::ops::Bound::Unbounded))
+            .next()
+            .map(|(p, _)| *p);
+        (part, next)
+    }
+
     fn set(&mut self, k: Key, v: Vec<u8>) -> bool {
-        if self.items.get(&k) == Some(&v) {
+        if !self.put(k, v) {
             return false;
         }
         let l = self.leaf_of(&k);
         self.dirty.insert(l);
-        self.items.insert(k, v);
+        true
+    }
+
+    /// Stores an item without marking its leaf: false when it is there already.
+    fn put(&mut self, k: Key, v: Vec<u8>) -> bool {
+        use std::collections::btree_map::Entry;
+        match self.items.entry(k) {
+            Entry::Occupied(mut o) => {
+                if *o.get() == v {
+                    return false;
+                }
+                o.insert(v);
+            }
+            Entry::Vacant(e) => {
+                e.insert(v);
+            }
+        }
         true
     }
 
@@ -162,21 +189,36 @@ impl LogBuf {
         }
     }
 
-    /// Makes the items in [lo, hi] exactly `new` (sorted); returns items written.
+    /// Makes the items in [lo, hi] exactly `new`; returns how many were stored anew.
+    /// Leaves are marked dirty once per partition met, not per item: a directory of
+    /// 100,000 new files logs 300,000 items in one fsync.
     fn replace_range(&mut self, lo: Key, hi: Key, new: Vec<(Key, Vec<u8>)>) -> u64 {
-        let keep: BTreeSet<Key> = new.iter().map(|(k, _)| *k).collect();
-        let gone: Vec<Key> = self
-            .items
-            .range(lo..=hi)
-            .map(|(k, _)| *k)
-            .filter(|k| !keep.contains(k))
-            .collect();
-        for k in gone {
-            self.del(&k);
+        if self.items.range(lo..=hi).next().is_some() {
+            let keep: BTreeSet<Key> = new.iter().map(|(k, _)| *k).collect();
+            let gone: Vec<Key> = self
+                .items
+                .range(lo..=hi)
+                .map(|(k, _)| *k)
+                .filter(|k| !keep.contains(k))
+                .collect();
+            for k in gone {
+                self.del(&k);
+            }
         }
         let mut n = 0;
+        // The partition of the last item stored, and where the next one starts.
+        let mut cur: Option<(Key, Option<Key>)> = None;
         for (k, v) in new {
-            n += u64::from(self.set(k, v));
+            if !self.put(k, v) {
+                continue;
+            }
+            n += 1;
+            let inside = cur.is_some_and(|(p, next)| k >= p && next.is_none_or(|x| k < x));
+            if !inside {
+                let (p, next) = self.partition_of(&k);
+                self.dirty.insert(p);
+                cur = Some((p, next));
+            }
         }
         n
     }
