@@ -419,6 +419,7 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
+        let seq = self.change_seq();
         let entry = match self.engine.read(|fs| fs.lookup(dir, name)) {
             Ok(Some(e)) => e,
             Ok(None) => {
@@ -439,7 +440,9 @@ impl Ops {
         );
         let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
         abi::encode_entry(&mut o, id, entry_generation(id, &st), self.cfg.ttl, &attr);
+        let ch = reply.channel();
         reply.ok(&o.buf);
+        self.attrs_sent(ch, seq, 0, &[id]);
     }
 
     /// LOOKUP of "." or ".." (FUSE_EXPORT_SUPPORT): the kernel decodes a file handle
@@ -529,13 +532,16 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
+        let seq = self.change_seq();
         match self.stat_attr(node) {
             Ok((_, attr)) => {
                 let (s, ns) = abi::ttl_parts(self.cfg.ttl);
                 let mut o = Out::with_capacity(16 + abi::ATTR_SIZE);
                 o.u64(s).u32(ns).u32(0);
                 attr.encode(&mut o);
+                let ch = reply.channel();
                 reply.ok(&o.buf);
+                self.attrs_sent(ch, seq, 0, &[h.nodeid]);
             }
             Err(e) => reply.error(e.errno()),
         }
@@ -546,13 +552,16 @@ impl Ops {
             Ok(k) => k.node,
             Err(e) => return reply.error(e),
         };
+        let seq = self.change_seq();
         match self.stat_attr(node) {
             Ok((_, attr)) => {
                 let (s, ns) = abi::ttl_parts(self.cfg.ttl);
                 let mut o = Out::with_capacity(32 + 256);
                 o.u64(s).u32(ns).u32(0).u64(0).u64(0);
                 attr.encode_statx(&mut o);
+                let ch = reply.channel();
                 reply.ok(&o.buf);
+                self.attrs_sent(ch, seq, 0, &[h.nodeid]);
             }
             Err(e) => reply.error(e.errno()),
         }
@@ -573,7 +582,8 @@ impl Ops {
                 // Reading a link (and following one) touches its atime on the kernel.
                 if self.atime_applies(node) {
                     if let Ok(i) = self.engine.read(|fs| fs.inode_item(node)) {
-                        self.accessed(node, &i, false);
+                        let a = self.accessed(node, &i, false);
+                        self.atime_sent(reply.channel(), h.nodeid, a);
                     }
                 }
                 reply.ok(&t)
@@ -699,7 +709,8 @@ impl Ops {
                 // Before the answer: the kernel asks for attributes again right after
                 // a read (fuse_invalidate_atime), and must see the new atime.
                 if open_flags & O_NOATIME == 0 {
-                    self.accessed(f.node, &f.inode, false);
+                    let a = self.accessed(f.node, &f.inode, false);
+                    self.atime_sent(reply.channel(), f.nodeid, a);
                 }
                 reply.ok(&data);
             }
@@ -835,6 +846,9 @@ impl Ops {
         let atime_wanted =
             open_flags & O_NOATIME == 0 && self.atime_applies(dir) && !self.atime.get().nodiratime;
         let mut dir_inode = None;
+        // Node ids whose attributes this listing carries (READDIRPLUS).
+        let mut listed = Vec::new();
+        let seq = self.change_seq();
         let r = self.engine.read(|fs| {
             if atime_wanted {
                 dir_inode = fs.inode_item(dir).ok();
@@ -862,6 +876,7 @@ impl Ops {
                             );
                             let g = entry_generation(id, &st);
                             abi::encode_entry(&mut o, id, g, self.cfg.ttl, &attr);
+                            listed.push(id);
                         }
                         // Listed without attributes; a lookup will report the error.
                         Err(_) => {
@@ -877,10 +892,15 @@ impl Ops {
             // Entries already encoded are returned even if a later one failed.
             Err(e) if o.is_empty() => reply.error(e.errno()),
             _ => {
+                let ch = reply.channel();
+                let mut own = 0;
                 if let Some(i) = &dir_inode {
-                    self.accessed(dir, i, true);
+                    let a = self.accessed(dir, i, true);
+                    self.atime_sent(ch, h.nodeid, a);
+                    own = a.changes();
                 }
                 reply.ok(&o.buf);
+                self.attrs_sent(ch, seq, own, &listed);
             }
         }
     }

@@ -147,6 +147,24 @@ fn rdev_from_fuse(rdev: u32) -> u64 {
     (u64::from(major) << 20) | u64::from(minor)
 }
 
+/// What [`Ops::accessed`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Accessed {
+    /// No change begun (the rule wanted no new atime, or the mount is read-only).
+    Untouched,
+    /// A change begun, which found atime current under the lock.
+    Checked,
+    /// atime was set.
+    Updated,
+}
+
+impl Accessed {
+    /// Changes the access began (see [`Ops::attrs_sent`]).
+    pub(crate) fn changes(self) -> u64 {
+        u64::from(self != Accessed::Untouched)
+    }
+}
+
 impl Ops {
     /// Answers a request that changes the filesystem.
     pub(crate) fn write_op(&self, w: &Writer, h: &InHeader, body: &[u8], reply: Reply<'_>) {
@@ -156,12 +174,27 @@ impl Ops {
             op::MKDIR => self.mknod(w, h, a, true),
             op::CREATE => return self.create(w, h, a, reply, false),
             op::SYMLINK => self.symlink(w, h, a),
-            op::LINK => self.link(w, h, a),
+            // Answers with the attributes of an inode others may change meanwhile
+            // (a new inode's cannot be: nobody else has its name yet).
+            op::LINK | op::SETATTR => {
+                let r = if h.opcode == op::LINK {
+                    self.link(w, h, a)
+                } else {
+                    self.setattr(w, h, a)
+                };
+                return match r {
+                    Ok((body, seq, id)) => {
+                        let ch = reply.channel();
+                        reply.ok(&body);
+                        self.attrs_sent(ch, seq, 0, &[id]);
+                    }
+                    Err(e) => reply.error(e),
+                };
+            }
             op::UNLINK | op::RMDIR => self.remove(w, h, a, h.opcode == op::RMDIR),
             op::RENAME => self.rename(w, h, a, false),
             op::RENAME2 => self.rename(w, h, a, true),
             op::WRITE => self.write(w, h, a, reply.channel()),
-            op::SETATTR => self.setattr(w, h, a),
             op::SETXATTR => self.setxattr(w, h, a),
             op::REMOVEXATTR => self.removexattr(w, h, a),
             op::FALLOCATE => self.fallocate(w, h, a, reply.channel()),
@@ -287,34 +320,75 @@ impl Ops {
         self.sync_if(w, st.flags, INODE_SYNC)
     }
 
-    /// The inode a request changes (or the directory whose entries it changes),
-    /// which must be in a writable subvolume (EROFS otherwise, as the kernel's
-    /// btrfs_permission and btrfs_setattr answer) and be a real inode (not the
-    /// empty placeholder of a subvolume seen inside a snapshot).
     /// After a read or a listing of `node` (whose inode item was `inode`): a new
     /// atime when the mount's rule asks for one (module `atime`). Best effort, as
     /// the kernel's touch_atime: without space, or on an aborted mount, atime stays.
-    pub(crate) fn accessed(&self, node: Node, inode: &InodeItem, is_dir: bool) {
+    pub(crate) fn accessed(&self, node: Node, inode: &InodeItem, is_dir: bool) -> Accessed {
         let crate::writer::Engine::ReadWrite(w) = &self.engine else {
-            return;
+            return Accessed::Untouched;
         };
         if !self.atime_applies(node) || !self.atime.needs_update(inode, is_dir, now()) {
-            return;
+            return Accessed::Untouched;
         }
-        let _ = w.change_inode_only("atime", |t| {
+        let r = w.change_inode_only("atime", |t| {
             // Again under the lock, and the time taken there: another reader may
             // have just done it, and atime must not go back.
             let i = t.read_inode(node.root, node.ino)?;
             let t1 = now();
             if self.atime.needs_update(&i, is_dir, t1) {
                 t.set_atime(node.root, node.ino, t1)?;
+                return Ok(true);
             }
-            Ok(())
+            Ok(false)
         });
+        match r {
+            Ok(true) => Accessed::Updated,
+            _ => Accessed::Checked,
+        }
     }
 
-    /// The node a change applies to: EROFS in a read-only subvolume, EPERM for the
-    /// placeholder of a subvolume inside a snapshot.
+    /// After [`Ops::accessed`] of node `nodeid`: when atime changed, the kernel is
+    /// told to drop the attributes it holds. Its own mark after a read
+    /// (fuse_invalidate_atime) is not enough: the mark does not outdate an attribute
+    /// reply already on its way (one built before the update would be taken and kept
+    /// for the whole cache time), and a mount remounted read-only but not yet told
+    /// so sets no mark at all. Attributes only (offset -1): no lock a reader holds
+    /// is taken, so it may go before the answer.
+    pub(crate) fn atime_sent(&self, ch: &Channel, nodeid: u64, a: Accessed) {
+        if a == Accessed::Updated {
+            inval_inode(ch, nodeid, -1);
+        }
+    }
+
+    /// The count of changes begun so far ([`Writer::change_seq`]; 0 read-only).
+    pub(crate) fn change_seq(&self) -> u64 {
+        match &self.engine {
+            crate::writer::Engine::ReadWrite(w) => w.change_seq(),
+            _ => 0,
+        }
+    }
+
+    /// After a reply carrying the attributes of nodes `ids`, read when the change
+    /// count was `seq` (and `own` changes since were the request's own, which changed
+    /// none of those attributes): if another change began meanwhile, the kernel is
+    /// told to drop what it holds for them. A change the kernel saw happen (a create
+    /// in a directory, an unlink of one of a file's names) only marks its cached
+    /// attributes stale; that mark does not outdate a reply of ours built before the
+    /// change and arriving after, which the kernel would take and keep for the whole
+    /// cache time (24 h). The notification does outdate it (it raises the inode's
+    /// attr_version). Concurrent requests only: alone, the count does not move.
+    pub(crate) fn attrs_sent(&self, ch: &Channel, seq: u64, own: u64, ids: &[u64]) {
+        if self.change_seq() > seq + own {
+            for &id in ids.iter().filter(|&&id| id != 0) {
+                inval_inode(ch, id, -1);
+            }
+        }
+    }
+
+    /// The node a change applies to (the inode, or the directory whose entries
+    /// change): EROFS in a read-only subvolume (as the kernel's btrfs_permission and
+    /// btrfs_setattr answer), EPERM for the empty placeholder of a subvolume inside
+    /// a snapshot.
     pub(crate) fn changeable(&self, nodeid: u64) -> Result<Node, i32> {
         let n = self.node_key(nodeid)?.node;
         if self.read_only_subvol(n.root) {
@@ -478,7 +552,8 @@ impl Ops {
         self.entry(w, h.nodeid, Node::new(parent.root, ino), name)
     }
 
-    fn link(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+    /// LINK: the entry, the change count it was read at, and its node id.
+    fn link(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<(Vec<u8>, u64, u64), i32> {
         let old = a.u64().ok_or(errno::EINVAL)?;
         let name = name(&mut a)?;
         let node = self.node_key(old)?.node;
@@ -495,7 +570,8 @@ impl Ops {
             t.link(parent.root, node.ino, parent.ino, name, now())
         })?;
         self.sync_if(w, pflags, INODE_SYNC | INODE_DIRSYNC)?;
-        self.entry(w, h.nodeid, node, name)
+        let seq = self.change_seq();
+        Ok((self.entry(w, h.nodeid, node, name)?, seq, old))
     }
 
     fn remove(&self, w: &Writer, h: &InHeader, mut a: Args<'_>, dir: bool) -> Result<Vec<u8>, i32> {
@@ -620,7 +696,14 @@ impl Ops {
         Ok(o.buf)
     }
 
-    fn setattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {
+    /// SETATTR: the answer, the change count its attributes were read at, and the
+    /// node id.
+    fn setattr(
+        &self,
+        w: &Writer,
+        h: &InHeader,
+        mut a: Args<'_>,
+    ) -> Result<(Vec<u8>, u64, u64), i32> {
         let valid = a.u32().ok_or(errno::EINVAL)?;
         a.skip(4 + 8).ok_or(errno::EINVAL)?; // padding, fh
         let size = a.u64().ok_or(errno::EINVAL)?;
@@ -736,13 +819,14 @@ impl Ops {
             Ok(())
         })?;
         self.sync_if(w, iflags, INODE_SYNC)?;
+        let seq = self.change_seq();
         let st = w.read(|fs| fs.stat(node)).map_err(|e| e.errno())?;
         let attr = self.attr_of(node, &st);
         let (s, ns) = abi::ttl_parts(self.ttl());
         let mut o = Out::with_capacity(16 + abi::ATTR_SIZE);
         o.u64(s).u32(ns).u32(0);
         attr.encode(&mut o);
-        Ok(o.buf)
+        Ok((o.buf, seq, h.nodeid))
     }
 
     fn setxattr(&self, w: &Writer, h: &InHeader, mut a: Args<'_>) -> Result<Vec<u8>, i32> {

@@ -73,6 +73,9 @@ pub struct Writer {
     aborted: AtomicBool,
     /// Changes made since the last commit.
     changes: AtomicU64,
+    /// Changes begun since the mount started; never goes back (see
+    /// [`Writer::change_seq`]).
+    change_seq: AtomicU64,
     /// Wakes the commit thread early: to stop (unmount), or to commit now.
     stop: (Mutex<Wake>, Condvar),
     /// The committer was asked to commit the running transaction early (see
@@ -168,6 +171,7 @@ impl Writer {
             trans: RwLock::new(trans),
             aborted: AtomicBool::new(false),
             changes: AtomicU64::new(0),
+            change_seq: AtomicU64::new(0),
             stop: (Mutex::new(Wake::default()), Condvar::new()),
             kicked: AtomicBool::new(false),
             log: Mutex::new(Some(TreeLog::new())),
@@ -432,6 +436,7 @@ impl Writer {
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EROFS);
         }
+        self.change_seq.fetch_add(1, Ordering::AcqRel);
         if flush_first {
             self.flush(&mut t)?;
         }
@@ -466,6 +471,13 @@ impl Writer {
                 r.map_err(|e| e.errno())
             }
         }
+    }
+
+    /// How many changes have begun since the mount started, counted under the
+    /// transaction's write lock. A reply built from what it read while this stayed the
+    /// same holds no attribute that a change has since replaced.
+    pub fn change_seq(&self) -> u64 {
+        self.change_seq.load(Ordering::Acquire)
     }
 
     /// The kernel forgot an inode: if it was unlinked while held, delete it now.

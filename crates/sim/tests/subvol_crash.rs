@@ -264,3 +264,40 @@ fn snapshot_and_deletion_survive_every_cut() {
         failures.join("\n")
     );
 }
+
+/// A deleted subvolume's id is not given again while the handle that dropped it
+/// lives (as the kernel's free_objectid only grows during a mount): on a mount a
+/// descriptor still open in the deleted subvolume would otherwise name a file of the
+/// new one (FUSE node ids are built from tree ids). Without the floor, the new
+/// subvolume takes the dropped one's id: the root tree's highest id went back down.
+#[test]
+fn a_dropped_subvolume_id_is_not_reused_by_the_same_handle() {
+    let rec = RecordingDevice::new(vec![0u8; 160 << 20], "subvol-ids");
+    let dev: Arc<dyn Device> = rec.clone();
+    let fsc = FsConfig {
+        nodesize: 4096,
+        ..FsConfig::default()
+    };
+    let mut h = Harness::mkfs(dev, &fsc).unwrap_or_else(|e| panic!("mkfs: {e}"));
+    let t = &mut h.t;
+    let a = t
+        .create_subvolume(5, 256, b"a", 0o755, 0, 0, t0(0))
+        .expect("subvolume a");
+    let b = t
+        .create_subvolume(5, 256, b"b", 0o755, 0, 0, t0(0))
+        .expect("subvolume b");
+    assert!(b > a);
+    t.commit().expect("commit");
+    t.delete_subvolume(5, 256, b"b", t0(1)).expect("delete b");
+    t.commit().expect("commit");
+    let dropped = t
+        .drop_dead_roots(None, None, &mut |_| {})
+        .expect("drop the deleted subvolume");
+    assert_eq!(dropped, vec![b]);
+    t.commit().expect("commit");
+    let c = t
+        .create_subvolume(5, 256, b"c", 0o755, 0, 0, t0(2))
+        .expect("subvolume c");
+    assert!(c > b, "subvolume id {b} was dropped and given again ({c})");
+    t.commit().expect("commit");
+}

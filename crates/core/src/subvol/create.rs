@@ -11,7 +11,7 @@ use ubtrfs_format::items::{InodeItem, RootItem, RootRef, Timespec};
 use ubtrfs_format::key::Key;
 
 impl Trans {
-    pub(crate) fn free_root_id(&self) -> Result<u64> {
+    pub(crate) fn free_root_id(&mut self) -> Result<u64> {
         let root = self.fs.info.root_tree_ptr();
         let highest = match lookup_prev(
             &self.fs.info,
@@ -21,7 +21,8 @@ impl Trans {
             Some((k, _)) if k.objectid >= FIRST_FREE_OBJECTID => k.objectid,
             _ => FIRST_FREE_OBJECTID - 1,
         };
-        let mut id = highest + 1;
+        // Never below an id this handle gave out or dropped (`root_id_floor`).
+        let mut id = (highest + 1).max(self.root_id_floor);
         // Trees made in this transaction are already in tree_roots.
         while self.fs.info.tree_roots.contains_key(&id) {
             id += 1;
@@ -29,6 +30,7 @@ impl Trans {
         if id > LAST_FREE_OBJECTID {
             return Err(Error::NoSpace("subvolume ids exhausted".into()));
         }
+        self.root_id_floor = id + 1;
         Ok(id)
     }
 

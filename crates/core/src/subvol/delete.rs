@@ -580,6 +580,7 @@ impl Trans {
         self.dirty_roots.remove(&id);
         self.root_bytes_delta.remove(&id);
         self.fs.info.tree_roots.remove(&id);
+        self.root_id_floor = self.root_id_floor.max(id + 1);
         self.fs.forget_root(id);
         // Its qgroup goes at the commit once empty (the kernel's
         // btrfs_qgroup_cleanup_dropped_subvolume).

@@ -81,6 +81,14 @@ pub struct Trans {
     pub(crate) root_bytes_delta: HashMap<u64, i64>,
     /// Inode numbers handed out per tree in this transaction.
     pub(crate) next_ino: HashMap<u64, u64>,
+    /// The lowest id a new tree may take while this handle lives: above every tree
+    /// id handed out or dropped since it opened. The next id is otherwise the root
+    /// tree's highest + 1, which goes back down once a deleted subvolume's last
+    /// items go: its id would come again, and on a mount a descriptor still open in
+    /// the deleted subvolume (FUSE node ids are built from tree ids) would then name
+    /// a file of the new one. The kernel's free_objectid of the root tree likewise
+    /// only grows during a mount.
+    pub(crate) root_id_floor: u64,
     /// Per (tree, directory): the lowest index a new name may take in this
     /// transaction (inode/dir_item.rs `next_dir_index`); emptied at commit.
     pub(crate) dir_index_next: HashMap<(u64, u64), u64>,
@@ -248,6 +256,7 @@ impl Trans {
             dirty_roots: BTreeSet::new(),
             root_bytes_delta: HashMap::new(),
             next_ino: HashMap::new(),
+            root_id_floor: 0,
             dir_index_next: HashMap::new(),
             defer_eviction: false,
             orphans: Vec::new(),
