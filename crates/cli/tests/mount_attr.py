@@ -105,6 +105,13 @@ def fallocate(p, flags, mode, off, ln):
         os.close(fd)
 
 
+def libc_exchange(a, b):
+    # renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE)
+    if libc.renameat2(-100, a.encode(), -100, b.encode(), 2) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
 def show(p):
     print("  lsattr %s" % lsattr(p), flush=True)
     print("  prop %s: %s" % (p, getprop(p)), flush=True)
@@ -353,6 +360,38 @@ for mode in (0o6755, 0o6745, 0o2755):
                 who = "root" if caller is None else "nobody"
                 step("%s %o group %d by %s" % (name, mode, group, who), lambda: act(p), caller)
                 step("  mode", lambda: oct(os.stat(p).st_mode & 0o7777))
+
+# `..` of a directory moved to another parent, as READDIR lists it (getdents64: `ls -i`
+# stats `..` instead): the new parent's inode number.
+def dotdot_is(d, parent):
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    buf = ctypes.create_string_buffer(65536)
+    try:
+        while True:
+            n = libc.syscall(217, fd, buf, 65536)  # SYS_getdents64 (x86-64)
+            if n <= 0:
+                return None
+            off = 0
+            while off < n:
+                ino, _, reclen, _ = struct.unpack_from("<QqHB", buf.raw, off)
+                name = buf.raw[off + 19 : off + reclen].split(b"\0", 1)[0]
+                if name == b"..":
+                    return ino == os.stat(parent).st_ino
+                off += reclen
+    finally:
+        os.close(fd)
+
+
+os.makedirs("mv_a/d/e")
+os.makedirs("mv_b")
+step("ls before the move", lambda: dotdot_is("mv_a/d", "mv_a"))
+step("rename mv_a/d mv_b/d", lambda: os.rename("mv_a/d", "mv_b/d"))
+step("  .. of mv_b/d is mv_b", lambda: dotdot_is("mv_b/d", "mv_b"))
+step("  .. of mv_b/d/e is mv_b/d", lambda: dotdot_is("mv_b/d/e", "mv_b/d"))
+os.makedirs("mv_a/x")
+step("exchange mv_a/x mv_b/d", lambda: libc_exchange("mv_a/x", "mv_b/d"))
+step("  .. of mv_a/x (was mv_b/d) is mv_a", lambda: dotdot_is("mv_a/x", "mv_a"))
+step("  .. of mv_b/d (was mv_a/x) is mv_b", lambda: dotdot_is("mv_b/d", "mv_b"))
 
 # data
 for n in ["cfile", "pz", "pm", "nocow", "data"]:

@@ -178,6 +178,19 @@ impl Nodes {
         id
     }
 
+    /// A name of the node known as `key` now lives in directory `parent` as `name`
+    /// (RENAME: the kernel moves its dentry without asking again), so `..` of a moved
+    /// directory, listed by READDIR, names its new parent.
+    pub(crate) fn moved(&self, key: NodeKey, parent: u64, name: &[u8]) {
+        let mut t = self.lock();
+        if let Some(&id) = t.by_key.get(&key) {
+            if let Some(e) = t.by_id.get_mut(&id) {
+                e.parent = parent;
+                e.name = name.to_vec();
+            }
+        }
+    }
+
     /// The kernel dropped `n` references to `id`.
     /// Drops `n` lookups of node `id`; returns its key when the kernel forgot it.
     pub(crate) fn forget(&self, id: u64, n: u64) -> Option<NodeKey> {

@@ -656,6 +656,17 @@ impl Ops {
                 t.rename(od.root, od.ino, oname, nd.ino, nname, noreplace, t0)
             })?;
         }
+        // The names now in place, for `..` of moved directories.
+        let mut names = vec![(newdir, nd, nname)];
+        if flags & RENAME_EXCHANGE != 0 {
+            names.push((h.nodeid, od, oname));
+        }
+        for (dir_id, dir, name) in names {
+            if let Ok(Some(e)) = w.read(|fs| fs.lookup(dir, name)) {
+                self.node_ids()
+                    .moved(NodeKey::new(e.node, e.location), dir_id, name);
+            }
+        }
         self.sync_if(w, oflags | nflags, INODE_SYNC | INODE_DIRSYNC)?;
         Ok(Vec::new())
     }
