@@ -440,9 +440,9 @@ impl Ops {
         );
         let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
         abi::encode_entry(&mut o, id, entry_generation(id, &st), self.cfg.ttl, &attr);
-        let ch = reply.channel();
+        let (ch, ring) = (reply.channel(), reply.ring());
         reply.ok(&o.buf);
-        self.attrs_sent(ch, seq, 0, &[id]);
+        self.attrs_sent(ch, ring, seq, 0, &[id]);
     }
 
     /// LOOKUP of "." or ".." (FUSE_EXPORT_SUPPORT): the kernel decodes a file handle
@@ -539,9 +539,9 @@ impl Ops {
                 let mut o = Out::with_capacity(16 + abi::ATTR_SIZE);
                 o.u64(s).u32(ns).u32(0);
                 attr.encode(&mut o);
-                let ch = reply.channel();
+                let (ch, ring) = (reply.channel(), reply.ring());
                 reply.ok(&o.buf);
-                self.attrs_sent(ch, seq, 0, &[h.nodeid]);
+                self.attrs_sent(ch, ring, seq, 0, &[h.nodeid]);
             }
             Err(e) => reply.error(e.errno()),
         }
@@ -559,9 +559,9 @@ impl Ops {
                 let mut o = Out::with_capacity(32 + 256);
                 o.u64(s).u32(ns).u32(0).u64(0).u64(0);
                 attr.encode_statx(&mut o);
-                let ch = reply.channel();
+                let (ch, ring) = (reply.channel(), reply.ring());
                 reply.ok(&o.buf);
-                self.attrs_sent(ch, seq, 0, &[h.nodeid]);
+                self.attrs_sent(ch, ring, seq, 0, &[h.nodeid]);
             }
             Err(e) => reply.error(e.errno()),
         }
@@ -892,7 +892,7 @@ impl Ops {
             // Entries already encoded are returned even if a later one failed.
             Err(e) if o.is_empty() => reply.error(e.errno()),
             _ => {
-                let ch = reply.channel();
+                let (ch, ring) = (reply.channel(), reply.ring());
                 let mut own = 0;
                 if let Some(i) = &dir_inode {
                     let a = self.accessed(dir, i, true);
@@ -900,7 +900,7 @@ impl Ops {
                     own = a.changes();
                 }
                 reply.ok(&o.buf);
-                self.attrs_sent(ch, seq, own, &listed);
+                self.attrs_sent(ch, ring, seq, own, &listed);
             }
         }
     }

@@ -23,12 +23,35 @@ pub struct Reply<'a> {
 #[derive(Default)]
 pub(crate) struct RingAnswer {
     bytes: RefCell<Vec<u8>>,
+    /// A check to make once the answer has reached the kernel (`Ops::attrs_sent`):
+    /// the change count its attributes were read at, the request's own changes, and
+    /// the node ids it described.
+    after: RefCell<Option<AttrsCheck>>,
+}
+
+/// See [`RingAnswer::after`].
+#[derive(Debug)]
+pub(crate) struct AttrsCheck {
+    pub(crate) seq: u64,
+    pub(crate) own: u64,
+    pub(crate) ids: Vec<u64>,
 }
 
 impl RingAnswer {
     /// Empties it for the next request (keeping its capacity).
     pub(crate) fn clear(&self) {
         self.bytes.borrow_mut().clear();
+        self.after.borrow_mut().take();
+    }
+
+    /// Keeps `c` for after the commit.
+    pub(crate) fn defer(&self, c: AttrsCheck) {
+        *self.after.borrow_mut() = Some(c);
+    }
+
+    /// The check kept for after the commit, if any.
+    pub(crate) fn take_deferred(&self) -> Option<AttrsCheck> {
+        self.after.borrow_mut().take()
     }
 
     /// The out header and the body, as one buffer (empty if nothing was answered).
@@ -47,6 +70,11 @@ impl<'a> Reply<'a> {
             sent: false,
             ring: None,
         }
+    }
+
+    /// Where the answer goes when the request came through FUSE over io_uring.
+    pub(crate) fn ring(&self) -> Option<&'a RingAnswer> {
+        self.ring
     }
 
     /// The answer to a request that came through FUSE over io_uring.

@@ -282,6 +282,12 @@ fn run_entry(
         put_answer(e, &answer, unique);
         // After DESTROY the kernel ends this command when it tears the ring down.
         e.commit(commit_id)?;
+        if let Some(c) = answer.take_deferred() {
+            // The commit hands the answer over as it is submitted (the fetch then
+            // waits): only after that may the change count be compared.
+            e.submit_and_wait(0)?;
+            ops.attrs_sent(ch, None, c.seq, c.own, &c.ids);
+        }
     }
 }
 

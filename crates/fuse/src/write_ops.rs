@@ -10,7 +10,7 @@ use crate::killpriv::{killed_mode, Cause};
 use crate::nodes::NodeKey;
 use crate::ops::{errno, Ops, NAME_MAX};
 use crate::reply::inval_inode;
-use crate::reply::Reply;
+use crate::reply::{AttrsCheck, Reply, RingAnswer};
 use crate::writer::Writer;
 use crate::writer::DEFAULT_ITEMS;
 use std::sync::atomic::Ordering;
@@ -184,9 +184,9 @@ impl Ops {
                 };
                 return match r {
                     Ok((body, seq, id)) => {
-                        let ch = reply.channel();
+                        let (ch, ring) = (reply.channel(), reply.ring());
                         reply.ok(&body);
-                        self.attrs_sent(ch, seq, 0, &[id]);
+                        self.attrs_sent(ch, ring, seq, 0, &[id]);
                     }
                     Err(e) => reply.error(e),
                 };
@@ -377,7 +377,28 @@ impl Ops {
     /// change and arriving after, which the kernel would take and keep for the whole
     /// cache time (24 h). The notification does outdate it (it raises the inode's
     /// attr_version). Concurrent requests only: alone, the count does not move.
-    pub(crate) fn attrs_sent(&self, ch: &Channel, seq: u64, own: u64, ids: &[u64]) {
+    ///
+    /// The count must be compared once the answer has reached the kernel: a /dev/fuse
+    /// answer has when `reply.ok` returns; a ring answer only when its thread commits
+    /// it, so the check is kept for then (`ring`, see uring.rs).
+    pub(crate) fn attrs_sent(
+        &self,
+        ch: &Channel,
+        ring: Option<&RingAnswer>,
+        seq: u64,
+        own: u64,
+        ids: &[u64],
+    ) {
+        if let Some(r) = ring {
+            if self.change_seq() != 0 {
+                r.defer(AttrsCheck {
+                    seq,
+                    own,
+                    ids: ids.to_vec(),
+                });
+            }
+            return;
+        }
         if self.change_seq() > seq + own {
             for &id in ids.iter().filter(|&&id| id != 0) {
                 inval_inode(ch, id, -1);
