@@ -440,9 +440,7 @@ impl Ops {
         );
         let mut o = Out::with_capacity(abi::ENTRY_OUT_SIZE);
         abi::encode_entry(&mut o, id, entry_generation(id, &st), self.cfg.ttl, &attr);
-        let (ch, ring) = (reply.channel(), reply.ring());
-        reply.ok(&o.buf);
-        self.attrs_sent(ch, ring, seq, 0, &[id]);
+        self.reply_attrs(reply, &o.buf, seq, 0, &[id]);
     }
 
     /// LOOKUP of "." or ".." (FUSE_EXPORT_SUPPORT): the kernel decodes a file handle
@@ -539,9 +537,7 @@ impl Ops {
                 let mut o = Out::with_capacity(16 + abi::ATTR_SIZE);
                 o.u64(s).u32(ns).u32(0);
                 attr.encode(&mut o);
-                let (ch, ring) = (reply.channel(), reply.ring());
-                reply.ok(&o.buf);
-                self.attrs_sent(ch, ring, seq, 0, &[h.nodeid]);
+                self.reply_attrs(reply, &o.buf, seq, 0, &[h.nodeid]);
             }
             Err(e) => reply.error(e.errno()),
         }
@@ -559,9 +555,7 @@ impl Ops {
                 let mut o = Out::with_capacity(32 + 256);
                 o.u64(s).u32(ns).u32(0).u64(0).u64(0);
                 attr.encode_statx(&mut o);
-                let (ch, ring) = (reply.channel(), reply.ring());
-                reply.ok(&o.buf);
-                self.attrs_sent(ch, ring, seq, 0, &[h.nodeid]);
+                self.reply_attrs(reply, &o.buf, seq, 0, &[h.nodeid]);
             }
             Err(e) => reply.error(e.errno()),
         }
@@ -582,8 +576,7 @@ impl Ops {
                 // Reading a link (and following one) touches its atime on the kernel.
                 if self.atime_applies(node) {
                     if let Ok(i) = self.engine.read(|fs| fs.inode_item(node)) {
-                        let a = self.accessed(node, &i, false);
-                        self.atime_sent(reply.channel(), h.nodeid, a);
+                        self.accessed(reply.channel(), h.nodeid, node, &i, false);
                     }
                 }
                 reply.ok(&t)
@@ -709,8 +702,7 @@ impl Ops {
                 // Before the answer: the kernel asks for attributes again right after
                 // a read (fuse_invalidate_atime), and must see the new atime.
                 if open_flags & O_NOATIME == 0 {
-                    let a = self.accessed(f.node, &f.inode, false);
-                    self.atime_sent(reply.channel(), f.nodeid, a);
+                    self.accessed(reply.channel(), f.nodeid, f.node, &f.inode, false);
                 }
                 reply.ok(&data);
             }
@@ -892,15 +884,11 @@ impl Ops {
             // Entries already encoded are returned even if a later one failed.
             Err(e) if o.is_empty() => reply.error(e.errno()),
             _ => {
-                let (ch, ring) = (reply.channel(), reply.ring());
-                let mut own = 0;
-                if let Some(i) = &dir_inode {
-                    let a = self.accessed(dir, i, true);
-                    self.atime_sent(ch, h.nodeid, a);
-                    own = a.changes();
-                }
-                reply.ok(&o.buf);
-                self.attrs_sent(ch, ring, seq, own, &listed);
+                let own = dir_inode.as_ref().map_or(0, |i| {
+                    self.accessed(reply.channel(), h.nodeid, dir, i, true)
+                        .changes()
+                });
+                self.reply_attrs(reply, &o.buf, seq, own, &listed);
             }
         }
     }

@@ -183,11 +183,7 @@ impl Ops {
                     self.setattr(w, h, a)
                 };
                 return match r {
-                    Ok((body, seq, id)) => {
-                        let (ch, ring) = (reply.channel(), reply.ring());
-                        reply.ok(&body);
-                        self.attrs_sent(ch, ring, seq, 0, &[id]);
-                    }
+                    Ok((body, seq, id)) => self.reply_attrs(reply, &body, seq, 0, &[id]),
                     Err(e) => reply.error(e),
                 };
             }
@@ -323,7 +319,21 @@ impl Ops {
     /// After a read or a listing of `node` (whose inode item was `inode`): a new
     /// atime when the mount's rule asks for one (module `atime`). Best effort, as
     /// the kernel's touch_atime: without space, or on an aborted mount, atime stays.
-    pub(crate) fn accessed(&self, node: Node, inode: &InodeItem, is_dir: bool) -> Accessed {
+    /// When atime changed, the kernel is told to drop the attributes it holds for
+    /// `nodeid` (through `ch`). Its own mark after a read (fuse_invalidate_atime) is
+    /// not enough: the mark does not outdate an attribute reply already on its way
+    /// (one built before the update would be taken and kept for the whole cache
+    /// time), and a mount remounted read-only but not yet told so sets no mark at
+    /// all. Attributes only (offset -1): no lock a reader holds is taken, so it may
+    /// go before the answer.
+    pub(crate) fn accessed(
+        &self,
+        ch: &Channel,
+        nodeid: u64,
+        node: Node,
+        inode: &InodeItem,
+        is_dir: bool,
+    ) -> Accessed {
         let crate::writer::Engine::ReadWrite(w) = &self.engine else {
             return Accessed::Untouched;
         };
@@ -342,21 +352,11 @@ impl Ops {
             Ok(false)
         });
         match r {
-            Ok(true) => Accessed::Updated,
+            Ok(true) => {
+                inval_inode(ch, nodeid, -1);
+                Accessed::Updated
+            }
             _ => Accessed::Checked,
-        }
-    }
-
-    /// After [`Ops::accessed`] of node `nodeid`: when atime changed, the kernel is
-    /// told to drop the attributes it holds. Its own mark after a read
-    /// (fuse_invalidate_atime) is not enough: the mark does not outdate an attribute
-    /// reply already on its way (one built before the update would be taken and kept
-    /// for the whole cache time), and a mount remounted read-only but not yet told
-    /// so sets no mark at all. Attributes only (offset -1): no lock a reader holds
-    /// is taken, so it may go before the answer.
-    pub(crate) fn atime_sent(&self, ch: &Channel, nodeid: u64, a: Accessed) {
-        if a == Accessed::Updated {
-            inval_inode(ch, nodeid, -1);
         }
     }
 
@@ -368,8 +368,8 @@ impl Ops {
         }
     }
 
-    /// After a reply carrying the attributes of nodes `ids`, read when the change
-    /// count was `seq` (and `own` changes since were the request's own, which changed
+    /// Answers `body`, which carries the attributes of nodes `ids`, read when the
+    /// change count was `seq` (and `own` changes since were the request's own, which changed
     /// none of those attributes): if another change began meanwhile, the kernel is
     /// told to drop what it holds for them. A change the kernel saw happen (a create
     /// in a directory, an unlink of one of a file's names) only marks its cached
@@ -378,9 +378,23 @@ impl Ops {
     /// cache time (24 h). The notification does outdate it (it raises the inode's
     /// attr_version). Concurrent requests only: alone, the count does not move.
     ///
-    /// The count must be compared once the answer has reached the kernel: a /dev/fuse
-    /// answer has when `reply.ok` returns; a ring answer only when its thread commits
-    /// it, so the check is kept for then (`ring`, see uring.rs).
+    /// The count must be compared once the answer has reached the kernel
+    /// ([`Ops::attrs_sent`]): a /dev/fuse answer has when `reply.ok` returns; a ring
+    /// answer only when its thread commits it, so the check is kept for then.
+    pub(crate) fn reply_attrs(
+        &self,
+        reply: Reply<'_>,
+        body: &[u8],
+        seq: u64,
+        own: u64,
+        ids: &[u64],
+    ) {
+        let (ch, ring) = (reply.channel(), reply.ring());
+        reply.ok(body);
+        self.attrs_sent(ch, ring, seq, own, ids);
+    }
+
+    /// See [`Ops::reply_attrs`].
     pub(crate) fn attrs_sent(
         &self,
         ch: &Channel,
