@@ -208,6 +208,7 @@ pub fn dedupe(r: &DedupeReport, dry_run: bool) -> Value {
         "bytes_deduped": r.bytes_deduped,
         "bytes_already_shared": r.bytes_already_shared,
         "bytes_differing": r.bytes_differing,
+        "bytes_unreadable": r.bytes_unreadable,
         "data_used_before": r.data_used_before,
         "data_used_after": r.data_used_after,
         "bytes_freed": r.bytes_freed(),

@@ -340,6 +340,9 @@ pub fn dedupe_cmd(a: DedupeArgs) -> Result<DedupeReport> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
+    for w in t.fs.info.take_warnings() {
+        eprintln!("ubtrfs: warning: {w}");
+    }
     Ok(report)
 }
 
@@ -364,6 +367,13 @@ pub fn print_dedupe(out: &mut dyn Write, r: &DedupeReport, dry_run: bool) -> Res
         human(r.bytes_already_shared),
         human(r.bytes_differing)
     )?;
+    if r.bytes_unreadable > 0 {
+        writeln!(
+            out,
+            "Left {} unshared that could not be read (see the warnings)",
+            human(r.bytes_unreadable)
+        )?;
+    }
     if !dry_run {
         writeln!(
             out,

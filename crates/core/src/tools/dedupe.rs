@@ -75,6 +75,10 @@ pub struct DedupeReport {
     /// Bytes whose hashes matched but whose contents did not (or that could not be
     /// shared: an inline extent, mismatched checksum flags).
     pub bytes_differing: u64,
+    /// Bytes not shared because reading them for the comparison failed (a damaged
+    /// copy: the data fails its checksums in every copy, or the device errs); each
+    /// such range is also reported as a warning of the filesystem.
+    pub bytes_unreadable: u64,
     /// Data bytes allocated before and after (after the final commit); equal with
     /// `dry_run`.
     pub data_used_before: u64,
@@ -174,11 +178,19 @@ pub fn dedupe(
             todo.push(r);
         }
     }
+    // A range that cannot be read is left as it is, as FIDEDUPERANGE fails with
+    // EIO for it, and the others go on.
     let equal = parallel_map(
         &todo,
         &|r| {
             let (a, b) = r.positions(&files);
-            ranges_equal(&t.fs, a, b, r.len)
+            Ok(ranges_equal(&t.fs, a, b, r.len).map_err(|e| {
+                t.fs.info.warn(format!(
+                    "dedupe: {} bytes at offset {} of subvolume {} inode {} not shared with \
+                     offset {} of inode {}: {e}",
+                    r.len, b.offset, b.root, b.ino, a.offset, a.ino
+                ))
+            }))
         },
         &|r| r.len,
         progress,
@@ -186,9 +198,16 @@ pub fn dedupe(
 
     for (r, same) in todo.iter().zip(equal) {
         let (src, dst) = r.positions(&files);
-        if !same {
-            report.bytes_differing += r.len;
-            continue;
+        match same {
+            Ok(true) => {}
+            Ok(false) => {
+                report.bytes_differing += r.len;
+                continue;
+            }
+            Err(()) => {
+                report.bytes_unreadable += r.len;
+                continue;
+            }
         }
         let n = if opts.dry_run {
             r.len
@@ -315,15 +334,173 @@ fn parallel_map<T: Sync, R: Send>(
 
 /// Whether `len` bytes at `a` and `b` read the same (read side: nothing changes
 /// the image while the comparisons run).
+///
+/// Where both ranges lie in plain extents (uncompressed, on disk) the bytes are
+/// read raw, without verifying them against their data checksums, and compared:
+/// first the two sides' checksums from the csum tree (different checksums, or a
+/// sector without one, send the piece to the verified path below), then the bytes.
+/// Skipping the verification is exact, not a gamble: equal bytes under equal
+/// checksums verify on both sides or on neither, so sharing one side's extent
+/// with the other never turns a readable range into an unreadable one (the
+/// kernel's FIDEDUPERANGE reads both through verification and would refuse the
+/// second case with EIO, where this shares two equally damaged copies). Anything
+/// else (compressed or inline extents, holes, preallocated ranges, files without
+/// checksums on one side only) is read through the file, verified.
 fn ranges_equal(fs: &Filesystem, a: FilePos, b: FilePos, len: u64) -> Result<bool> {
     let (na, nb) = (Node::new(a.root, a.ino), Node::new(b.root, b.ino));
     let (ia, ib) = (fs.inode_item(na)?, fs.inode_item(nb)?);
+    let sums_a = ia.flags & INODE_NODATASUM == 0;
+    let sums_b = ib.flags & INODE_NODATASUM == 0;
+    let pa = plain_pieces(fs, na, a.offset, len)?;
+    let pb = plain_pieces(fs, nb, b.offset, len)?;
+    let ss = fs.info.sectorsize as u64;
+    // Walk both piece lists together: each step covers the longest stretch where
+    // neither side changes extent.
+    let (mut i, mut j, mut pos) = (0usize, 0usize, 0u64);
+    while pos < len {
+        let (Some(x), Some(y)) = (pa.get(i), pb.get(j)) else {
+            return Err(Error::corrupt(format!(
+                "subvolume {} inode {}: extent map of a dedupe range ends early",
+                a.root, a.ino
+            )));
+        };
+        let end = x.end.min(y.end).min(len);
+        let n = end - pos;
+        let raw = match (x.logical, y.logical) {
+            (Some(la), Some(lb)) if sums_a == sums_b => {
+                Some((la + (pos - x.start), lb + (pos - y.start)))
+            }
+            _ => None,
+        };
+        let same = match raw {
+            Some((la, lb)) if !sums_a || (la % ss == 0 && lb % ss == 0) => {
+                let sums_equal = !sums_a || {
+                    let sectors = n.div_ceil(ss) as usize;
+                    let (ca, cb) = (
+                        fs.info.lookup_csums(la, sectors)?,
+                        fs.info.lookup_csums(lb, sectors)?,
+                    );
+                    ca.iter().all(Option::is_some) && ca == cb
+                };
+                // Whole sectors, so a differing tail past the end of the file in the
+                // last one (which its checksum covers) cannot hide.
+                let whole = if sums_a { n.div_ceil(ss) * ss } else { n };
+                // A read error or a difference in that tail: the verified path
+                // decides (it also tries the other copies).
+                (sums_equal && raw_equal(fs, la, lb, whole).unwrap_or(false))
+                    || file_equal(fs, (na, &ia, a.offset + pos), (nb, &ib, b.offset + pos), n)?
+            }
+            _ => file_equal(fs, (na, &ia, a.offset + pos), (nb, &ib, b.offset + pos), n)?,
+        };
+        if !same {
+            return Ok(false);
+        }
+        pos = end;
+        if pos >= x.end {
+            i += 1;
+        }
+        if pos >= y.end {
+            j += 1;
+        }
+    }
+    Ok(true)
+}
+
+/// A stretch of a dedupe range (offsets relative to the range's start) lying in one
+/// file extent item; `logical` is where its first byte is on disk when that extent
+/// is a plain one (uncompressed, neither inline, hole nor preallocated).
+struct PlainPiece {
+    start: u64,
+    end: u64,
+    logical: Option<u64>,
+}
+
+/// The extent items covering `[offset, offset + len)` of a file, as
+/// [`PlainPiece`]s; gaps between items (holes without items) are pieces too.
+fn plain_pieces(fs: &Filesystem, node: Node, offset: u64, len: u64) -> Result<Vec<PlainPiece>> {
+    let end = offset.saturating_add(len);
+    let mut out: Vec<PlainPiece> = Vec::new();
+    let mut at = offset;
+    fs.for_each_extent(node, offset, end, |fe| {
+        let s = fe.file_offset.max(at);
+        let e = fe.end().min(end);
+        if s > at {
+            out.push(PlainPiece {
+                start: at - offset,
+                end: s - offset,
+                logical: None,
+            });
+        }
+        if s < e {
+            let logical = match fe.item.body {
+                FileExtentBody::Regular {
+                    disk_bytenr,
+                    offset: o,
+                    ..
+                } if !fe.is_hole_or_prealloc() && fe.item.compression == 0 => disk_bytenr
+                    .checked_add(o)
+                    .and_then(|l| l.checked_add(s - fe.file_offset)),
+                _ => None,
+            };
+            out.push(PlainPiece {
+                start: s - offset,
+                end: e - offset,
+                logical,
+            });
+            at = e;
+        }
+        Ok(at < end)
+    })?;
+    if at < end {
+        out.push(PlainPiece {
+            start: at - offset,
+            end: len,
+            logical: None,
+        });
+    }
+    Ok(out)
+}
+
+thread_local! {
+    /// Each comparing thread's two read buffers, kept between ranges (fresh ones
+    /// would be zeroed and faulted in for every read).
+    static RAW_BUFFERS: std::cell::RefCell<(Vec<u8>, Vec<u8>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Whether `len` bytes on disk at logical `a` and `b` are equal, read raw.
+fn raw_equal(fs: &Filesystem, a: u64, b: u64, len: u64) -> Result<bool> {
+    RAW_BUFFERS.with(|cell| {
+        let mut bufs = cell.borrow_mut();
+        let (ba, bb) = &mut *bufs;
+        let chunk = len.min(READ_CHUNK_BYTES) as usize;
+        ba.resize(chunk, 0);
+        bb.resize(chunk, 0);
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(READ_CHUNK_BYTES) as usize;
+            fs.info.read_logical(a + done, &mut ba[..n], 0)?;
+            fs.info.read_logical(b + done, &mut bb[..n], 0)?;
+            if ba[..n] != bb[..n] {
+                return Ok(false);
+            }
+            done += n as u64;
+        }
+        Ok(true)
+    })
+}
+
+/// Whether `len` bytes of two files read the same through the file (verified).
+fn file_equal(
+    fs: &Filesystem,
+    (na, ia, oa): (Node, &InodeItem, u64),
+    (nb, ib, ob): (Node, &InodeItem, u64),
+    len: u64,
+) -> Result<bool> {
     let mut done = 0u64;
     while done < len {
         let n = (len - done).min(READ_CHUNK_BYTES) as usize;
-        if fs.read_inode(na, &ia, a.offset + done, n)?
-            != fs.read_inode(nb, &ib, b.offset + done, n)?
-        {
+        if fs.read_inode(na, ia, oa + done, n)? != fs.read_inode(nb, ib, ob + done, n)? {
             return Ok(false);
         }
         done += n as u64;
@@ -592,5 +769,71 @@ mod tests {
         let again = dedupe(&mut t, &[top], &opts, &mut |_, _| {}).expect("dedupe");
         assert_eq!(again.bytes_deduped, 0, "{again:?}");
         assert_eq!(again.bytes_already_shared, 2 * data.len() as u64);
+    }
+
+    /// A copy whose data fails its checksums is left unshared and reported, and
+    /// the rest of the run goes on (the comparison reads it raw first and finds
+    /// the bytes differ, then the verified read fails).
+    #[test]
+    fn damaged_copy_is_left_unshared() {
+        let dev = MemDevice::new(vec![0u8; 256 << 20], "dedupe");
+        let mut t =
+            make_filesystem(dev.clone() as Arc<dyn Device>, &MkfsOptions::default()).expect("mkfs");
+        let data: Vec<u8> = (0..256u32 << 10).map(|i| (i % 251) as u8).collect();
+        let other: Vec<u8> = (0..384u32 << 10).map(|i| (i % 241) as u8).collect();
+        let a = new_file(&mut t, b"a", &data);
+        let b = new_file(&mut t, b"b", &data);
+        let c = new_file(&mut t, b"c", &other);
+        let d = new_file(&mut t, b"d", &other);
+        t.commit().expect("commit");
+        // Damage one byte of b's data on the device (not its checksum).
+        let exts = t.fs.file_extents(b).expect("extents");
+        let FileExtentBody::Regular { disk_bytenr, .. } = exts[0].item.body else {
+            panic!("{exts:?}");
+        };
+        let logical = disk_bytenr + 70_000;
+        let phys =
+            t.fs.info
+                .chunk_map
+                .lookup(logical)
+                .and_then(|e| e.map(logical, 0))
+                .expect("map");
+        let mut byte = [0u8; 1];
+        dev.read_at(phys.offset, &mut byte).expect("read");
+        byte[0] ^= 0x5a;
+        dev.write_at(phys.offset, &byte).expect("write");
+
+        let opts = DedupeOptions {
+            min_size_bytes: 1,
+            dry_run: false,
+        };
+        let top = Node::new(FS_TREE_OBJECTID, FIRST_FREE_OBJECTID);
+        let r = dedupe(&mut t, &[top], &opts, &mut |_, _| {}).expect("dedupe");
+        assert_eq!(r.bytes_unreadable, data.len() as u64, "{r:?}");
+        assert_eq!(r.bytes_deduped, other.len() as u64, "{r:?}");
+        let warnings = t.fs.info.take_warnings();
+        assert!(
+            warnings.iter().any(|w| w.contains("not shared")),
+            "{warnings:?}"
+        );
+        assert!(t.fs.read(a, 0, data.len()).expect("read a") == data);
+        assert!(
+            t.fs.read(b, 0, data.len()).is_err(),
+            "b still reads as damaged"
+        );
+        assert!(t.fs.read(d, 0, other.len()).expect("read d") == other);
+        let (ea, eb) = (
+            t.fs.file_extents(a).expect("a"),
+            t.fs.file_extents(b).expect("b"),
+        );
+        assert_ne!(
+            ea[0].item.body, eb[0].item.body,
+            "the damaged copy was shared"
+        );
+        let (ec, ed) = (
+            t.fs.file_extents(c).expect("c"),
+            t.fs.file_extents(d).expect("d"),
+        );
+        assert_eq!(ec[0].item.body, ed[0].item.body, "c and d not shared");
     }
 }
