@@ -266,7 +266,10 @@ impl Allocator {
             return Ok(());
         }
         let ranges = super::free_space_tree::read_fst_ranges(info, start, length)?;
-        let bg = self.bgs.get_mut(&start).expect("checked above");
+        let bg = self
+            .bgs
+            .get_mut(&start)
+            .ok_or_else(|| Error::corrupt(format!("no block group at {start}")))?;
         let mut free = FreeSpaceIndex::new();
         let mut bitmaps = false;
         for r in ranges.0 {
@@ -468,7 +471,9 @@ impl Allocator {
         let flags = ty | profile;
         let mut chunk_stripes = Vec::new();
         for &(devid, physical) in &stripes {
-            let ds = self.dev_space.get_mut(&devid).expect("chosen above");
+            let ds = self.dev_space.get_mut(&devid).ok_or_else(|| {
+                Error::corrupt(format!("internal: devid {devid} has no free-space map"))
+            })?;
             ds.used.insert(physical, stripe_len);
             ds.bytes_used += stripe_len;
             let uuid = self

@@ -195,7 +195,10 @@ impl Allocator {
     ) -> Result<Option<u64>> {
         self.ensure_loaded(info, start)?;
         let mode = self.search_mode;
-        let bg = self.bgs.get_mut(&start).expect("caller checked");
+        let bg = self
+            .bgs
+            .get_mut(&start)
+            .ok_or_else(|| Error::corrupt(format!("no block group at {start}")))?;
         // The size index knows the largest entry at once; the offset-only search (the
         // kernel before seed 001) has to walk to find out.
         if mode == SearchMode::SizeIndex && bg.free.largest() < len {
@@ -354,7 +357,10 @@ impl Allocator {
     fn take_free(&mut self, info: &FsInfo, bytenr: u64, len: u64, what: &str) -> Result<()> {
         let s = self.bg_of(bytenr)?;
         self.ensure_loaded(info, s)?;
-        let bg = self.bgs.get_mut(&s).expect("found above");
+        let bg = self
+            .bgs
+            .get_mut(&s)
+            .ok_or_else(|| Error::corrupt(format!("no block group at {s}")))?;
         if bytenr + len > bg.end() || !bg.free.is_free(bytenr, len) {
             return Err(Error::corrupt(format!(
                 "{what} at {bytenr} ({len} bytes) is not free space: the log and the extent tree disagree"
@@ -368,7 +374,10 @@ impl Allocator {
     /// Returns unreferenced space allocated in this transaction (e.g. a failed write).
     pub(crate) fn release_unused(&mut self, bytenr: u64, len: u64) -> Result<()> {
         let s = self.bg_of(bytenr)?;
-        let bg = self.bgs.get_mut(&s).expect("found above");
+        let bg = self
+            .bgs
+            .get_mut(&s)
+            .ok_or_else(|| Error::corrupt(format!("no block group at {s}")))?;
         bg.free
             .add(bytenr, len)
             .map_err(|e| Error::corrupt(format!("allocator: {e}")))

@@ -694,7 +694,11 @@ impl Trans {
     fn account_extent(&mut self, bytenr: u64, len: u64, alloc: bool) -> Result<()> {
         let s = self.alloc.bg_of(bytenr)?;
         self.alloc.ensure_loaded(&self.fs.info, s)?;
-        let bg = self.alloc.bgs.get_mut(&s).expect("found above");
+        let bg = self
+            .alloc
+            .bgs
+            .get_mut(&s)
+            .ok_or_else(|| Error::corrupt(format!("no block group at {s}")))?;
         if alloc {
             bg.used += len;
             self.fs.info.sb.bytes_used += len;

@@ -1154,7 +1154,9 @@ impl TreeLog {
         let mut garbage = Vec::new();
         let subvols: Vec<u64> = self.subvols.keys().copied().collect();
         for id in subvols {
-            let buf = self.subvols.get_mut(&id).expect("listed above");
+            let buf = self.subvols.get_mut(&id).ok_or_else(|| {
+                Error::corrupt(format!("internal: log of subvolume {id} vanished"))
+            })?;
             let Some((bytenr, level)) = write_tree(t, buf, &mut garbage, &mut self.stats)? else {
                 return Ok(Some("metadata space short for the log"));
             };
