@@ -48,6 +48,10 @@ const FALLOC_FL_ZERO_RANGE: u32 = 0x10;
 // renameat2(2) flags
 const RENAME_NOREPLACE: u32 = 1;
 const RENAME_EXCHANGE: u32 = 2;
+/// renameat2's RENAME_WHITEOUT: the old name becomes a whiteout (a character
+/// device 0:0 with no permission bits), in the same change, as btrfs does for
+/// overlayfs's upper layer.
+const RENAME_WHITEOUT: u32 = 4;
 
 // setxattr(2) flags
 const XATTR_CREATE: u32 = 1;
@@ -656,10 +660,10 @@ impl Ops {
         };
         let oname = name(&mut a)?;
         let nname = name(&mut a)?;
-        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
-            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        // The VFS refuses the combinations too; a malformed request gets EINVAL.
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE | RENAME_WHITEOUT) != 0
+            || (flags & RENAME_EXCHANGE != 0 && flags & (RENAME_NOREPLACE | RENAME_WHITEOUT) != 0)
         {
-            // RENAME_WHITEOUT, as on btrfs without overlayfs support here.
             return Err(errno::EINVAL);
         }
         let od = self.changeable(h.nodeid)?;
@@ -684,6 +688,18 @@ impl Ops {
         if flags & RENAME_EXCHANGE != 0 {
             w.change("rename", |t| {
                 t.rename_exchange(od.root, od.ino, oname, nd.ino, nname, t0)
+            })?;
+        } else if flags & RENAME_WHITEOUT != 0 {
+            // S_IFCHR, no permission bits. Owned as any new inode of the old directory (btrfs_whiteout_for_rename
+            // makes it through the same path as mknod).
+            let (mut attr, acls) = self.new_inode(w, h, od, 0o020000, 0)?;
+            attr.rdev = 0;
+            let noreplace = flags & RENAME_NOREPLACE != 0;
+            let need = Reservation::items(2 * crate::writer::DEFAULT_ITEMS);
+            w.change_reserved("rename", need, |t| {
+                t.rename(od.root, od.ino, oname, nd.ino, nname, noreplace, t0)?;
+                let ino = t.create(od.root, od.ino, oname, attr)?;
+                acls.store(t, od.root, ino)
             })?;
         } else {
             let noreplace = flags & RENAME_NOREPLACE != 0;
