@@ -681,6 +681,46 @@ pub struct EditImage {
     pub image: PathBuf,
 }
 
+/// `ubtrfs filesystem label`: prints the label (as btrfs-progs, one line) or sets
+/// it, on an image or through a directory of a mounted filesystem.
+pub fn label(target: &Path, new: Option<&str>, out: &mut dyn std::io::Write) -> Result<()> {
+    use ubtrfs_fuse::subvol_ops::client;
+    if let Some(l) = new {
+        if l.len() >= 256 {
+            bail!("label is too long (max 255)");
+        }
+    }
+    if target.is_dir() {
+        let f = std::fs::File::open(target)
+            .with_context(|| format!("{}: cannot open", target.display()))?;
+        match new {
+            Some(l) => client::set_fslabel(&f, l.as_bytes())
+                .with_context(|| format!("{}: cannot set the label", target.display()))?,
+            None => {
+                let l = client::get_fslabel(&f)
+                    .with_context(|| format!("{}: cannot read the label", target.display()))?;
+                writeln!(out, "{}", String::from_utf8_lossy(&l))?;
+            }
+        }
+        return Ok(());
+    }
+    match new {
+        Some(l) => {
+            let mut t = open_rw(target)?;
+            t.set_label(l.as_bytes())?;
+            t.commit()?;
+        }
+        None => {
+            let fs = ubtrfs_core::Filesystem::open_replayed(
+                &[target.to_path_buf()],
+                ubtrfs_core::OpenOptions::default(),
+            )?;
+            writeln!(out, "{}", fs.info.sb.label())?;
+        }
+    }
+    Ok(())
+}
+
 pub fn open_rw(img: &Path) -> Result<Trans> {
     Ok(Trans::open_paths(&[img])?)
 }

@@ -253,6 +253,15 @@ enum Cmd {
 enum FsCmd {
     /// Disk usage with exclusive and shared bytes, like `btrfs filesystem du`.
     Du(share::DuArgs),
+    /// Show or set the filesystem's label, like `btrfs filesystem label`: of an
+    /// image, or of a mounted ubtrfs (or kernel btrfs) filesystem given by a
+    /// directory in it (FS_IOC_GETFSLABEL / FS_IOC_SETFSLABEL).
+    Label {
+        /// Image file, device, or a directory of a mounted filesystem.
+        target: PathBuf,
+        /// The new label (at most 255 bytes); without it the label is printed.
+        new_label: Option<String>,
+    },
     /// Grow or shrink a device of the filesystem, like `btrfs filesystem resize`:
     /// [DEVID:][+|-]SIZE[KMGTPE] or [DEVID:]max. An image file grows or is cut to
     /// the size; chunks beyond a smaller size are relocated first (as the kernel does).
@@ -803,6 +812,9 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Filesystem {
             cmd: FsCmd::Resize { image, size },
         } => edit::resize(&image, &size, &mut out)?,
+        Cmd::Filesystem {
+            cmd: FsCmd::Label { target, new_label },
+        } => edit::label(&target, new_label.as_deref(), &mut out)?,
         Cmd::Filesystem { cmd: FsCmd::Du(a) } => {
             let fs = open(&a.img)?;
             let r = share::cmd_du(&fs, &a, &mut out);

@@ -540,3 +540,77 @@ fn tools_locks_match_kernel() {
     assert_eq!(kernel, LOCK_EXPECTED, "lock results on the kernel");
     took("locks on the kernel and on ubtrfs + round trip", t0);
 }
+
+/// The label, as `btrfs filesystem label` shows and sets it: on an image (read by
+/// btrfs-progs after ubtrfs set it, and the other way), through a directory of the
+/// read-write mount (FS_IOC_SETFSLABEL from xfs_io and from `ubtrfs filesystem
+/// label`, read by the kernel after the unmount), and through a kernel mount.
+#[test]
+fn filesystem_label_on_image_and_mounts() {
+    if !require_fuse("filesystem_label_on_image_and_mounts") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("a.img");
+    mkfs_btrfs(&img, 1 << 30, &["-L", "made by mkfs"]);
+    let progs = |img: &Path| {
+        bash_ok(
+            Path::new("/"),
+            &format!("btrfs filesystem label {}", shell_quote(img)),
+        )
+        .unwrap_or_else(|e| panic!("btrfs filesystem label: {e}"))
+    };
+    let label_arg = img.to_str().expect("utf-8 path");
+    assert_eq!(
+        UBTRFS.stdout(&["filesystem", "label", label_arg]),
+        progs(&img)
+    );
+    UBTRFS.stdout(&["filesystem", "label", label_arg, "set offline"]);
+    assert_eq!(progs(&img), "set offline\n");
+    let long = "x".repeat(256);
+    let (ok, _, err) = UBTRFS.run(&["filesystem", "label", label_arg, long.as_str()]);
+    assert!(!ok && err.contains("too long"), "{err}");
+    bash_ok(
+        Path::new("/"),
+        &format!(
+            "btrfs filesystem label {} 'set by progs'",
+            shell_quote(&img)
+        ),
+    )
+    .expect("btrfs-progs sets the label");
+    assert_eq!(
+        UBTRFS.stdout(&["filesystem", "label", label_arg]),
+        "set by progs\n"
+    );
+
+    let fm = FuseMount::start(&UBTRFS, &[&img], &["rw"]);
+    let mnt = fm.mnt.to_str().expect("utf-8 path").to_string();
+    assert_eq!(
+        UBTRFS.stdout(&["filesystem", "label", mnt.as_str()]),
+        "set by progs\n"
+    );
+    let out = bash_ok(
+        &fm.mnt,
+        "xfs_io -c 'label -s via-xfs_io' . && xfs_io -c label .",
+    )
+    .unwrap_or_else(|e| panic!("xfs_io label: {e}\n{}", fm.log()));
+    assert_eq!(out, "label = \"via-xfs_io\"\nlabel = \"via-xfs_io\"\n");
+    UBTRFS.stdout(&["filesystem", "label", mnt.as_str(), "on the mount"]);
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&img, &seen, "label");
+    assert_eq!(progs(&img), "on the mount\n");
+
+    let km = ubtrfs_sim::mount::KernelMount::new(&img, "");
+    let kmnt = km.mnt.to_str().expect("utf-8 path").to_string();
+    assert_eq!(
+        UBTRFS.stdout(&["filesystem", "label", kmnt.as_str()]),
+        "on the mount\n"
+    );
+    UBTRFS.stdout(&["filesystem", "label", kmnt.as_str(), "kernel mount"]);
+    km.umount();
+    assert_eq!(
+        UBTRFS.stdout(&["filesystem", "label", label_arg]),
+        "kernel mount\n"
+    );
+}

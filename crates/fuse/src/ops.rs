@@ -135,6 +135,10 @@ const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 /// durable, since FUSE never passes sync(2)/syncfs(2) on to a server (only
 /// virtiofs gets FUSE_SYNCFS).
 const BTRFS_IOC_SYNC: u32 = 0x9408;
+/// FS_IOC_GETFSLABEL (= BTRFS_IOC_GET_FSLABEL): _IOR(0x94, 49, char[256]).
+pub(crate) const FS_IOC_GETFSLABEL: u32 = 0x8100_9431;
+/// FS_IOC_SETFSLABEL (= BTRFS_IOC_SET_FSLABEL): _IOW(0x94, 50, char[256]).
+pub(crate) const FS_IOC_SETFSLABEL: u32 = 0x4100_9432;
 pub(crate) const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 pub(crate) const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 pub(crate) const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
@@ -1073,6 +1077,8 @@ impl Ops {
             Some(self.quota_ioctl(h, cmd, input))
         } else if cmd == crate::subvol_ops::BTRFS_IOC_INO_LOOKUP {
             Some(self.ino_lookup(h, input))
+        } else if cmd == FS_IOC_GETFSLABEL || cmd == FS_IOC_SETFSLABEL {
+            Some(self.fslabel_ioctl(h, cmd, input))
         } else {
             None
         };
@@ -1147,6 +1153,27 @@ impl Ops {
         let mut o = Out::with_capacity(16);
         o.i32(0).u32(0).u32(0).u32(0);
         reply.ok_parts(&[&o.buf, &data[..n]]);
+    }
+
+    /// FS_IOC_GETFSLABEL: the label's 256 bytes. FS_IOC_SETFSLABEL: a new label
+    /// (NUL-terminated within the 256 bytes, else EINVAL), committed at once, as the
+    /// kernel's btrfs_ioctl_set_fslabel does.
+    fn fslabel_ioctl(&self, h: &InHeader, cmd: u32, input: &[u8]) -> Result<Vec<u8>, i32> {
+        if cmd == FS_IOC_GETFSLABEL {
+            return Ok(self.engine.read(|fs| fs.info.sb.label_raw.to_vec()));
+        }
+        // The kernel asks CAP_SYS_ADMIN; this server runs with its owner's rights.
+        if h.uid != 0 && h.uid != nix::unistd::getuid().as_raw() {
+            return Err(errno::EPERM);
+        }
+        let Engine::ReadWrite(w) = &self.engine else {
+            return Err(errno::EROFS);
+        };
+        let raw = input.get(..256).ok_or(errno::EINVAL)?;
+        let end = raw.iter().position(|&b| b == 0).ok_or(errno::EINVAL)?;
+        w.change("setfslabel", |t| t.set_label(&raw[..end]))?;
+        w.commit()?;
+        Ok(Vec::new())
     }
 
     /// SEEK_DATA / SEEK_HOLE: holes and prealloc extents read as zeros and count as

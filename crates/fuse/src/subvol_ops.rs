@@ -311,6 +311,26 @@ pub mod client {
         Ok(())
     }
 
+    /// FS_IOC_GETFSLABEL: the label of the filesystem holding `f` (a ubtrfs or a
+    /// kernel btrfs mount), up to its NUL.
+    pub fn get_fslabel(f: &File) -> io::Result<Vec<u8>> {
+        let mut b = vec![0u8; 256];
+        ioctl(f, crate::ops::FS_IOC_GETFSLABEL, &mut b)?;
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        b.truncate(end);
+        Ok(b)
+    }
+
+    /// FS_IOC_SETFSLABEL: a new label (at most 255 bytes, no NUL).
+    pub fn set_fslabel(f: &File, label: &[u8]) -> io::Result<()> {
+        if label.len() >= 256 || label.contains(&0) {
+            return Err(io::Error::from_raw_os_error(22));
+        }
+        let mut b = vec![0u8; 256];
+        b[..label.len()].copy_from_slice(label);
+        ioctl(f, crate::ops::FS_IOC_SETFSLABEL, &mut b)
+    }
+
     /// BTRFS_IOC_SUBVOL_CREATE_V2: a new subvolume `name` in directory `dir`.
     pub fn create_subvolume(dir: &File, name: &[u8]) -> io::Result<()> {
         let mut a = vol_args_v2(0, 0, name)?;

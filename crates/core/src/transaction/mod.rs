@@ -50,6 +50,9 @@ pub(crate) const RELOC_BATCH_BYTES_DEFAULT: u64 = 256 << 20;
 /// are only known to exist (the tree log then compares the directory's leaves).
 pub(crate) const DIR_INDEX_CHANGES_MAX: usize = 1 << 16;
 
+/// Size of the superblock's label field (BTRFS_LABEL_SIZE), its NUL included.
+const SUPER_LABEL_BYTES: usize = 256;
+
 /// The DIR_INDEX keys inserted, changed or deleted in the running transaction, per
 /// (tree, directory): what a directory's fsync must log, without comparing the
 /// directory with the last commit's (the kernel keeps the same per directory
@@ -630,6 +633,28 @@ impl Trans {
     /// ([`Trans::commit_finish`]).
     pub fn commit_in_flight(&self) -> bool {
         self.inflight.is_some()
+    }
+
+    /// Sets the filesystem's label (written with the next commit), as
+    /// FS_IOC_SETFSLABEL and `btrfs filesystem label` do: at most 255 bytes, no NUL
+    /// (the kernel's limit: the 256-byte field keeps a terminating NUL).
+    pub fn set_label(&mut self, label: &[u8]) -> Result<()> {
+        if label.len() >= SUPER_LABEL_BYTES || label.contains(&0) {
+            return Err(Error::Invalid(format!(
+                "label {:?}: at most {} bytes, without NUL",
+                String::from_utf8_lossy(label),
+                SUPER_LABEL_BYTES - 1
+            )));
+        }
+        let raw = &mut self.fs.info.sb.label_raw;
+        raw.fill(0);
+        raw[..label.len()].copy_from_slice(label);
+        // The superblock alone changed: CoW the root tree's root so the next commit
+        // is not skipped as empty (every commit writes the root tree, whose
+        // generation the superblock's must equal).
+        let root_key = Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0);
+        self.search_mut(ROOT_TREE_OBJECTID, &root_key, 0, true)?;
+        Ok(())
     }
 
     /// Writes bytes at a logical address to every copy.
