@@ -13,6 +13,7 @@
 //! Needs root (/dev/fuse, loop devices) and gcc, make, git, sqlite3, python3
 //! (tests/install-deps.sh); skipped with a line outside CI.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 use ubtrfs_sim::host::{bash_ok, require_fuse, serial, shell_quote, Ubtrfs};
@@ -612,5 +613,68 @@ fn filesystem_label_on_image_and_mounts() {
     assert_eq!(
         UBTRFS.stdout(&["filesystem", "label", label_arg]),
         "kernel mount\n"
+    );
+}
+
+/// fstrim on the read-write mount (FITRIM): the same image, trimmed by the kernel's
+/// btrfs on a loop mount and by ubtrfs, reports the same bytes (free extents of each
+/// block group once per copy, and the unallocated space); the ubtrfs image gives the
+/// host back what was deleted (holes punched), keeps every file, and passes the
+/// kernel round trip.
+#[test]
+fn fstrim_matches_kernel() {
+    if !require_fuse("fstrim_matches_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = fresh_image(dir.path());
+    let km = ubtrfs_sim::mount::KernelMount::new(&img, "");
+    bash_ok(
+        &km.mnt,
+        "head -c 60M /dev/urandom > gone; head -c 20M /dev/urandom > kept
+         mkdir d; for i in $(seq 300); do echo $i > d/$i; done
+         sync; rm gone",
+    )
+    .expect("kernel workload");
+    km.umount();
+    let kimg = dir.path().join("k.img");
+    bash_ok(
+        dir.path(),
+        &format!(
+            "cp --sparse=always {} {}",
+            shell_quote(&img),
+            shell_quote(&kimg)
+        ),
+    )
+    .expect("copy");
+    let trimmed = |out: &str| -> u64 {
+        // "MNT: 4 GiB (4261806080 bytes) trimmed"
+        out.split('(')
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("fstrim said {out:?}"))
+    };
+    let km = ubtrfs_sim::mount::KernelMount::new(&kimg, "");
+    let kernel = trimmed(&bash_ok(&km.mnt, "fstrim -v .").expect("fstrim on the kernel"));
+    km.umount();
+
+    let allocated = |p: &Path| {
+        std::fs::metadata(p)
+            .map(|m| m.blocks() * 512)
+            .expect("stat")
+    };
+    let before = allocated(&img);
+    let fm = FuseMount::start(&UBTRFS, &[&img], &["rw"]);
+    let out = bash_ok(&fm.mnt, "fstrim -v .")
+        .unwrap_or_else(|e| panic!("fstrim on ubtrfs: {e}\n{}", fm.log()));
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&img, &seen, "fstrim");
+    assert_eq!(trimmed(&out), kernel, "bytes trimmed: ubtrfs, kernel");
+    let after = allocated(&img);
+    assert!(
+        after + (50 << 20) < before,
+        "image still allocates {after} bytes (was {before})"
     );
 }

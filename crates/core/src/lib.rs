@@ -67,6 +67,7 @@ pub use relocation::relocate::RelocStats;
 pub use subvol::subvol::SubvolInfo;
 pub use transaction::quota::{QgroupLimitKind, QgroupStats};
 pub use transaction::space_info::Reservation;
+pub use transaction::trim::TrimReport;
 pub use transaction::{CommitIo, Trans};
 pub use tree::ctree::{lookup_exact, search_slot, walk_items, ItemRef, Path as TreePath, TreeIter};
 pub use tree::{RootPtr, TreeBlock};

@@ -594,6 +594,20 @@ impl Writer {
         }
     }
 
+    /// FITRIM: commits (so what the transaction freed is free on disk too), then
+    /// trims with the transaction held and no commit in flight ([`Trans::trim`]).
+    pub fn trim(&self, start: u64, len: u64, minlen: u64) -> Result<u64, i32> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(errno::EROFS);
+        }
+        let _serial = self.commit_serial.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+        self.commit_locked(&mut t)?;
+        t.trim(start, len, minlen)
+            .map(|r| r.trimmed_bytes)
+            .map_err(|e| e.errno())
+    }
+
     /// Commits, with the transaction held: delayed data first; a failure aborts.
     fn commit_locked(&self, t: &mut Trans) -> Result<(), i32> {
         self.changes.store(0, Ordering::Release);

@@ -20,6 +20,13 @@ pub trait Device: Send + Sync + std::fmt::Debug {
     fn size(&self) -> u64;
     /// For messages.
     fn name(&self) -> String;
+    /// Tells the device that `len` bytes at `offset` hold nothing (FITRIM): a hole
+    /// punched in an image file, a discard on a block device. What reads there
+    /// afterwards is unspecified (zeros on files). Devices that cannot say
+    /// Unsupported.
+    fn discard(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Err(io::Error::from(io::ErrorKind::Unsupported))
+    }
     /// Shares `len` bytes of `src` at `src_offset` into this device at `offset`
     /// without copying (reflink), where the host filesystem can; all offsets and
     /// `len` block aligned. Devices that cannot say Unsupported.
@@ -134,6 +141,48 @@ impl Device for FileDevice {
         }
     }
 
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::FileTypeExt;
+        if offset.checked_add(len).is_none_or(|e| e > self.size) {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let (Ok(off), Ok(n)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Err(io::Error::from(io::ErrorKind::InvalidInput));
+        };
+        let r = if self.file.metadata()?.file_type().is_block_device() {
+            // BLKDISCARD, _IO(0x12, 119): a range of two u64s.
+            const BLKDISCARD: libc::c_ulong = 0x1277;
+            let range: [u64; 2] = [offset, len];
+            // SAFETY: BLKDISCARD reads two u64s from the pointer, which points at
+            // `range` for the call's duration; the descriptor is open.
+            unsafe { libc::ioctl(self.file.as_raw_fd(), BLKDISCARD as _, range.as_ptr()) }
+        } else {
+            // SAFETY: fallocate takes only integers; the descriptor is open.
+            unsafe {
+                libc::fallocate(
+                    self.file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    off,
+                    n,
+                )
+            }
+        };
+        if r == 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) | Some(libc::ENOTTY) => {
+                Err(io::Error::new(io::ErrorKind::Unsupported, e))
+            }
+            _ => Err(e),
+        }
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         if offset
             .checked_add(buf.len() as u64)
@@ -221,6 +270,18 @@ impl Device for MemDevice {
         Ok(())
     }
     fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let mut d = self
+            .data
+            .write()
+            .map_err(|_| io::Error::other("poisoned"))?;
+        let start = usize::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+        let n = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
+        d.get_mut(start..start.saturating_add(n))
+            .ok_or(io::ErrorKind::InvalidInput)?
+            .fill(0);
         Ok(())
     }
     fn size(&self) -> u64 {

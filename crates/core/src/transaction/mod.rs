@@ -21,6 +21,7 @@ pub(crate) mod extent_tree;
 pub(crate) mod free_space_tree;
 pub(crate) mod quota;
 pub(crate) mod space_info;
+pub(crate) mod trim;
 
 use crate::alloc::block_group::{super_offset, DevSpace};
 use crate::alloc::delayed_ref::DelayedRefs;

@@ -1,0 +1,213 @@
+//! FITRIM: telling the devices which space holds nothing (the kernel's btrfs_trim_fs
+//! in extent-tree.c). On an image file that punches holes, so a sparse image gives
+//! the host its space back; on a block device it is a discard.
+//!
+//! Two kinds of space are trimmed, as on the kernel: the free extents of the block
+//! groups that overlap the asked logical range (each copy of a DUP or RAID1* group),
+//! and the device space no chunk holds (always all of it, whatever the range; the
+//! first MiB and the superblock copies excluded).
+//!
+//! Safe only for space nothing durable points at: the free-space index of a block
+//! group never holds what the running or a committing transaction freed (that stays
+//! pinned until its commit is durable), and the caller commits first anyway, so
+//! what the last transaction deleted is trimmed too. Groups striped over several
+//! devices (RAID0/10/5/6, which this engine does not write) are left alone.
+
+use super::Trans;
+use crate::alloc::block_group::super_offset;
+use crate::error::{Error, Result};
+use std::io::ErrorKind;
+use ubtrfs_format::consts::*;
+
+/// What a trim did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TrimReport {
+    /// Device bytes trimmed, as the kernel counts them: each copy of a free extent
+    /// of a block group (a DUP group's free space twice), plus unallocated bytes.
+    pub trimmed_bytes: u64,
+}
+
+/// Around each superblock copy, space that is never trimmed (a stripe unit, as the
+/// allocator keeps it out of block groups).
+const SUPER_KEEP_BYTES: u64 = 64 << 10;
+
+impl Trans {
+    /// Trims the free space of the block groups overlapping `[start, start + len)`
+    /// (logical; `len` u64::MAX for all) in pieces of at least `minlen_bytes`, and
+    /// every device's unallocated space. Error `Unsupported` when no device can
+    /// discard, `Invalid` for a range that wraps. Changes nothing in the trees.
+    pub fn trim(&mut self, start: u64, len: u64, minlen_bytes: u64) -> Result<TrimReport> {
+        if start == u64::MAX || (len != u64::MAX && start.checked_add(len).is_none()) {
+            return Err(Error::Invalid(format!("trim range {start}+{len} wraps")));
+        }
+        let end = start.saturating_add(len);
+        let minlen = minlen_bytes.max(1);
+        let mut report = TrimReport::default();
+        let mut any_supported = false;
+        let mut any_unsupported = false;
+        let mut discard = |this: &Trans, devid: u64, offset: u64, n: u64| -> Result<bool> {
+            let dev = this
+                .fs
+                .info
+                .devices
+                .get(&devid)
+                .ok_or_else(|| Error::Invalid(format!("devid {devid} is missing")))?;
+            match dev.discard(offset, n) {
+                Ok(()) => {
+                    any_supported = true;
+                    Ok(true)
+                }
+                Err(e) if e.kind() == ErrorKind::Unsupported => {
+                    any_unsupported = true;
+                    Ok(false)
+                }
+                Err(e) => Err(Error::io(
+                    format!("discarding {n} bytes at {offset} on {}", dev.name()),
+                    e,
+                )),
+            }
+        };
+
+        let groups: Vec<u64> = self
+            .alloc
+            .bgs
+            .range(..end)
+            .filter(|(_, b)| b.end() > start)
+            .map(|(s, _)| *s)
+            .collect();
+        for s in groups {
+            self.alloc.ensure_loaded(&self.fs.info, s)?;
+            let Some(bg) = self.alloc.bgs.get(&s) else {
+                continue;
+            };
+            let striped =
+                BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6;
+            if bg.flags & striped != 0 || bg.ro {
+                continue;
+            }
+            let free: Vec<(u64, u64)> = bg
+                .free
+                .iter()
+                .filter_map(|(o, l)| {
+                    let (a, b) = (o.max(start), o.saturating_add(l).min(end));
+                    (b > a && b - a >= minlen).then_some((a, b - a))
+                })
+                .collect();
+            let entry = self.fs.info.chunk_map.lookup(s)?.clone();
+            for (o, l) in free {
+                for m in 0..entry.num_mirrors() {
+                    // Each copy of a DUP or RAID1* group is one contiguous stripe.
+                    let p = entry.map(o, m)?;
+                    let n = l.min(p.len);
+                    if discard(self, p.devid, p.offset, n)? {
+                        report.trimmed_bytes += n;
+                    }
+                }
+            }
+        }
+
+        let holes: Vec<(u64, u64, u64)> = self
+            .alloc
+            .dev_space
+            .iter()
+            .flat_map(|(&devid, ds)| ds.holes().into_iter().map(move |(o, l)| (devid, o, l)))
+            .collect();
+        for (devid, o, l) in holes {
+            for (a, n) in without_supers(o, l) {
+                if n >= minlen && discard(self, devid, a, n)? {
+                    report.trimmed_bytes += n;
+                }
+            }
+        }
+        if any_unsupported && !any_supported {
+            return Err(Error::Unsupported("no device can discard".into()));
+        }
+        Ok(report)
+    }
+}
+
+/// `[offset, offset + len)` split around the superblock copies.
+fn without_supers(offset: u64, len: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::new();
+    let mut pos = offset;
+    let end = offset.saturating_add(len);
+    for i in 0..SUPER_MIRROR_MAX {
+        let s = super_offset(i);
+        let e = s.saturating_add(SUPER_KEEP_BYTES);
+        if e <= pos || s >= end {
+            continue;
+        }
+        if s > pos {
+            out.push((pos, s - pos));
+        }
+        pos = pos.max(e);
+    }
+    if end > pos {
+        out.push((pos, end - pos));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tools::mkfs::{make_filesystem, MkfsOptions};
+    use crate::{Device, MemDevice};
+    use std::sync::Arc;
+
+    #[test]
+    fn supers_are_kept() {
+        let m = 64 << 20;
+        assert_eq!(without_supers(1 << 20, 10 << 20), vec![(1 << 20, 10 << 20)]);
+        assert_eq!(
+            without_supers(m - 4096, 2 * SUPER_KEEP_BYTES),
+            vec![
+                (m - 4096, 4096),
+                (m + SUPER_KEEP_BYTES, SUPER_KEEP_BYTES - 4096)
+            ]
+        );
+        assert!(without_supers(m, SUPER_KEEP_BYTES).is_empty());
+    }
+
+    /// Free space reads back as zeros after a trim, every file keeps its data, and
+    /// the filesystem still opens.
+    #[test]
+    fn trim_zeroes_free_space_only() {
+        let dev = MemDevice::new(vec![0xa5u8; 256 << 20], "trim");
+        let mut t =
+            make_filesystem(dev.clone() as Arc<dyn Device>, &MkfsOptions::default()).expect("mkfs");
+        let data: Vec<u8> = (0..300_000u32).map(|i| (i % 253) as u8).collect();
+        let attr = crate::inode::inode::NewInode {
+            mode: 0o100644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            time: Default::default(),
+        };
+        let ino = t
+            .create(FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, b"f", attr)
+            .expect("create");
+        t.write(FS_TREE_OBJECTID, ino, 0, &data, Default::default())
+            .expect("write");
+        t.commit().expect("commit");
+        let r = t.trim(0, u64::MAX, 0).expect("trim");
+        assert!(r.trimmed_bytes > 100 << 20, "{r:?}");
+        let img = dev.snapshot();
+        // The unallocated tail of the device (past every chunk) is zero now.
+        assert!(img[250 << 20..].iter().all(|&b| b == 0));
+        // The primary superblock and its neighbourhood are untouched.
+        assert!(img[(64 << 10) + 4096..(64 << 10) + 8192]
+            .iter()
+            .any(|&b| b == 0xa5));
+        let node = crate::Node::new(FS_TREE_OBJECTID, ino);
+        assert!(t.fs.read(node, 0, data.len()).expect("read") == data);
+        let fs = crate::Filesystem::from_info(
+            crate::FsInfo::open(
+                vec![dev.clone() as Arc<dyn Device>],
+                crate::OpenOptions::default(),
+            )
+            .expect("reopen"),
+        );
+        assert!(fs.read(node, 0, data.len()).expect("read after reopen") == data);
+    }
+}
