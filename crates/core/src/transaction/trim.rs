@@ -196,9 +196,7 @@ mod tests {
         // The unallocated tail of the device (past every chunk) is zero now.
         assert!(img[250 << 20..].iter().all(|&b| b == 0));
         // The primary superblock and its neighbourhood are untouched.
-        assert!(img[(64 << 10) + 4096..(64 << 10) + 8192]
-            .iter()
-            .any(|&b| b == 0xa5));
+        assert!(img[(64 << 10) + 4096..(64 << 10) + 8192].contains(&0xa5));
         let node = crate::Node::new(FS_TREE_OBJECTID, ino);
         assert!(t.fs.read(node, 0, data.len()).expect("read") == data);
         let fs = crate::Filesystem::from_info(
