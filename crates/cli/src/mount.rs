@@ -50,6 +50,8 @@ Mount options (-o, comma separated, repeatable):
   readahead_kb=N        kernel readahead for the mount (default 4096, like btrfs; 0 = FUSE's 128)
   max_read=BYTES        largest read request (default 1048576, the kernel's limit)
   rescue=ignoredatacsums  do not verify data checksums
+  rescue=nologreplay    (or nologreplay, norecovery) with ro only: show the last commit,
+                        a tree log left unreplayed (the kernel's meaning)
   rescue=usebackuproot  (or usebackuproot) mount read-only; a root tree that cannot be read
                         gives way to the newest backup root that can (every ro mount does)
   generation=N          read-only: show the filesystem as commit N left it (a backup root,
@@ -119,6 +121,9 @@ struct Opts {
     generation: Option<u64>,
     /// `-o rescue=usebackuproot`: accepted, and read-only (see `open_read_only`).
     usebackuproot: bool,
+    /// `-o rescue=nologreplay` (or the older `nologreplay`, `norecovery`): a tree
+    /// log is not replayed; read-only only, as on the kernel.
+    nologreplay: bool,
     /// The atime words (relatime, noatime, strictatime, nodiratime, ...) as flags.
     atime: ubtrfs_fuse::AtimeFlags,
 }
@@ -156,6 +161,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         tree_root: None,
         generation: None,
         usebackuproot: false,
+        nologreplay: false,
         atime: Default::default(),
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
@@ -197,6 +203,9 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("readahead_kb", Some(n)) => o.readahead_kb = Some(num(k, n)?),
             ("max_read", Some(n)) => o.max_read = Some(num::<u32>(k, n)?.clamp(4096, 1 << 20)),
             ("rescue", Some("ignoredatacsums")) => o.verify_csum = false,
+            ("rescue", Some("nologreplay")) | ("nologreplay" | "norecovery", None) => {
+                o.nologreplay = true
+            }
             ("rescue", Some("usebackuproot")) | ("usebackuproot", None) => o.usebackuproot = true,
             ("tree_root", Some(v)) => o.tree_root = Some(num(k, v)?),
             ("generation", Some(v)) => o.generation = Some(num(k, v)?),
@@ -204,6 +213,12 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("fsname", Some(n)) => o.fsname = Some(n.to_string()),
             ("subtype", Some(n)) => o.subtype = Some(n.to_string()),
             _ => bail!("unknown mount option {item:?} (see ubtrfs mount --help)"),
+        }
+    }
+    if o.nologreplay {
+        // btrfs_check_options: the log left unreplayed would be lost by a writer.
+        if o.rw != Some(false) {
+            bail!("nologreplay must be used with ro mount option");
         }
     }
     if o.tree_root.is_some() || o.generation.is_some() || o.usebackuproot {
@@ -236,8 +251,14 @@ fn open_read_only(
         )?),
         None => o.tree_root,
     };
-    Filesystem::open_replayed(paths, OpenOptions { tree_root, ..opts })
-        .with_context(|| format!("cannot open {image}"))
+    let opts = OpenOptions { tree_root, ..opts };
+    if o.nologreplay {
+        // The last commit as it is, a tree log left aside (the kernel's nologreplay).
+        return ubtrfs_core::FsInfo::open_paths(paths, opts)
+            .map(Filesystem::from_info)
+            .with_context(|| format!("cannot open {image}"));
+    }
+    Filesystem::open_replayed(paths, opts).with_context(|| format!("cannot open {image}"))
 }
 
 pub fn run(args: MountArgs) -> Result<()> {
@@ -709,6 +730,18 @@ mod option_tests {
 
     fn opts(s: &str) -> anyhow::Result<super::Opts> {
         parse_options(&[s.to_string()])
+    }
+
+    #[test]
+    fn nologreplay_is_read_only_only() {
+        for o in ["ro,rescue=nologreplay", "nologreplay,ro", "ro,norecovery"] {
+            let o = opts(o).expect("valid");
+            assert!(o.nologreplay && o.rw == Some(false));
+        }
+        for o in ["rescue=nologreplay", "rw,norecovery"] {
+            let e = opts(o).err().expect("refused");
+            assert!(e.to_string().contains("must be used with ro"), "{e}");
+        }
     }
 
     #[test]

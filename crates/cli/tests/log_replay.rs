@@ -274,6 +274,29 @@ fn kernel_logs_replay_like_the_kernel() {
         );
         let _ = std::fs::remove_file(&ro);
 
+        // (a') `-o ro,rescue=nologreplay` (and its old name norecovery): the last
+        // commit without the log, as the kernel shows it with the same option.
+        let nolog = dir.path().join(format!("{name}.nolog.img"));
+        copy(&crash, &nolog);
+        let k = KernelMount::new(&nolog, "ro,rescue=nologreplay");
+        let want_nolog = walk_mounted(&k.mnt);
+        k.umount();
+        for opt in [
+            "ro,rescue=nologreplay,ino=kernel",
+            "ro,norecovery,ino=kernel",
+        ] {
+            let mut m = FuseMount::start(&UBTRFS, &[&nolog], &[opt]);
+            let got = walk_mounted(&m.mnt);
+            let st = m.unmount();
+            assert!(st.success(), "{name}: {opt} mount exited {st}: {}", m.log());
+            diffs.extend(compare(&format!("{name} {opt}"), &want_nolog, &got, t));
+        }
+        assert!(
+            same_bytes(&crash, &nolog),
+            "{name}: a nologreplay mount changed the image"
+        );
+        let _ = std::fs::remove_file(&nolog);
+
         // (b) Read-write: replayed into the image.
         let rw = dir.path().join(format!("{name}.rw.img"));
         copy(&crash, &rw);

@@ -37,8 +37,16 @@ impl Trans {
     /// every device's unallocated space. Error `Unsupported` when no device can
     /// discard, `Invalid` for a range that wraps. Changes nothing in the trees.
     pub fn trim(&mut self, start: u64, len: u64, minlen_bytes: u64) -> Result<TrimReport> {
-        if start == u64::MAX || (len != u64::MAX && start.checked_add(len).is_none()) {
-            return Err(Error::Invalid(format!("trim range {start}+{len} wraps")));
+        // btrfs_ioctl_fitrim and btrfs_trim_fs: a range shorter than a sector, one
+        // starting at the last byte, or one that wraps is refused. (Any other start
+        // is fine: block groups live in a logical space that may lie beyond the
+        // devices' size, and device space is trimmed whatever the range.)
+        let sector = self.fs.info.sectorsize as u64;
+        if len < sector
+            || start == u64::MAX
+            || (len != u64::MAX && start.checked_add(len).is_none())
+        {
+            return Err(Error::Invalid(format!("trim range {start}+{len}")));
         }
         let end = start.saturating_add(len);
         let minlen = minlen_bytes.max(1);
