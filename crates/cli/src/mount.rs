@@ -739,7 +739,9 @@ mod option_tests {
             assert!(o.nologreplay && o.rw == Some(false));
         }
         for o in ["rescue=nologreplay", "rw,norecovery"] {
-            let e = opts(o).err().expect("refused");
+            let Err(e) = opts(o) else {
+                panic!("{o}: accepted");
+            };
             assert!(e.to_string().contains("must be used with ro"), "{e}");
         }
     }
