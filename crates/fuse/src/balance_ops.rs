@@ -12,7 +12,7 @@
 //! ([`client`]).
 
 use crate::abi::InHeader;
-use crate::ops::{errno, Ops};
+use crate::ops::{admin_only, errno, Ops};
 use crate::writer::Engine;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -121,10 +121,7 @@ impl Ops {
         cmd: u32,
         input: &[u8],
     ) -> Result<Vec<u8>, i32> {
-        // The kernel asks CAP_SYS_ADMIN; this server runs with its owner's rights.
-        if h.uid != 0 && h.uid != nix::unistd::getuid().as_raw() {
-            return Err(errno::EPERM);
-        }
+        admin_only(h)?;
         let Engine::ReadWrite(w) = &self.engine else {
             return Err(errno::EROFS);
         };

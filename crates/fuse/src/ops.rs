@@ -135,6 +135,16 @@ const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
 /// durable, since FUSE never passes sync(2)/syncfs(2) on to a server (only
 /// virtiofs gets FUSE_SYNCFS).
 const BTRFS_IOC_SYNC: u32 = 0x9408;
+/// The btrfs ioctls the kernel keeps for CAP_SYS_ADMIN (balance, quotas, the
+/// label, FITRIM, deleting others' subvolumes): root or the user the server runs
+/// as, whose rights it has; EPERM for anyone else.
+pub(crate) fn admin_only(h: &InHeader) -> Result<(), i32> {
+    if h.uid != 0 && h.uid != nix::unistd::getuid().as_raw() {
+        return Err(errno::EPERM);
+    }
+    Ok(())
+}
+
 /// FITRIM: _IOWR('X', 121, struct fstrim_range { start, len, minlen: u64 }).
 const FITRIM: u32 = 0xc018_5879;
 /// FS_IOC_GETFSLABEL (= BTRFS_IOC_GET_FSLABEL): _IOR(0x94, 49, char[256]).
@@ -1166,10 +1176,7 @@ impl Ops {
         if cmd == FS_IOC_GETFSLABEL {
             return Ok(self.engine.read(|fs| fs.info.sb.label_raw.to_vec()));
         }
-        // The kernel asks CAP_SYS_ADMIN; this server runs with its owner's rights.
-        if h.uid != 0 && h.uid != nix::unistd::getuid().as_raw() {
-            return Err(errno::EPERM);
-        }
+        admin_only(h)?;
         let Engine::ReadWrite(w) = &self.engine else {
             return Err(errno::EROFS);
         };
@@ -1184,10 +1191,7 @@ impl Ops {
     /// unallocated space is discarded (holes punched in an image file); the range
     /// comes back with `len` set to the bytes trimmed, as btrfs_ioctl_fitrim.
     fn fitrim(&self, h: &InHeader, input: &[u8]) -> Result<Vec<u8>, i32> {
-        // The kernel asks CAP_SYS_ADMIN; this server runs with its owner's rights.
-        if h.uid != 0 && h.uid != nix::unistd::getuid().as_raw() {
-            return Err(errno::EPERM);
-        }
+        admin_only(h)?;
         let Engine::ReadWrite(w) = &self.engine else {
             return Err(errno::EROFS);
         };

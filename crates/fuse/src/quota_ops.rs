@@ -9,7 +9,7 @@
 //! check statfs's f_type first); `ubtrfs quota|qgroup ... MNT` sends them ([`client`]).
 
 use crate::abi::InHeader;
-use crate::ops::{errno, Ops};
+use crate::ops::{admin_only, errno, Ops};
 use crate::writer::Engine;
 use ubtrfs_core::QgroupLimitKind;
 
@@ -72,10 +72,7 @@ impl Ops {
     /// One quota ioctl on node `h.nodeid`; returns the bytes to copy back (the
     /// command's whole argument for the reading ones, else nothing).
     pub(crate) fn quota_ioctl(&self, h: &InHeader, cmd: u32, input: &[u8]) -> Result<Vec<u8>, i32> {
-        // The kernel asks CAP_SYS_ADMIN; this server runs with its owner's rights.
-        if h.uid != 0 && h.uid != nix::unistd::getuid().as_raw() {
-            return Err(errno::EPERM);
-        }
+        admin_only(h)?;
         if cmd == BTRFS_IOC_QUOTA_RESCAN_STATUS {
             // Rescans finish inside their commit: never one running.
             return Ok(vec![0u8; 64]);

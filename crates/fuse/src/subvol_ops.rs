@@ -120,9 +120,7 @@ impl Ops {
         };
         // Only root and the user who mounted may change subvolumes (the kernel asks
         // for CAP_SYS_ADMIN to delete, and this server runs with its owner's rights).
-        if h.uid != 0 && h.uid != nix::unistd::getuid().as_raw() {
-            return Err(errno::EPERM);
-        }
+        crate::ops::admin_only(h)?;
         let a = parse(cmd, input)?;
         let dir = self.changeable(h.nodeid)?;
         let t0 = now();
