@@ -681,6 +681,17 @@ pub struct EditImage {
     pub image: PathBuf,
 }
 
+/// `ubtrfs filesystem trim`: commits (a log replayed first, as every writing
+/// command), then trims ([`Trans::trim`]); the bytes trimmed, as FITRIM reports them.
+pub fn trim(image: &Path, offset: u64, len: u64, minlen: u64) -> Result<u64> {
+    let mut t = open_rw(image)?;
+    t.commit()?;
+    let r = t
+        .trim(offset, len, minlen)
+        .with_context(|| format!("{}: cannot trim", image.display()))?;
+    Ok(r.trimmed_bytes)
+}
+
 /// `ubtrfs filesystem label`: prints the label (as btrfs-progs, one line) or sets
 /// it, on an image or through a directory of a mounted filesystem.
 pub fn label(target: &Path, new: Option<&str>, out: &mut dyn std::io::Write) -> Result<()> {

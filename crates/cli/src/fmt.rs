@@ -168,3 +168,47 @@ mod tests {
         assert_eq!(datetime(-1), "1969-12-31 23:59:59");
     }
 }
+
+/// A size as util-linux prints it (fstrim -v, lsblk): the largest binary unit the
+/// size reaches, one decimal rounded half up and dropped when it is 0, a space,
+/// then B, KiB, MiB, ... ("3.7 GiB", "4 GiB", "512 B").
+pub fn size_3letter(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut exp = 0u32;
+    while exp < 60 && bytes >= 1u64 << (exp + 10) {
+        exp += 10;
+    }
+    if exp == 0 {
+        return format!("{bytes} B");
+    }
+    let mut whole = bytes >> exp;
+    let rest = bytes & ((1u64 << exp) - 1);
+    // Thousandths of the unit, then tenths rounded half up.
+    let thousandths = ((rest as u128 * 1000) >> exp) as u64;
+    let mut tenths = (thousandths + 50) / 100;
+    if tenths == 10 {
+        whole += 1;
+        tenths = 0;
+    }
+    let unit = UNITS[(exp / 10) as usize];
+    if tenths == 0 {
+        format!("{whole} {unit}")
+    } else {
+        format!("{whole}.{tenths} {unit}")
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::size_3letter;
+
+    /// As fstrim -v printed them for these byte counts.
+    #[test]
+    fn like_util_linux() {
+        assert_eq!(size_3letter(4_261_806_080), "4 GiB");
+        assert_eq!(size_3letter(3_995_877_376), "3.7 GiB");
+        assert_eq!(size_3letter(7_168_065_536), "6.7 GiB");
+        assert_eq!(size_3letter(512), "512 B");
+        assert_eq!(size_3letter(1536), "1.5 KiB");
+    }
+}

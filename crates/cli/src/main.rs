@@ -253,6 +253,25 @@ enum Cmd {
 enum FsCmd {
     /// Disk usage with exclusive and shared bytes, like `btrfs filesystem du`.
     Du(share::DuArgs),
+    /// Discard the free space of an image (unmounted): holes punched in an image
+    /// file, BLKDISCARD on a device, as fstrim(8) does on a mount (FITRIM, which
+    /// `ubtrfs mount` also answers): the free extents of every block group (each
+    /// copy) and the space no chunk holds.
+    Trim {
+        image: PathBuf,
+        /// Logical offset where the block groups to trim begin (fstrim -o).
+        #[arg(short = 'o', long, default_value = "0")]
+        offset: String,
+        /// Bytes of block groups to trim from the offset (fstrim -l; default all).
+        #[arg(short = 'l', long)]
+        length: Option<String>,
+        /// Free extents shorter than this are left (fstrim -m).
+        #[arg(short = 'm', long, default_value = "0")]
+        minimum: String,
+        /// Print how much was trimmed, as `fstrim -v`.
+        #[arg(short = 'v', long)]
+        verbose: bool,
+    },
     /// Show or set the filesystem's label, like `btrfs filesystem label`: of an
     /// image, or of a mounted ubtrfs (or kernel btrfs) filesystem given by a
     /// directory in it (FS_IOC_GETFSLABEL / FS_IOC_SETFSLABEL).
@@ -812,6 +831,29 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Filesystem {
             cmd: FsCmd::Resize { image, size },
         } => edit::resize(&image, &size, &mut out)?,
+        Cmd::Filesystem {
+            cmd:
+                FsCmd::Trim {
+                    image,
+                    offset,
+                    length,
+                    minimum,
+                    verbose,
+                },
+        } => {
+            let offset = edit::parse_size(&offset)?;
+            let length = length.as_deref().map(edit::parse_size).transpose()?;
+            let minimum = edit::parse_size(&minimum)?;
+            let n = edit::trim(&image, offset, length.unwrap_or(u64::MAX), minimum)?;
+            if verbose {
+                writeln!(
+                    out,
+                    "{}: {} ({n} bytes) trimmed",
+                    image.display(),
+                    fmt::size_3letter(n)
+                )?;
+            }
+        }
         Cmd::Filesystem {
             cmd: FsCmd::Label { target, new_label },
         } => edit::label(&target, new_label.as_deref(), &mut out)?,

@@ -16,7 +16,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use ubtrfs_sim::host::{bash_ok, require_fuse, serial, shell_quote, Ubtrfs};
+use ubtrfs_sim::host::{bash_ok, btrfs_check, require_fuse, serial, shell_quote, Ubtrfs};
 use ubtrfs_sim::mount::{kernel_round_trip, kernel_writes, mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
@@ -665,6 +665,29 @@ fn fstrim_matches_kernel() {
             .map(|m| m.blocks() * 512)
             .expect("stat")
     };
+    // Offline, on another copy: the same figure, printed as fstrim -v prints it.
+    let oimg = dir.path().join("o.img");
+    bash_ok(
+        dir.path(),
+        &format!(
+            "cp --sparse=always {} {}",
+            shell_quote(&img),
+            shell_quote(&oimg)
+        ),
+    )
+    .expect("copy");
+    let o_before = allocated(&oimg);
+    let out = UBTRFS.stdout(&["filesystem", "trim", "-v", oimg.to_str().expect("utf-8")]);
+    assert_eq!(
+        trimmed(&out),
+        kernel,
+        "bytes trimmed offline, kernel: {out}"
+    );
+    assert!(
+        allocated(&oimg) + (50 << 20) < o_before,
+        "offline trim punched no holes"
+    );
+    btrfs_check(&oimg, None).unwrap_or_else(|e| panic!("btrfs check after the offline trim: {e}"));
     let before = allocated(&img);
     let fm = FuseMount::start(&UBTRFS, &[&img], &["rw"]);
     let out = bash_ok(&fm.mnt, "fstrim -v .")
