@@ -270,6 +270,9 @@ fn write_phase(dev: Arc<dyn Device>, verify_data: bool, limits: &Limits, out: &m
         return;
     }
     out.write_committed = true;
+    // FITRIM after the commit: every block group's free space is read (from a
+    // hostile free-space tree too) and discarded; the reopen below must still work.
+    out.note("write: trim", t.trim(0, u64::MAX, 0));
     drop(t);
     let opts = OpenOptions {
         writable: false,

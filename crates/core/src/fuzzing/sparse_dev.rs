@@ -178,6 +178,31 @@ impl Device for SparseDevice {
         Ok(())
     }
 
+    fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        let n = usize::try_from(len).map_err(|_| io::ErrorKind::InvalidInput)?;
+        self.check_range(offset, n, "discard")?;
+        let mut m = self
+            .blocks
+            .write()
+            .map_err(|_| io::Error::other("poisoned"))?;
+        let bs = SPARSE_BLOCK_SIZE as u64;
+        let end = offset + len;
+        let stored: Vec<u64> = m
+            .range(offset / bs..end.div_ceil(bs))
+            .map(|(k, _)| *k)
+            .collect();
+        for idx in stored {
+            let (b0, b1) = (idx * bs, idx * bs + bs);
+            let (s, e) = (offset.max(b0), end.min(b1));
+            if s == b0 && e == b1 {
+                m.remove(&idx);
+            } else if let Some(b) = m.get_mut(&idx) {
+                b[(s - b0) as usize..(e - b0) as usize].fill(0);
+            }
+        }
+        Ok(())
+    }
+
     fn size(&self) -> u64 {
         self.size
     }
