@@ -20,6 +20,8 @@
 #   FSTESTS_IMG_GB        size of each (sparse) image (default 8)
 #   FSTESTS_SERIAL=1      run the kernel side first, then ubtrfs (default: both at once)
 #   FSTESTS_REPORT        also write the table as markdown to this file
+#   FSTESTS_UBTRFS_LOOP=1 ubtrfs mounts loop devices of its images, not the image files
+#                         (tests that want a block device or a "local device" then run)
 #
 # Both sides are made the same way: two sparse images, mkfs.btrfs. The kernel side
 # runs FSTYP=btrfs on loop devices; the ubtrfs side runs FSTYP=fuse with
@@ -226,7 +228,7 @@ for m in "$work"/kernel/{test,scratch} "$work"/ubtrfs/{test,scratch}; do
     unmount "$m"
 done
 # A previous run's loop devices on these images (if it was killed with -9).
-for f in "$work"/kernel/{test,scratch}.img; do
+for f in "$work"/{kernel,ubtrfs}/{test,scratch}.img; do
     [ -f "$f" ] && losetup -j "$f" | cut -d: -f1 | while read -r l; do losetup -d "$l"; done
 done
 rm -rf "$work"
@@ -246,6 +248,14 @@ mkfs.btrfs -f -q "${loops[0]}" >/dev/null
 # fstests re-makes the kernel's scratch itself; for FUSE it only empties it.
 mkfs.btrfs -f -q "$work/ubtrfs/test.img" >/dev/null
 mkfs.btrfs -f -q "$work/ubtrfs/scratch.img" >/dev/null
+udev_test=$work/ubtrfs/test.img
+udev_scratch=$work/ubtrfs/scratch.img
+if [ "${FSTESTS_UBTRFS_LOOP:-0}" = 1 ]; then
+    loops+=("$(losetup -f --show "$udev_test")")
+    udev_test=${loops[-1]}
+    loops+=("$(losetup -f --show "$udev_scratch")")
+    udev_scratch=${loops[-1]}
+fi
 
 if [ -e "$helper" ] || [ -L "$helper" ]; then
     saved_helper=$(readlink "$helper" || true)
@@ -270,9 +280,9 @@ fuse_opts=subtype=,allow_other,log=$work/ubtrfs/ubtrfs.log
 cat >"$work/ubtrfs/local.config" <<EOF
 export FSTYP=fuse
 export FUSE_SUBTYP=.ubtrfs
-export TEST_DEV=$work/ubtrfs/test.img
+export TEST_DEV=$udev_test
 export TEST_DIR=$work/ubtrfs/test
-export SCRATCH_DEV=$work/ubtrfs/scratch.img
+export SCRATCH_DEV=$udev_scratch
 export SCRATCH_MNT=$work/ubtrfs/scratch
 export RESULT_BASE=$work/ubtrfs/results
 export MOUNT_OPTIONS="-o $fuse_opts"
@@ -314,7 +324,7 @@ watchdog() {
                     kill -KILL "$p" 2>/dev/null
                 done
                 servers=()
-                nsenter -t "$check" -m mount -t fuse.ubtrfs "$work/ubtrfs/test.img" \
+                nsenter -t "$check" -m mount -t fuse.ubtrfs "$udev_test" \
                     "$work/ubtrfs/test" -o "$fuse_opts" || true
             else
                 kill_tree "$t"
@@ -373,8 +383,11 @@ done
 fsck_note=
 fsck_failed=
 for d in test scratch; do
-    # The server commits its last transaction after its mount goes: wait for its lock.
-    flock -w 120 "$work/ubtrfs/$d.img" true || true
+    # The server commits its last transaction after its mount goes: wait for its lock
+    # (taken on what it mounted: the image, or its loop device).
+    dev=$udev_test
+    [ "$d" = scratch ] && dev=$udev_scratch
+    flock -w 120 "$dev" true || true
     if btrfs check --readonly --check-data-csum "$work/ubtrfs/$d.img" >"$work/ubtrfs/check-$d.log" 2>&1; then
         fsck_note+="btrfs check of the ubtrfs $d image: clean. "
     else
