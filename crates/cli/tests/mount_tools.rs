@@ -701,3 +701,65 @@ fn fstrim_matches_kernel() {
         "image still allocates {after} bytes (was {before})"
     );
 }
+
+/// overlayfs with its upper and work directories on the read-write mount, as on a
+/// kernel btrfs: a file created, one from the lower layer deleted (a whiteout made
+/// with RENAME_WHITEOUT), one copied up and changed, a directory made opaque; the
+/// merged view and the upper layer (modes, types, device numbers, contents) match
+/// the same steps on a kernel btrfs loop mount.
+#[test]
+fn overlayfs_upper_layer_like_the_kernel() {
+    if !require_fuse("overlayfs_upper_layer_like_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lower = dir.path().join("lower");
+    bash_ok(
+        dir.path(),
+        "mkdir -p lower/d lower/e && echo a > lower/a && echo b > lower/b && echo c > lower/d/c
+         echo f > lower/e/f",
+    )
+    .expect("lower layer");
+    // Runs the steps with upper/work on `base`; prints what an observer compares.
+    let run = |base: &Path| -> String {
+        let merged = dir.path().join("merged");
+        let script = format!(
+            "mkdir -p {base}/upper {base}/work {merged}
+             mount -t overlay overlay -o lowerdir={lower},upperdir={base}/upper,workdir={base}/work {merged}
+             cd {merged}
+             echo new > n; rm a; echo more >> b; rm -r e; mkdir e; echo g > e/g
+             ls -la --time-style=+ . e | awk '{{print $1, $2, $5, $NF}}'
+             cat b e/g
+             cd /
+             umount {merged}
+             cd {base}/upper
+             find . -printf '%p %y %m %n %s\\n' | sort
+             stat -c '%n %t:%T' a
+             getfattr -d -m - --absolute-names e 2>/dev/null | grep -v '^$' || true",
+            base = shell_quote(base),
+            merged = shell_quote(&merged),
+            lower = shell_quote(&lower),
+        );
+        bash_ok(dir.path(), &script)
+            .unwrap_or_else(|e| panic!("overlay on {}: {e}", base.display()))
+    };
+    let kimg = dir.path().join("k.img");
+    mkfs_btrfs(&kimg, 1 << 30, &[]);
+    let km = ubtrfs_sim::mount::KernelMount::new(&kimg, "");
+    let want = run(&km.mnt);
+    km.umount();
+    let uimg = fresh_image(dir.path());
+    let fm = FuseMount::start(&UBTRFS, &[&uimg], &["rw"]);
+    let got = run(&fm.mnt);
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&uimg, &seen, "overlayfs upper layer");
+    assert_eq!(
+        got, want,
+        "overlayfs on ubtrfs (left) and on the kernel's btrfs (right)"
+    );
+    assert!(
+        want.contains("./a c 0 "),
+        "no whiteout in the upper layer:\n{want}"
+    );
+}
