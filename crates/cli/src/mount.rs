@@ -215,12 +215,6 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             _ => bail!("unknown mount option {item:?} (see ubtrfs mount --help)"),
         }
     }
-    if o.nologreplay {
-        // btrfs_check_options: the log left unreplayed would be lost by a writer.
-        if o.rw != Some(false) {
-            bail!("nologreplay must be used with ro mount option");
-        }
-    }
     if o.tree_root.is_some() || o.generation.is_some() || o.usebackuproot {
         // An older generation is a view: writing there would fork the filesystem.
         if o.rw == Some(true) {
@@ -230,6 +224,11 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             bail!("mount options tree_root and generation exclude each other");
         }
         o.rw = Some(false);
+    }
+    // btrfs_check_options: the log left unreplayed would be lost by a writer. (After
+    // the options above that imply read-only.)
+    if o.nologreplay && o.rw != Some(false) {
+        bail!("nologreplay must be used with ro mount option");
     }
     Ok(o)
 }
@@ -734,7 +733,12 @@ mod option_tests {
 
     #[test]
     fn nologreplay_is_read_only_only() {
-        for o in ["ro,rescue=nologreplay", "nologreplay,ro", "ro,norecovery"] {
+        for o in [
+            "ro,rescue=nologreplay",
+            "nologreplay,ro",
+            "ro,norecovery",
+            "usebackuproot,nologreplay",
+        ] {
             let o = opts(o).expect("valid");
             assert!(o.nologreplay && o.rw == Some(false));
         }

@@ -694,12 +694,22 @@ impl Ops {
             // makes it through the same path as mknod).
             let (mut attr, acls) = self.new_inode(w, h, od, 0o020000, 0)?;
             attr.rdev = 0;
+            attr.time = t0;
             let noreplace = flags & RENAME_NOREPLACE != 0;
             let need = Reservation::items(2 * crate::writer::DEFAULT_ITEMS);
             w.change_reserved("rename", need, |t| {
                 t.rename(od.root, od.ino, oname, nd.ino, nname, noreplace, t0)?;
-                let ino = t.create(od.root, od.ino, oname, attr)?;
-                acls.store(t, od.root, ino)
+                // The rename is done: a whiteout that cannot follow it would leave
+                // half the operation, which the kernel answers by aborting the
+                // transaction, and so does this (a fatal error: read-only, nothing
+                // of it committed).
+                t.create(od.root, od.ino, oname, attr)
+                    .and_then(|ino| acls.store(t, od.root, ino))
+                    .map_err(|e| {
+                        ubtrfs_core::Error::corrupt(format!(
+                            "rename with whiteout: the whiteout failed after the rename: {e}"
+                        ))
+                    })
             })?;
         } else {
             let noreplace = flags & RENAME_NOREPLACE != 0;

@@ -87,7 +87,7 @@ impl DevSpace {
             if s_end > pos {
                 out.push((pos, s_end - pos));
             }
-            pos = pos.max(s + l);
+            pos = pos.max(s.saturating_add(l));
         }
         if end > pos {
             out.push((pos, end - pos));

@@ -339,9 +339,10 @@ fn parallel_map<T: Sync, R: Send>(
 /// read raw, without verifying them against their data checksums, and compared:
 /// first the two sides' checksums from the csum tree (different checksums, or a
 /// sector without one, send the piece to the verified path below), then the bytes.
-/// Skipping the verification is exact, not a gamble: equal bytes under equal
-/// checksums verify on both sides or on neither, so sharing one side's extent
-/// with the other never turns a readable range into an unreadable one (the
+/// Skipping the verification is exact, not a gamble, for data with one copy:
+/// equal bytes under equal checksums verify on both sides or on neither, so
+/// sharing one side's extent with the other never turns a readable range into an
+/// unreadable one (the
 /// kernel's FIDEDUPERANGE reads both through verification and would refuse the
 /// second case with EIO, where this shares two equally damaged copies). Anything
 /// else (compressed or inline extents, holes, preallocated ranges, files without
@@ -366,9 +367,15 @@ fn ranges_equal(fs: &Filesystem, a: FilePos, b: FilePos, len: u64) -> Result<boo
         };
         let end = x.end.min(y.end).min(len);
         let n = end - pos;
+        // Single-copy data only: with DUP or RAID1 the first copies could be equal
+        // and equally damaged while the source's second copy is bad too and the
+        // destination's good; the verified path reads past a bad copy as the
+        // kernel does.
+        let single = |l: u64| fs.info.num_mirrors(l).is_ok_and(|m| m == 1);
         let raw = match (x.logical, y.logical) {
             (Some(la), Some(lb)) if sums_a == sums_b => {
-                Some((la + (pos - x.start), lb + (pos - y.start)))
+                let (la, lb) = (la + (pos - x.start), lb + (pos - y.start));
+                (single(la) && single(lb)).then_some((la, lb))
             }
             _ => None,
         };

@@ -647,14 +647,15 @@ impl Trans {
                 SUPER_LABEL_BYTES - 1
             )));
         }
+        // The superblock alone changes: CoW the root tree's root so the next commit
+        // is not skipped as empty (every commit writes the root tree, whose
+        // generation the superblock's must equal). First, so a failure changes
+        // nothing.
+        let root_key = Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0);
+        self.search_mut(ROOT_TREE_OBJECTID, &root_key, 0, true)?;
         let raw = &mut self.fs.info.sb.label_raw;
         raw.fill(0);
         raw[..label.len()].copy_from_slice(label);
-        // The superblock alone changed: CoW the root tree's root so the next commit
-        // is not skipped as empty (every commit writes the root tree, whose
-        // generation the superblock's must equal).
-        let root_key = Key::new(ROOT_TREE_DIR_OBJECTID, INODE_ITEM_KEY, 0);
-        self.search_mut(ROOT_TREE_OBJECTID, &root_key, 0, true)?;
         Ok(())
     }
 

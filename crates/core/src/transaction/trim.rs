@@ -4,8 +4,8 @@
 //!
 //! Two kinds of space are trimmed, as on the kernel: the free extents of the block
 //! groups that overlap the asked logical range (each copy of a DUP or RAID1* group),
-//! and the device space no chunk holds (always all of it, whatever the range; the
-//! first MiB and the superblock copies excluded).
+//! and the device space no chunk holds (always all of it, whatever the range and
+//! the minimum length; the first MiB and the superblock copies excluded).
 //!
 //! Safe only for space nothing durable points at: the free-space index of a block
 //! group never holds what the running or a committing transaction freed (that stays
@@ -27,9 +27,10 @@ pub struct TrimReport {
     pub trimmed_bytes: u64,
 }
 
-/// Around each superblock copy, space that is never trimmed (a stripe unit, as the
-/// allocator keeps it out of block groups).
-const SUPER_KEEP_BYTES: u64 = 64 << 10;
+/// At each superblock copy in unallocated space, what is never trimmed: the copy
+/// itself, as the kernel's btrfs_issue_discard skips it. (Inside a block group the
+/// whole 64 KiB stripe around a copy is never free.)
+const SUPER_KEEP_BYTES: u64 = 4096;
 
 impl Trans {
     /// Trims the free space of the block groups overlapping `[start, start + len)`
@@ -54,12 +55,10 @@ impl Trans {
         let mut any_supported = false;
         let mut any_unsupported = false;
         let mut discard = |this: &Trans, devid: u64, offset: u64, n: u64| -> Result<bool> {
-            let dev = this
-                .fs
-                .info
-                .devices
-                .get(&devid)
-                .ok_or_else(|| Error::Invalid(format!("devid {devid} is missing")))?;
+            // A missing device is skipped, as the kernel skips it.
+            let Some(dev) = this.fs.info.devices.get(&devid) else {
+                return Ok(false);
+            };
             match dev.discard(offset, n) {
                 Ok(()) => {
                     any_supported = true;
@@ -114,6 +113,21 @@ impl Trans {
             }
         }
 
+        // Device space no chunk holds: the holes between device extents, less every
+        // stripe the chunk map knows (on a consistent image the same; on a damaged
+        // one, a chunk without its device extent must not lose its data). As the
+        // kernel's btrfs_trim_free_extents: minlen does not apply here.
+        let mut in_chunks: std::collections::HashMap<u64, Vec<(u64, u64)>> =
+            std::collections::HashMap::new();
+        for e in self.fs.info.chunk_map.iter() {
+            let len = device_extent_bytes(e);
+            for st in &e.stripes {
+                in_chunks
+                    .entry(st.devid)
+                    .or_default()
+                    .push((st.physical, st.physical.saturating_add(len)));
+            }
+        }
         let holes: Vec<(u64, u64, u64)> = self
             .alloc
             .dev_space
@@ -121,9 +135,12 @@ impl Trans {
             .flat_map(|(&devid, ds)| ds.holes().into_iter().map(move |(o, l)| (devid, o, l)))
             .collect();
         for (devid, o, l) in holes {
-            for (a, n) in without_supers(o, l) {
-                if n >= minlen && discard(self, devid, a, n)? {
-                    report.trimmed_bytes += n;
+            let used = in_chunks.get(&devid).map(Vec::as_slice).unwrap_or(&[]);
+            for (a, n) in without(o, l, used) {
+                for (a, n) in without_supers(a, n) {
+                    if discard(self, devid, a, n)? {
+                        report.trimmed_bytes += n;
+                    }
                 }
             }
         }
@@ -132,6 +149,46 @@ impl Trans {
         }
         Ok(report)
     }
+}
+
+/// Bytes of each device extent (one stripe) of a chunk.
+fn device_extent_bytes(e: &crate::io::volumes::MapEntry) -> u64 {
+    let n = e.stripes.len() as u64;
+    let data_stripes = if e.ty & BLOCK_GROUP_RAID0 != 0 {
+        n
+    } else if e.ty & BLOCK_GROUP_RAID10 != 0 {
+        n / u64::from(e.sub_stripes.max(1))
+    } else if e.ty & BLOCK_GROUP_RAID5 != 0 {
+        n.saturating_sub(1)
+    } else if e.ty & BLOCK_GROUP_RAID6 != 0 {
+        n.saturating_sub(2)
+    } else {
+        1
+    };
+    // A malformed entry counts its whole length on every stripe: trims less.
+    e.length.checked_div(data_stripes).unwrap_or(e.length)
+}
+
+/// `[offset, offset + len)` less the `[start, end)` ranges of `used`.
+fn without(offset: u64, len: u64, used: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut out = vec![(offset, offset.saturating_add(len))];
+    for &(us, ue) in used {
+        let mut next = Vec::with_capacity(out.len() + 1);
+        for (s, e) in out {
+            if ue <= s || us >= e {
+                next.push((s, e));
+                continue;
+            }
+            if us > s {
+                next.push((s, us));
+            }
+            if ue < e {
+                next.push((ue, e));
+            }
+        }
+        out = next;
+    }
+    out.into_iter().map(|(s, e)| (s, e - s)).collect()
 }
 
 /// `[offset, offset + len)` split around the superblock copies.
@@ -168,13 +225,20 @@ mod tests {
         let m = 64 << 20;
         assert_eq!(without_supers(1 << 20, 10 << 20), vec![(1 << 20, 10 << 20)]);
         assert_eq!(
-            without_supers(m - 4096, 2 * SUPER_KEEP_BYTES),
-            vec![
-                (m - 4096, 4096),
-                (m + SUPER_KEEP_BYTES, SUPER_KEEP_BYTES - 4096)
-            ]
+            without_supers(m - 4096, 3 * 4096),
+            vec![(m - 4096, 4096), (m + 4096, 4096)]
         );
-        assert!(without_supers(m, SUPER_KEEP_BYTES).is_empty());
+        assert!(without_supers(m, 4096).is_empty());
+    }
+
+    #[test]
+    fn chunk_stripes_are_kept() {
+        assert_eq!(without(0, 100, &[]), vec![(0, 100)]);
+        assert_eq!(
+            without(0, 100, &[(10, 20), (50, 200)]),
+            vec![(0, 10), (20, 30)]
+        );
+        assert!(without(10, 10, &[(0, 30)]).is_empty());
     }
 
     /// Free space reads back as zeros after a trim, every file keeps its data, and
