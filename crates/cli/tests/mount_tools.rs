@@ -638,16 +638,21 @@ fn fstrim_matches_kernel() {
     )
     .expect("kernel workload");
     km.umount();
-    let kimg = dir.path().join("k.img");
-    bash_ok(
-        dir.path(),
-        &format!(
-            "cp --sparse=always {} {}",
-            shell_quote(&img),
-            shell_quote(&kimg)
-        ),
-    )
-    .expect("copy");
+    // A sparse copy of the image, named `name`, in the test's directory.
+    let copy_of_img = |name: &str| -> PathBuf {
+        let to = dir.path().join(name);
+        bash_ok(
+            dir.path(),
+            &format!(
+                "cp --sparse=always {} {}",
+                shell_quote(&img),
+                shell_quote(&to)
+            ),
+        )
+        .expect("copy");
+        to
+    };
+    let kimg = copy_of_img("k.img");
     let trimmed = |out: &str| -> u64 {
         // "MNT: 4 GiB (4261806080 bytes) trimmed"
         out.split('(')
@@ -666,16 +671,7 @@ fn fstrim_matches_kernel() {
             .expect("stat")
     };
     // Offline, on another copy: the same figure, printed as fstrim -v prints it.
-    let oimg = dir.path().join("o.img");
-    bash_ok(
-        dir.path(),
-        &format!(
-            "cp --sparse=always {} {}",
-            shell_quote(&img),
-            shell_quote(&oimg)
-        ),
-    )
-    .expect("copy");
+    let oimg = copy_of_img("o.img");
     let o_before = allocated(&oimg);
     let out = UBTRFS.stdout(&["filesystem", "trim", "-v", oimg.to_str().expect("utf-8")]);
     assert_eq!(

@@ -193,24 +193,13 @@ fn without(offset: u64, len: u64, used: &[(u64, u64)]) -> Vec<(u64, u64)> {
 
 /// `[offset, offset + len)` split around the superblock copies.
 fn without_supers(offset: u64, len: u64) -> Vec<(u64, u64)> {
-    let mut out = Vec::new();
-    let mut pos = offset;
-    let end = offset.saturating_add(len);
-    for i in 0..SUPER_MIRROR_MAX {
-        let s = super_offset(i);
-        let e = s.saturating_add(SUPER_KEEP_BYTES);
-        if e <= pos || s >= end {
-            continue;
-        }
-        if s > pos {
-            out.push((pos, s - pos));
-        }
-        pos = pos.max(e);
-    }
-    if end > pos {
-        out.push((pos, end - pos));
-    }
-    out
+    let supers: Vec<(u64, u64)> = (0..SUPER_MIRROR_MAX)
+        .map(|i| {
+            let s = super_offset(i);
+            (s, s.saturating_add(SUPER_KEEP_BYTES))
+        })
+        .collect();
+    without(offset, len, &supers)
 }
 
 #[cfg(test)]
