@@ -237,6 +237,16 @@ enum Cmd {
         #[command(subcommand)]
         cmd: subvol_edit::PropertyCmd,
     },
+    /// Change a filesystem's features, like btrfstune.
+    Tune {
+        /// Image file or block device (a multi-device filesystem: `a.img,b.img`).
+        image: String,
+        /// Create the free-space tree of a filesystem that keeps the v1 space cache
+        /// (removed), as `btrfstune --convert-to-free-space-tree` and the kernel's
+        /// mount with `-o space_cache=v2` do; ubtrfs writes only such filesystems.
+        #[arg(long, required = true)]
+        convert_to_free_space_tree: bool,
+    },
     /// Recovery commands.
     Rescue {
         #[command(subcommand)]
@@ -817,6 +827,24 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Rescue {
             cmd: RescueCmd::FindRoot { img, all, objectid },
         } => cmd_find_root(&img, all, objectid, &mut out)?,
+        Cmd::Tune {
+            image,
+            convert_to_free_space_tree: _,
+        } => {
+            let paths: Vec<PathBuf> = image.split(',').map(PathBuf::from).collect();
+            let sb = on_disk_super(&Image::of(&image, true))?;
+            let fst = ubtrfs_core::format::consts::FEATURE_COMPAT_RO_FREE_SPACE_TREE;
+            if sb.compat_ro_flags & fst != 0 {
+                bail!("filesystem already has free-space-tree feature");
+            }
+            let opts = OpenOptions {
+                free_space_tree: ubtrfs_core::FreeSpaceTreeAction::Create,
+                ..Default::default()
+            };
+            drop(ubtrfs_core::Trans::open_paths_with(&paths, opts)?);
+            // The line btrfstune prints.
+            println!("Converted to free space tree feature");
+        }
         Cmd::Rescue {
             cmd: RescueCmd::ZeroLog { image },
         } => {

@@ -9,7 +9,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use ubtrfs_core::{lock_exclusive, refuse_if_mounted, Filesystem, FsInfo, OpenOptions, Trans};
+use ubtrfs_core::format::consts::{INODE_NODATACOW, INODE_NODATASUM};
+use ubtrfs_core::{
+    lock_exclusive, refuse_if_mounted, Filesystem, FreeSpaceTreeAction, FsInfo, OpenOptions, Trans,
+};
 use ubtrfs_fuse::{Engine, InoMode, Writer};
 
 pub const OPTIONS_HELP: &str = "\
@@ -126,6 +129,18 @@ struct Opts {
     nologreplay: bool,
     /// The atime words (relatime, noatime, strictatime, nodiratime, ...) as flags.
     atime: ubtrfs_fuse::AtimeFlags,
+    /// `space_cache=v2` (create the free-space tree if missing) or `clear_cache`
+    /// (rebuild it).
+    free_space_tree: FreeSpaceTreeAction,
+    /// `space_cache`, `space_cache=v1` or `nospace_cache` was given (refused on a
+    /// writable mount: ubtrfs writes only the free-space tree).
+    v1_cache: Option<String>,
+    /// `device=PATH`: more devices of a multi-device filesystem.
+    devices: Vec<PathBuf>,
+    /// Inode flags of new regular files (`nodatacow`, `nodatasum`).
+    new_file_flags: u64,
+    /// `max_inline=BYTES` (the kernel caps it at the sector size).
+    max_inline: Option<u64>,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -163,6 +178,11 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         usebackuproot: false,
         nologreplay: false,
         atime: Default::default(),
+        free_space_tree: FreeSpaceTreeAction::Keep,
+        v1_cache: None,
+        devices: Vec::new(),
+        new_file_flags: 0,
+        max_inline: None,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -180,10 +200,60 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("notreelog", None) => o.notreelog = true,
             ("treelog", None) => o.notreelog = false,
             ("commit", Some(n)) => o.commit_secs = num::<u64>(k, n)?.clamp(1, 300),
-            ("compress" | "compress-force", Some(c)) => {
+            ("compress" | "compress-force", Some("no" | "none")) => {
+                o.compress = None;
+                o.compress_force = false;
+            }
+            ("compress" | "compress-force", c) => {
+                // Without a value: zlib, as the kernel. Compressing turns nodatacow
+                // and nodatasum off (the kernel's option parser).
+                let c = c.unwrap_or("zlib");
                 crate::edit::parse_compress(c)?;
                 o.compress = Some(c.to_string());
                 o.compress_force = k == "compress-force";
+                o.new_file_flags = 0;
+            }
+            ("nodatacow", None) => {
+                o.new_file_flags = INODE_NODATACOW | INODE_NODATASUM;
+                o.compress = None;
+                o.compress_force = false;
+            }
+            ("nodatasum", None) => o.new_file_flags |= INODE_NODATASUM,
+            ("datacow", None) => o.new_file_flags &= !INODE_NODATACOW,
+            ("datasum", None) => o.new_file_flags = 0,
+            ("max_inline", Some(n)) => o.max_inline = Some(num(k, n)?),
+            ("space_cache", Some("v2")) => {
+                if o.free_space_tree == FreeSpaceTreeAction::Keep {
+                    o.free_space_tree = FreeSpaceTreeAction::Create;
+                }
+                o.v1_cache = None;
+            }
+            ("clear_cache", None) => o.free_space_tree = FreeSpaceTreeAction::Rebuild,
+            ("space_cache", None | Some("v1")) | ("nospace_cache", None) => {
+                o.v1_cache = Some(item.to_string())
+            }
+            ("device", Some(p)) => o.devices.push(PathBuf::from(p)),
+            ("thread_pool", Some(n)) => o.threads = Some(num::<usize>(k, n)?.clamp(1, 256)),
+            // The kernel's options that tune its own allocator, background work,
+            // debugging output or discards, where ubtrfs has nothing to tune: accepted
+            // so that a kernel's fstab line mounts (see OPTIONS_HELP).
+            (
+                "ssd" | "ssd_spread" | "nossd" | "nossd_spread" | "autodefrag" | "noautodefrag"
+                | "barrier" | "enospc_debug" | "noenospc_debug" | "skip_balance" | "flushoncommit"
+                | "noflushoncommit" | "acl" | "degraded" | "discard" | "nodiscard",
+                None,
+            )
+            | ("discard", Some("sync" | "async"))
+            | ("fatal_errors", Some("bug")) => {}
+            ("metadata_ratio", Some(n)) => {
+                num::<u32>(k, n)?;
+            }
+            ("nobarrier", None) => bail!("mount option nobarrier: ubtrfs always flushes"),
+            ("noacl", None) => bail!("mount option noacl: ubtrfs always enforces POSIX ACLs"),
+            ("fatal_errors", Some(v)) => {
+                bail!(
+                    "mount option fatal_errors={v}: ubtrfs turns read-only on a fatal error (bug)"
+                )
             }
             ("default_permissions" | "nosuid" | "nodev", None) => {}
             (w, None) if o.atime.parse_word(w) => {}
@@ -229,6 +299,17 @@ fn parse_options(list: &[String]) -> Result<Opts> {
     // the options above that imply read-only.)
     if o.nologreplay && o.rw != Some(false) {
         bail!("nologreplay must be used with ro mount option");
+    }
+    if let Some(v1) = &o.v1_cache {
+        if o.rw == Some(true) {
+            bail!(
+                "mount option {v1}: ubtrfs writes only the free-space tree \
+                 (space_cache=v2); mount with -o ro, or without it"
+            );
+        }
+        // Without rw: a filesystem that has the v1 cache mounts read-only (it cannot
+        // be written without converting), one with the free-space tree too.
+        o.rw = Some(false);
     }
     Ok(o)
 }
@@ -277,9 +358,15 @@ pub fn run(args: MountArgs) -> Result<()> {
         // 1.7 s.
         let _ = nix::unistd::setpgid(nix::unistd::Pid::from_raw(0), nix::unistd::Pid::from_raw(0));
     }
-    let paths: Vec<PathBuf> = args.image.split(',').map(PathBuf::from).collect();
+    let mut paths: Vec<PathBuf> = args.image.split(',').map(PathBuf::from).collect();
+    for d in &o.devices {
+        if !paths.contains(d) {
+            paths.push(d.clone());
+        }
+    }
     let mut opts = OpenOptions {
         verify_data_csum: o.verify_csum,
+        free_space_tree: o.free_space_tree,
         ..Default::default()
     };
     if let Some(mb) = o.cache_mb {
@@ -316,6 +403,10 @@ pub fn run(args: MountArgs) -> Result<()> {
             if let Some(c) = &o.compress {
                 t.compress = Some(crate::edit::parse_compress(c)?);
                 t.compress_force = o.compress_force;
+            }
+            t.new_file_flags = o.new_file_flags;
+            if let Some(n) = o.max_inline {
+                t.set_max_inline(n);
             }
             let w = Writer::new(t);
             if o.notreelog {

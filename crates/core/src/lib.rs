@@ -55,7 +55,7 @@ pub use inode::ioctl::{
 pub use inode::props::{compression_of, XATTR_BTRFS_COMPRESSION, XATTR_BTRFS_PREFIX};
 pub use inode::reflink::FilePos;
 pub use io::dev::{lock_exclusive, refuse_if_mounted, Device, FileDevice, MemDevice};
-pub use io::disk_io::{read_best_super, FsInfo, OpenOptions};
+pub use io::disk_io::{read_best_super, FreeSpaceTreeAction, FsInfo, OpenOptions};
 pub use io::salvage::{losses_met_by_this_thread, LostBlock};
 pub use qgroup::{QgroupEntry, QuotaReport};
 pub use relocation::balance::{

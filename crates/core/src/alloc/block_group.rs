@@ -266,18 +266,44 @@ impl Allocator {
             return Ok(());
         }
         let ranges = super::free_space_tree::read_fst_ranges(info, start, length)?;
+        self.set_loaded(info, start, &ranges.0, ranges.1, "free space tree")
+    }
+
+    /// Works every block group's free space out from the extent tree, to create or
+    /// rebuild the free-space tree: each group is loaded and dirty, so the commit
+    /// writes its items. Before anything is allocated: a group loaded later would
+    /// see extent items its delayed refs then add again.
+    pub(crate) fn load_all_from_extent_tree(&mut self, info: &FsInfo) -> Result<()> {
+        let groups: Vec<(u64, u64)> = self.bgs.values().map(|b| (b.start, b.length)).collect();
+        for (start, length) in groups {
+            let ranges = super::free_space_tree::extent_tree_free_ranges(info, start, length)?;
+            self.set_loaded(info, start, &ranges, false, "extent tree")?;
+            if let Some(bg) = self.bgs.get_mut(&start) {
+                bg.dirty = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes `ranges` as the stored free space of a group (`fst_free`) and, without
+    /// the superblock copies, as what may be allocated (`free`).
+    fn set_loaded(
+        &mut self,
+        info: &FsInfo,
+        start: u64,
+        ranges: &[(u64, u64)],
+        bitmaps: bool,
+        from: &str,
+    ) -> Result<()> {
         let bg = self
             .bgs
             .get_mut(&start)
             .ok_or_else(|| Error::corrupt(format!("no block group at {start}")))?;
         let mut free = FreeSpaceIndex::new();
-        let mut bitmaps = false;
-        for r in ranges.0 {
-            free.add(r.0, r.1).map_err(|e| {
-                Error::corrupt(format!("free space tree of block group {start}: {e}"))
-            })?;
+        for r in ranges {
+            free.add(r.0, r.1)
+                .map_err(|e| Error::corrupt(format!("{from} of block group {start}: {e}")))?;
         }
-        bitmaps |= ranges.1;
         bg.fst_free = free.clone();
         // Superblock copies are never allocatable, whatever the free-space tree says:
         // btrfs-progs' mkfs and the kernel (a group whose free space is added after

@@ -1,6 +1,8 @@
 //! The free-space tree (tree 10), read: the free ranges of one block group, from
 //! FREE_SPACE_EXTENT or FREE_SPACE_BITMAP items. Read lazily when the allocator first
 //! needs a block group; `transaction::free_space_tree` writes the tree at commit.
+//! Without a free-space tree to trust (creating or rebuilding one), the free ranges
+//! come from the extent tree instead ([`extent_tree_free_ranges`]).
 
 use crate::alloc::block_group::FREE_SPACE_USING_BITMAPS;
 use crate::error::{Error, Result};
@@ -36,7 +38,7 @@ pub(crate) fn read_fst_ranges(
 ) -> Result<(Vec<(u64, u64)>, bool)> {
     if fs.sb.compat_ro_flags & FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0 {
         return Err(Error::Unsupported(
-            "writing needs the free-space tree (space_cache=v2)".into(),
+            crate::transaction::NO_FREE_SPACE_TREE.into(),
         ));
     }
     let items = fst_items(fs, start, length)?;
@@ -92,4 +94,50 @@ pub(crate) fn read_fst_ranges(
         }
     }
     Ok((ranges, bitmaps))
+}
+
+/// Free ranges of a block group per the extent tree: the group minus its EXTENT_ITEM
+/// and METADATA_ITEM ranges, what the kernel's populate_free_space_tree stores when
+/// it creates the free-space tree (superblock copies, which are no extents, are in
+/// it). Read from the tree as `fs` has it, so only before anything is allocated.
+pub(crate) fn extent_tree_free_ranges(
+    fs: &FsInfo,
+    start: u64,
+    length: u64,
+) -> Result<Vec<(u64, u64)>> {
+    let ptr = fs
+        .tree_ptr(EXTENT_TREE_OBJECTID)
+        .ok_or_else(|| Error::corrupt("the extent tree has no root item"))?;
+    let end = start + length;
+    let bad = |m: String| Error::corrupt(format!("extent tree, block group {start}: {m}"));
+    let mut free = Vec::new();
+    let mut pos = start;
+    for item in TreeIter::new(
+        fs,
+        &ptr,
+        Key::new(start, 0, 0),
+        Key::new(end - 1, u8::MAX, u64::MAX),
+    )? {
+        let k = item?.key();
+        let len = match k.ty {
+            EXTENT_ITEM_KEY => k.offset,
+            METADATA_ITEM_KEY => fs.nodesize as u64,
+            _ => continue,
+        };
+        let e = k.objectid.checked_add(len).filter(|&e| e <= end && len > 0);
+        let Some(e) = e else {
+            return Err(bad(format!("extent {k} does not fit in the group")));
+        };
+        if k.objectid < pos {
+            return Err(bad(format!("extent {k} overlaps the one before")));
+        }
+        if k.objectid > pos {
+            free.push((pos, k.objectid - pos));
+        }
+        pos = e;
+    }
+    if pos < end {
+        free.push((pos, end - pos));
+    }
+    Ok(free)
 }

@@ -376,6 +376,14 @@ pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 /// Default max_inline mount option.
 pub(crate) const MAX_INLINE: u64 = 2048;
 
+impl Trans {
+    /// The kernel's `max_inline=BYTES` mount option: files up to this size are
+    /// written inline (0: never), capped at the sector size as the kernel caps it.
+    pub fn set_max_inline(&mut self, bytes: u64) {
+        self.max_inline_bytes = bytes.min(self.fs.info.sectorsize as u64);
+    }
+}
+
 pub(crate) fn file_extent_bytes(
     generation: u64,
     ram_bytes: u64,
@@ -550,12 +558,14 @@ impl Trans {
         let ss = self.fs.info.sectorsize as u64;
         let end = offset + data.len() as u64;
         let new_size = inode.size.max(end);
-        // Small whole files are stored inline, as the kernel does.
+        // Small whole files are stored inline, as the kernel does; never a NODATACOW
+        // one (the kernel's nocow write-back falls back to CoW without inlining).
         if offset == 0
+            && inode.flags & INODE_NODATACOW == 0
             && new_size == end
             && inode.size <= end
             && end < ss
-            && end <= MAX_INLINE
+            && end <= self.max_inline_bytes
             && (end as usize) <= self.max_inline_size()
         {
             let released = self.drop_extents(root, ino, 0, u64::MAX)?;

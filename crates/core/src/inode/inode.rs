@@ -471,6 +471,12 @@ impl Trans {
             ctime: attr.time,
             mtime: attr.time,
             otime: attr.time,
+            // Before the directory's flags are inherited, as btrfs_new_inode.
+            flags: if ty == FT_REG_FILE {
+                self.new_file_flags & (INODE_NODATACOW | INODE_NODATASUM)
+            } else {
+                0
+            },
             ..Default::default()
         }
     }

@@ -37,6 +37,26 @@ pub struct OpenOptions {
     /// as found (and logged), as `extract` wants; false: an error (EIO), as the
     /// kernel and the read-only mount give.
     pub data_as_found: bool,
+    /// What a writing open does with the free-space tree (the kernel's
+    /// `space_cache=v2` and `clear_cache` mount options).
+    pub free_space_tree: FreeSpaceTreeAction,
+}
+
+/// What a writing open does with the free-space tree. Both non-default actions work
+/// the free space of every block group out from the extent tree when the filesystem
+/// is opened and write it as the free-space tree at the first commit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FreeSpaceTreeAction {
+    /// Use the free-space tree as it is; a filesystem without one (the v1 space
+    /// cache) is refused.
+    #[default]
+    Keep,
+    /// Create it when the filesystem has none, removing the v1 space cache (the
+    /// kernel's `space_cache=v2` on such a filesystem, `btrfstune
+    /// --convert-to-free-space-tree`); a filesystem that has one keeps it.
+    Create,
+    /// Rebuild it whether or not one exists (the kernel's `clear_cache`).
+    Rebuild,
 }
 
 impl Default for OpenOptions {
@@ -48,6 +68,7 @@ impl Default for OpenOptions {
             salvage: false,
             tree_root: None,
             data_as_found: true,
+            free_space_tree: FreeSpaceTreeAction::Keep,
         }
     }
 }

@@ -3,14 +3,121 @@
 //! items (one bit per sector, 2048 sectors per item). Read lazily when the allocator
 //! first needs a block group; rewritten at commit for dirty block groups by diffing the
 //! wanted items against the stored ones, so an unchanged group costs one search.
+//!
+//! Also creating the tree for a filesystem that kept the v1 space cache, and rebuilding
+//! it ([`Trans::finish_free_space_tree`], the kernel's btrfs_create_free_space_tree and
+//! btrfs_rebuild_free_space_tree at mount).
 
 use crate::alloc::block_group::{FREE_SPACE_BITMAP_BITS, FREE_SPACE_USING_BITMAPS};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::transaction::Trans;
+use crate::tree::ctree::TreeIter;
 use ubtrfs_format::consts::*;
+use ubtrfs_format::items::{FileExtentBody, FileExtentItem};
 use ubtrfs_format::key::Key;
 
 impl Trans {
+    /// Completes what the open began when asked to create or rebuild the free-space
+    /// tree (`FreeSpaceTreeAction`; every block group's free space was then worked
+    /// out from the extent tree): removes the v1 space cache, creates tree 10 if
+    /// there is none, marks every block group for writing, sets FREE_SPACE_TREE and
+    /// FREE_SPACE_TREE_VALID and cache_generation 0 (no v1 cache), and commits, as
+    /// the kernel's mount with `space_cache=v2` or `clear_cache` and btrfstune
+    /// --convert-to-free-space-tree leave it. Runs after a log replay, whose
+    /// blocks are in no extent tree and must not be allocated over.
+    pub(crate) fn finish_free_space_tree(&mut self) -> Result<()> {
+        if !self.fst_rebuild_pending {
+            return Ok(());
+        }
+        self.remove_v1_space_cache()?;
+        if self.fs.info.tree_ptr(FREE_SPACE_TREE_OBJECTID).is_none() {
+            self.create_tree(FREE_SPACE_TREE_OBJECTID)?;
+        }
+        let sb = &mut self.fs.info.sb;
+        sb.compat_ro_flags |=
+            FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
+        sb.cache_generation = 0;
+        for b in self.alloc.bgs.values_mut() {
+            b.dirty = true;
+        }
+        self.commit()?;
+        self.fst_rebuild_pending = false;
+        Ok(())
+    }
+
+    /// Deletes the v1 space cache from the root tree: per block group a header item
+    /// (FREE_SPACE_OBJECTID, 0, group start) naming a hidden inode whose preallocated
+    /// data holds the cache; the inode's items go, and its data extents lose their
+    /// reference (freed by the delayed refs), as the kernel's
+    /// cleanup_free_space_cache_v1. Returns how many caches there were.
+    fn remove_v1_space_cache(&mut self) -> Result<u64> {
+        let rt = self.root_ptr(ROOT_TREE_OBJECTID)?;
+        let mut headers = Vec::new();
+        for item in TreeIter::new(
+            &self.fs.info,
+            &rt,
+            Key::new(FREE_SPACE_OBJECTID, 0, 0),
+            Key::new(FREE_SPACE_OBJECTID, 0, u64::MAX),
+        )? {
+            let item = item?;
+            let (k, d) = (item.key(), item.data());
+            // struct btrfs_free_space_header: location (a disk key), generation,
+            // num_entries, num_bitmaps.
+            let ino = d
+                .get(..8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()))
+                .filter(|&i| (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&i))
+                .ok_or_else(|| Error::corrupt(format!("root tree {k}: bad space cache header")))?;
+            headers.push((k, ino));
+        }
+        let count = headers.len() as u64;
+        for (header, ino) in headers {
+            self.delete_item(ROOT_TREE_OBJECTID, &header)?;
+            let rt = self.root_ptr(ROOT_TREE_OBJECTID)?;
+            let mut keys = Vec::new();
+            let mut refs = Vec::new();
+            for item in TreeIter::new(
+                &self.fs.info,
+                &rt,
+                Key::new(ino, 0, 0),
+                Key::new(ino, u8::MAX, u64::MAX),
+            )? {
+                let item = item?;
+                let k = item.key();
+                match k.ty {
+                    INODE_ITEM_KEY | INODE_REF_KEY | XATTR_ITEM_KEY => {}
+                    EXTENT_DATA_KEY => {
+                        let fe = FileExtentItem::parse(item.data())
+                            .map_err(|e| Error::corrupt(format!("root tree {k}: {e}")))?;
+                        if let FileExtentBody::Regular {
+                            disk_bytenr,
+                            disk_num_bytes,
+                            offset,
+                            ..
+                        } = fe.body
+                        {
+                            if disk_bytenr != 0 {
+                                let at = k.offset.wrapping_sub(offset);
+                                refs.push((disk_bytenr, disk_num_bytes, at));
+                            }
+                        }
+                    }
+                    // Anything else with this objectid (a subvolume's ROOT_ITEM would
+                    // be one) is not the cache's.
+                    _ => continue,
+                }
+                keys.push(k);
+            }
+            for k in keys {
+                self.delete_item(ROOT_TREE_OBJECTID, &k)?;
+            }
+            for (bytenr, len, at) in refs {
+                self.add_data_ref(bytenr, len, ROOT_TREE_OBJECTID, ino, at, -1);
+            }
+        }
+        Ok(count)
+    }
+
     /// Rewrites the free-space tree of dirty block groups; returns whether anything
     /// changed (more CoW, so the commit loop must run again).
     pub(crate) fn write_free_space_tree(&mut self) -> Result<bool> {

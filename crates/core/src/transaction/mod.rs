@@ -73,6 +73,9 @@ pub(crate) struct DirIndexChanges {
 pub struct Trans {
     /// The filesystem being written; its read API sees the uncommitted state.
     pub fs: crate::fs::Filesystem,
+    /// The free-space tree is being created or rebuilt from the extent tree
+    /// (`FreeSpaceTreeAction`): [`Trans::finish_free_space_tree`] completes it.
+    pub(crate) fst_rebuild_pending: bool,
     /// Generation being written.
     pub transid: u64,
     pub(crate) delayed: DelayedRefs,
@@ -116,6 +119,12 @@ pub struct Trans {
     /// compress-force: compress even inodes marked NOCOMPRESS, and never mark one
     /// NOCOMPRESS when data does not compress.
     pub compress_force: bool,
+    /// Inode flags every new regular file gets (the kernel's `nodatasum` mount
+    /// option: INODE_NODATASUM; `nodatacow`: INODE_NODATACOW | INODE_NODATASUM).
+    pub new_file_flags: u64,
+    /// Largest file written inline, in bytes (the kernel's `max_inline` mount
+    /// option; [`Trans::set_max_inline`]).
+    pub(crate) max_inline_bytes: u64,
     /// While set, `write` shares the data from this file (same offsets) instead of
     /// writing it, where it can (mkfs --reflink).
     pub reflink_source: Option<Arc<std::fs::File>>,
@@ -147,6 +156,12 @@ pub struct Trans {
     pub(crate) inflight: Option<commit_io::Inflight>,
 }
 
+/// Why a filesystem without a free-space tree is not written, and what to do.
+pub(crate) const NO_FREE_SPACE_TREE: &str = "writing needs the free-space tree \
+     (space_cache=v2, the mkfs default since btrfs-progs 5.15); this filesystem keeps \
+     the v1 space cache: convert it with `ubtrfs tune --convert-to-free-space-tree \
+     IMAGE` or by mounting with `-o space_cache=v2` (as the kernel does)";
+
 impl std::fmt::Debug for Trans {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Trans(transid {})", self.transid)
@@ -157,7 +172,10 @@ impl Trans {
     /// Opens image files or block devices for writing: refuses mounted devices, takes
     /// an exclusive lock, validates what a write depends on. A tree log is left as it
     /// is: `Trans::open_paths` (tree_log/) replays it.
-    pub(crate) fn open_paths_no_replay(paths: &[impl AsRef<Path>]) -> Result<Trans> {
+    pub(crate) fn open_paths_no_replay(
+        paths: &[impl AsRef<Path>],
+        base: OpenOptions,
+    ) -> Result<Trans> {
         let mut locks = Vec::new();
         for p in paths {
             let p = p.as_ref();
@@ -170,7 +188,7 @@ impl Trans {
         }
         let opts = OpenOptions {
             writable: true,
-            ..Default::default()
+            ..base
         };
         let fs = FsInfo::open_paths(paths, opts)?;
         let mut t = Trans::from_fs_no_replay(fs)?;
@@ -198,10 +216,14 @@ impl Trans {
             return Err(Error::Unsupported("an interrupted fsid change".into()));
         }
         let need_ro = FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
-        if sb.compat_ro_flags & need_ro != need_ro {
-            return Err(Error::Unsupported(
-                "writing needs a valid free-space tree (space_cache=v2, the mkfs default since btrfs-progs 5.15)".into(),
-            ));
+        let has_fst = sb.compat_ro_flags & need_ro == need_ro;
+        let rebuild_fst = match fs.info.opts.free_space_tree {
+            crate::io::disk_io::FreeSpaceTreeAction::Keep => false,
+            crate::io::disk_io::FreeSpaceTreeAction::Create => !has_fst,
+            crate::io::disk_io::FreeSpaceTreeAction::Rebuild => true,
+        };
+        if !has_fst && !rebuild_fst {
+            return Err(Error::Unsupported(NO_FREE_SPACE_TREE.into()));
         }
         let bad_incompat = FEATURE_INCOMPAT_ZONED
             | FEATURE_INCOMPAT_EXTENT_TREE_V2
@@ -243,6 +265,12 @@ impl Trans {
         t.start_quota_records()?;
         t.load_devices()?;
         t.alloc.load_block_groups(&t.fs.info)?;
+        if rebuild_fst {
+            // Now, before a log replay or anything else allocates: the extent tree
+            // is still exactly the committed one.
+            t.alloc.load_all_from_extent_tree(&t.fs.info)?;
+            t.fst_rebuild_pending = true;
+        }
         Ok(t)
     }
 
@@ -270,6 +298,8 @@ impl Trans {
             commits: 0,
             compress: None,
             compress_force: false,
+            new_file_flags: 0,
+            max_inline_bytes: crate::inode::file::MAX_INLINE,
             reflink_source: None,
             reflink_failed: false,
             commit_view,
@@ -281,6 +311,7 @@ impl Trans {
             reloc_batch_bytes: RELOC_BATCH_BYTES_DEFAULT,
             squota: None,
             inflight: None,
+            fst_rebuild_pending: false,
         }
     }
 

@@ -42,8 +42,15 @@ impl Trans {
     /// drops the relocation trees a kernel balance cut short left (committed), as
     /// the kernel's mount recovers them.
     pub fn open_paths(paths: &[impl AsRef<Path>]) -> Result<Trans> {
-        let mut t = Trans::open_paths_no_replay(paths)?;
+        Trans::open_paths_with(paths, OpenOptions::default())
+    }
+
+    /// [`Trans::open_paths`] with options (`free_space_tree`, the cache size; the
+    /// devices are opened writable whatever `opts` says).
+    pub fn open_paths_with(paths: &[impl AsRef<Path>], opts: OpenOptions) -> Result<Trans> {
+        let mut t = Trans::open_paths_no_replay(paths, opts)?;
         t.replay_log_if_any()?;
+        t.finish_free_space_tree()?;
         t.recover_relocation()?;
         t.clean_orphans()?;
         Ok(t)
@@ -54,6 +61,7 @@ impl Trans {
     pub fn from_fs(fs: FsInfo) -> Result<Trans> {
         let mut t = Trans::from_fs_no_replay(fs)?;
         t.replay_log_if_any()?;
+        t.finish_free_space_tree()?;
         t.recover_relocation()?;
         t.clean_orphans()?;
         Ok(t)

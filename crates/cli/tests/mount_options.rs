@@ -1,0 +1,378 @@
+//! The kernel's btrfs mount options on `ubtrfs mount`, and filesystems made before
+//! the free-space tree (the v1 space cache, mkfs.btrfs before btrfs-progs 5.15):
+//!
+//! - a v1-cache filesystem the kernel wrote is converted to the free-space tree by
+//!   `ubtrfs tune --convert-to-free-space-tree` and by `ubtrfs mount -o
+//!   space_cache=v2`, with the same result as `btrfstune --convert-to-free-space-tree`
+//!   and the kernel's own `-o space_cache=v2` mount on copies of the same image (the
+//!   free-space items of every data block group, the root tree's keys, the
+//!   superblock's flags and cache_generation); `-o clear_cache` rebuilds a tree
+//!   btrfs-progs removed; writing without converting is refused, naming the way out;
+//! - options that change what is written (`nodatacow`, `nodatasum`, `max_inline`)
+//!   give the same inode flags and inline extents as the kernel's mount with them;
+//!   the options a kernel's fstab line carries (`ssd`, `discard=async`, ...) mount.
+//!
+//! Needs root (/dev/fuse, loop devices) and btrfs-progs; skipped with a line outside
+//! CI.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use ubtrfs_sim::host::{bash_ok, btrfs_check, require_fuse, serial, shell_quote, Ubtrfs};
+use ubtrfs_sim::mount::{kernel_round_trip, mkfs_btrfs, FuseMount, KernelMount};
+
+const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
+
+/// `btrfs inspect-internal dump-tree` of one tree (or `-t` value) of an image.
+fn dump_tree(img: &Path, tree: &str) -> String {
+    bash_ok(
+        Path::new("/"),
+        &format!(
+            "btrfs inspect-internal dump-tree -t {tree} {}",
+            shell_quote(img)
+        ),
+    )
+    .unwrap_or_else(|e| panic!("dump-tree {tree}: {e}"))
+}
+
+/// The item keys of a tree dump, `(objectid TYPE offset)` as printed.
+fn keys(dump: &str) -> Vec<String> {
+    dump.lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            if !l.starts_with("item ") {
+                return None;
+            }
+            let a = l.find("key (")?;
+            let b = l[a..].find(')')?;
+            Some(l[a + 4..a + b + 1].to_string())
+        })
+        .collect()
+}
+
+/// The starts and lengths of the DATA block groups (from the extent tree's
+/// BLOCK_GROUP_ITEMs).
+fn data_groups(img: &Path) -> Vec<(u64, u64)> {
+    let d = dump_tree(img, "extent");
+    let mut out = Vec::new();
+    let mut lines = d.lines().peekable();
+    while let Some(l) = lines.next() {
+        if !l.contains("BLOCK_GROUP_ITEM") {
+            continue;
+        }
+        let is_data = lines
+            .peek()
+            .is_some_and(|n| n.contains("flags DATA") && !n.contains("METADATA"));
+        let k = keys(l);
+        let parts: Vec<&str> = k
+            .first()
+            .map(|k| {
+                k.trim_matches(|c| c == '(' || c == ')')
+                    .split(' ')
+                    .collect()
+            })
+            .unwrap_or_default();
+        if is_data && parts.len() == 3 {
+            out.push((
+                parts[0].parse().expect("group start"),
+                parts[2].parse().expect("group length"),
+            ));
+        }
+    }
+    assert!(!out.is_empty(), "no data block group in {}", img.display());
+    out
+}
+
+/// The free-space tree's keys inside the data block groups: what a conversion
+/// writes for them, independent of where each tool put its own tree blocks.
+fn data_free_space(img: &Path) -> Vec<String> {
+    let groups = data_groups(img);
+    keys(&dump_tree(img, "10"))
+        .into_iter()
+        .filter(|k| {
+            let start: u64 = k
+                .trim_start_matches('(')
+                .split(' ')
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0);
+            groups.iter().any(|&(s, l)| start >= s && start < s + l)
+        })
+        .collect()
+}
+
+/// compat_ro_flags and cache_generation from the superblock.
+fn super_fields(img: &Path) -> (String, String) {
+    let out = bash_ok(
+        Path::new("/"),
+        &format!("btrfs inspect-internal dump-super {}", shell_quote(img)),
+    )
+    .expect("dump-super");
+    let field = |name: &str| {
+        out.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or_default()
+            .to_string()
+    };
+    (field("compat_ro_flags"), field("cache_generation"))
+}
+
+/// Copies an image, keeping it sparse.
+fn copy(from: &Path, to: &Path) {
+    bash_ok(
+        Path::new("/"),
+        &format!(
+            "cp --sparse=always {} {}",
+            shell_quote(from),
+            shell_quote(to)
+        ),
+    )
+    .expect("copy image");
+}
+
+#[test]
+fn v1_space_cache_is_converted_like_btrfstune_and_the_kernel() {
+    if !require_fuse("v1_space_cache_is_converted_like_btrfstune_and_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v1 = dir.path().join("v1.img");
+    mkfs_btrfs(&v1, 1 << 30, &["-O", "^free-space-tree"]);
+    // The kernel's default on such a filesystem is space_cache (v1): it writes a
+    // cache inode per block group it changed.
+    let km = KernelMount::new(&v1, "space_cache=v1");
+    bash_ok(
+        &km.mnt,
+        "cp -a /usr/share/doc/apt* . 2>/dev/null || cp -a /etc .
+         head -c 30M /dev/urandom > big; head -c 5M /dev/urandom > gone
+         mkdir d; for i in $(seq 200); do echo $i > d/$i; done
+         sync; rm gone d/1*; sync",
+    )
+    .expect("kernel workload");
+    km.umount();
+    let rt = dump_tree(&v1, "root");
+    assert!(
+        rt.contains("FREE_SPACE UNTYPED"),
+        "the kernel wrote no v1 space cache:\n{rt}"
+    );
+    assert_eq!(super_fields(&v1).0, "0x0");
+
+    // Writing without converting is refused, and says how to convert.
+    let v1_arg = v1.to_str().expect("utf-8 path");
+    let host = dir.path().join("host.txt");
+    std::fs::write(&host, "x").expect("host file");
+    let (ok, _, err) = UBTRFS.run(&["put", v1_arg, host.to_str().expect("utf-8"), "/x"]);
+    assert!(
+        !ok && err.contains("tune --convert-to-free-space-tree") && err.contains("space_cache=v2"),
+        "put on a v1-cache image: {err}"
+    );
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let (ok, _, err) = UBTRFS.run(&["mount", v1_arg, mnt.to_str().expect("utf-8"), "-o", "rw"]);
+    assert!(!ok && err.contains("space_cache=v2"), "mount -o rw: {err}");
+
+    // The same image converted four ways.
+    let progs = dir.path().join("progs.img");
+    let tune = dir.path().join("tune.img");
+    let kernel = dir.path().join("kernel.img");
+    let mounted = dir.path().join("mounted.img");
+    for p in [&progs, &tune, &kernel, &mounted] {
+        copy(&v1, p);
+    }
+    bash_ok(
+        Path::new("/"),
+        &format!(
+            "btrfstune --convert-to-free-space-tree {}",
+            shell_quote(&progs)
+        ),
+    )
+    .expect("btrfstune");
+    let out = UBTRFS.stdout(&[
+        "tune",
+        "--convert-to-free-space-tree",
+        tune.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(out, "Converted to free space tree feature\n");
+    let (ok, _, err) = UBTRFS.run(&[
+        "tune",
+        "--convert-to-free-space-tree",
+        tune.to_str().expect("utf-8"),
+    ]);
+    assert!(!ok && err.contains("already has free-space-tree"), "{err}");
+    KernelMount::new(&kernel, "space_cache=v2").umount();
+    let fm = FuseMount::start(&UBTRFS, &[&mounted], &["rw,space_cache=v2"]);
+    bash_ok(&fm.mnt, "echo new > d/new; rm -rf apt* etc")
+        .unwrap_or_else(|e| panic!("writing after the conversion: {e}\n{}", fm.log()));
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&mounted, &seen, "v1 cache converted at mount");
+
+    let want = data_free_space(&progs);
+    for (img, who) in [(&tune, "ubtrfs tune"), (&kernel, "the kernel's mount")] {
+        btrfs_check(img, None).unwrap_or_else(|e| panic!("{who}: {e}"));
+        assert_eq!(super_fields(img), ("0x3".into(), "0".into()), "{who}");
+        assert_eq!(
+            data_free_space(img),
+            want,
+            "{who}: free space of the data groups"
+        );
+        let k: BTreeSet<String> = keys(&dump_tree(img, "root")).into_iter().collect();
+        let p: BTreeSet<String> = keys(&dump_tree(&progs, "root")).into_iter().collect();
+        assert_eq!(k, p, "{who}: root tree keys against btrfstune's");
+    }
+    assert_eq!(super_fields(&mounted), ("0x3".into(), "0".into()));
+
+    // A tree log the kernel left on a v1-cache filesystem (fsyncs, then a copy of
+    // the image while it is still mounted) is replayed before the conversion: the
+    // log's blocks are in no extent tree and must not be allocated over.
+    let logged = dir.path().join("logged.img");
+    let replayed = dir.path().join("replayed.img");
+    let km = KernelMount::new(&v1, "commit=300");
+    bash_ok(
+        &km.mnt,
+        &format!(
+            "echo a > f1; head -c 1M /dev/urandom > f2; sync
+             python3 -c \"
+import os
+for n, b in (('f1', b'z' * 20000), ('f2', b'y' * 3000000)):
+    fd = os.open(n, os.O_WRONLY | os.O_APPEND); os.write(fd, b); os.fsync(fd)\"
+             cp --sparse=always {v1} {logged}; cp --sparse=always {v1} {replayed}",
+            v1 = shell_quote(&v1),
+            logged = shell_quote(&logged),
+            replayed = shell_quote(&replayed)
+        ),
+    )
+    .expect("kernel fsyncs");
+    km.umount();
+    let dump = bash_ok(
+        Path::new("/"),
+        &format!("btrfs inspect-internal dump-super {}", shell_quote(&logged)),
+    )
+    .expect("dump-super");
+    assert!(
+        dump.lines()
+            .any(|l| l.starts_with("log_root\t") && !l.ends_with("\t0")),
+        "the kernel left no tree log:\n{dump}"
+    );
+    let fm = FuseMount::start(&UBTRFS, &[&logged], &["rw,space_cache=v2"]);
+    let seen = fm.walk_and_unmount();
+    btrfs_check(&logged, None).unwrap_or_else(|e| panic!("log replayed, converted: {e}"));
+    assert_eq!(super_fields(&logged), ("0x3".into(), "0".into()));
+    // The kernel's own replay of the same copy shows the same files.
+    // (Read-write: on a read-only loop device the kernel refuses to replay.)
+    let k = KernelMount::new(&replayed, "");
+    let theirs = ubtrfs_sim::golden::walk_mounted(&k.mnt);
+    k.umount();
+    ubtrfs_sim::golden::report(ubtrfs_sim::golden::compare_walks(
+        "v1 cache, log replayed then converted, against the kernel's replay",
+        &seen,
+        &theirs,
+        &["type", "mode", "nlink", "size", "sha256"],
+    ));
+
+    // clear_cache rebuilds a free-space tree: one btrfs-progs removed, and one intact.
+    bash_ok(
+        Path::new("/"),
+        &format!("btrfs rescue clear-space-cache v2 {}", shell_quote(&tune)),
+    )
+    .expect("btrfs rescue clear-space-cache v2");
+    assert_eq!(super_fields(&tune).0, "0x0");
+    for round in ["removed", "intact"] {
+        let fm = FuseMount::start(&UBTRFS, &[&tune], &["rw,clear_cache"]);
+        let seen = fm.walk_and_unmount();
+        kernel_round_trip(&tune, &seen, &format!("clear_cache, tree {round}"));
+        assert_eq!(super_fields(&tune).0, "0x3", "{round}");
+        assert_eq!(data_free_space(&tune), want, "clear_cache, tree {round}");
+    }
+}
+
+/// For each regular file of a directory tree in an unmounted image: its inode
+/// flags as dump-tree prints them and whether its data is inline, by inode number
+/// (both sides create the same files in the same order).
+fn file_layout(img: &Path) -> Vec<String> {
+    let d = dump_tree(img, "5");
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for l in d.lines() {
+        let t = l.trim_start();
+        if t.starts_with("item ") && t.contains("INODE_ITEM 0)") {
+            cur = keys(t).first().cloned().unwrap_or_default();
+        } else if t.starts_with("sequence ") && t.contains(" flags ") {
+            let flags = t.split(" flags ").nth(1).unwrap_or_default();
+            out.push(format!("{cur} flags {flags}"));
+        } else if t.starts_with("extent data disk byte") || t.starts_with("inline extent") {
+            let kind = if t.starts_with("inline") {
+                "inline"
+            } else {
+                "regular"
+            };
+            out.push(format!("{cur} {kind}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn kernel_mount_options_have_the_kernels_effect() {
+    if !require_fuse("kernel_mount_options_have_the_kernels_effect") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = "mkdir d; head -c 150 /dev/zero > d/a; head -c 90 /dev/zero > d/b
+                  head -c 100000 /dev/zero > d/c; mkfifo d/p; ln -s a d/s";
+    for opts in [
+        "nodatacow,max_inline=100",
+        "nodatasum,max_inline=0",
+        "max_inline=9000",
+    ] {
+        let k = dir.path().join("k.img");
+        let u = dir.path().join("u.img");
+        mkfs_btrfs(&k, 1 << 30, &[]);
+        copy(&k, &u);
+        let km = KernelMount::new(&k, opts);
+        bash_ok(&km.mnt, script).expect("kernel");
+        km.umount();
+        let fm = FuseMount::start(&UBTRFS, &[&u], &["rw", opts]);
+        bash_ok(&fm.mnt, script).unwrap_or_else(|e| panic!("{opts}: {e}\n{}", fm.log()));
+        let seen = fm.walk_and_unmount();
+        kernel_round_trip(&u, &seen, opts);
+        assert_eq!(
+            file_layout(&u),
+            file_layout(&k),
+            "-o {opts}: inode flags, inline data"
+        );
+    }
+
+    // The options of a kernel's fstab line mount; the few ubtrfs cannot honour are
+    // refused with their reason.
+    let img = dir.path().join("f.img");
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    let fstab = "rw,noatime,compress=zstd:1,ssd,discard=async,space_cache=v2,autodefrag,\
+                 commit=120,thread_pool=4,skip_balance,flushoncommit,enospc_debug,barrier,\
+                 acl,fatal_errors=bug,datacow,datasum,compress=no,nossd,nodiscard,\
+                 metadata_ratio=2,subvol=/";
+    KernelMount::new(&img, fstab).umount();
+    let fm = FuseMount::start(&UBTRFS, &[&img], &[fstab]);
+    bash_ok(&fm.mnt, "echo hi > f").unwrap_or_else(|e| panic!("{e}\n{}", fm.log()));
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&img, &seen, "fstab options");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let img_arg = img.to_str().expect("utf-8 path");
+    for (opt, why) in [
+        ("nobarrier", "always flushes"),
+        ("noacl", "POSIX ACLs"),
+        ("space_cache=v1", "only the free-space tree"),
+        ("bogus", "unknown mount option"),
+    ] {
+        let (ok, _, err) = UBTRFS.run(&[
+            "mount",
+            img_arg,
+            mnt.to_str().expect("utf-8"),
+            "-o",
+            &format!("rw,{opt}"),
+        ]);
+        assert!(!ok && err.contains(why), "-o {opt}: {err}");
+    }
+}
