@@ -32,7 +32,29 @@ Mount options (-o, comma separated, repeatable):
                         reads that need the block get EIO, each loss is logged once
   commit=SECS           interval of periodic commits (default 30, as the kernel)
   notreelog             fsync commits the transaction instead of writing the tree log
-  compress=ALG[:LEVEL]  compress new data: zlib, lzo, zstd (the kernel's give-up rule)
+  compress=ALG[:LEVEL]  compress new data: zlib, lzo, zstd (the kernel's give-up rule);
+                        compress alone: zlib; compress=no: off. compress-force=ALG: even
+                        data that does not compress
+  nodatacow, nodatasum  new regular files get NODATACOW (and NODATASUM) / NODATASUM, as
+                        on the kernel (nodatacow also turns compression off); datacow,
+                        datasum undo them
+  max_inline=BYTES      files up to this size are stored in the leaf (default 2048; capped
+                        at the sector size; 0: never)
+  space_cache=v2        a filesystem that keeps the v1 space cache (mkfs.btrfs before
+                        btrfs-progs 5.15) gets the free-space tree, the v1 cache removed,
+                        as the kernel does with this option (ubtrfs writes only such
+                        filesystems; `ubtrfs tune --convert-to-free-space-tree` does it
+                        offline). space_cache, space_cache=v1, nospace_cache: read-only
+  clear_cache           rebuild the free-space tree from the extent tree (read-write)
+  device=PATH           another device of a multi-device filesystem (as IMAGE,PATH)
+  thread_pool=N         as threads=N
+  ssd, ssd_spread, nossd, autodefrag, discard[=sync|async], nodiscard, barrier,
+  flushoncommit, skip_balance, enospc_debug, fatal_errors=bug, metadata_ratio=N, acl,
+  degraded              accepted so that a kernel's fstab line mounts; they tune what
+                        ubtrfs does not have (allocator hints, background defrag and
+                        balance, debug output). Every commit writes all data first
+                        (flushoncommit); freed space is discarded by fstrim on the mount,
+                        not at each commit. nobarrier, noacl, fatal_errors=panic: refused
   subvol=PATH           show this subvolume (path from the top level) at the mountpoint
   subvolid=N            show subvolume N (5 = top level); default: the default subvolume
   allow_other           let other users in (permissions are still checked, like the kernel)

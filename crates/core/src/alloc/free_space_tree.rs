@@ -11,6 +11,12 @@ use crate::tree::ctree::TreeIter;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::key::Key;
 
+/// Why a filesystem without a free-space tree is not written, and what to do.
+pub(crate) const NO_FREE_SPACE_TREE: &str = "writing needs the free-space tree \
+     (space_cache=v2, the mkfs default since btrfs-progs 5.15); this filesystem keeps \
+     the v1 space cache: convert it with `ubtrfs tune --convert-to-free-space-tree \
+     IMAGE` or by mounting with `-o space_cache=v2` (as the kernel does)";
+
 pub(crate) fn fst_items(fs: &FsInfo, start: u64, length: u64) -> Result<Vec<(Key, Vec<u8>)>> {
     let ptr = fs
         .tree_ptr(FREE_SPACE_TREE_OBJECTID)
@@ -37,9 +43,7 @@ pub(crate) fn read_fst_ranges(
     length: u64,
 ) -> Result<(Vec<(u64, u64)>, bool)> {
     if fs.sb.compat_ro_flags & FEATURE_COMPAT_RO_FREE_SPACE_TREE == 0 {
-        return Err(Error::Unsupported(
-            crate::transaction::NO_FREE_SPACE_TREE.into(),
-        ));
+        return Err(Error::Unsupported(NO_FREE_SPACE_TREE.into()));
     }
     let items = fst_items(fs, start, length)?;
     let bad = |m: String| Error::corrupt(format!("free space tree, block group {start}: {m}"));

@@ -373,9 +373,6 @@ fn copy_from(src: &[u8], from: usize, dst: &mut [u8]) {
 /// Largest data extent the kernel writes.
 pub const MAX_EXTENT_SIZE: u64 = 128 << 20;
 
-/// Default max_inline mount option.
-pub(crate) const MAX_INLINE: u64 = 2048;
-
 impl Trans {
     /// The kernel's `max_inline=BYTES` mount option: files up to this size are
     /// written inline (0: never), capped at the sector size as the kernel caps it.

@@ -156,12 +156,6 @@ pub struct Trans {
     pub(crate) inflight: Option<commit_io::Inflight>,
 }
 
-/// Why a filesystem without a free-space tree is not written, and what to do.
-pub(crate) const NO_FREE_SPACE_TREE: &str = "writing needs the free-space tree \
-     (space_cache=v2, the mkfs default since btrfs-progs 5.15); this filesystem keeps \
-     the v1 space cache: convert it with `ubtrfs tune --convert-to-free-space-tree \
-     IMAGE` or by mounting with `-o space_cache=v2` (as the kernel does)";
-
 impl std::fmt::Debug for Trans {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Trans(transid {})", self.transid)
@@ -223,7 +217,9 @@ impl Trans {
             crate::io::disk_io::FreeSpaceTreeAction::Rebuild => true,
         };
         if !has_fst && !rebuild_fst {
-            return Err(Error::Unsupported(NO_FREE_SPACE_TREE.into()));
+            return Err(Error::Unsupported(
+                crate::alloc::free_space_tree::NO_FREE_SPACE_TREE.into(),
+            ));
         }
         let bad_incompat = FEATURE_INCOMPAT_ZONED
             | FEATURE_INCOMPAT_EXTENT_TREE_V2
@@ -299,7 +295,7 @@ impl Trans {
             compress: None,
             compress_force: false,
             new_file_flags: 0,
-            max_inline_bytes: crate::inode::file::MAX_INLINE,
+            max_inline_bytes: MAX_INLINE_DATA_SIZE_DEFAULT,
             reflink_source: None,
             reflink_failed: false,
             commit_view,
