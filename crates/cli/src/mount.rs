@@ -48,13 +48,16 @@ Mount options (-o, comma separated, repeatable):
   clear_cache           rebuild the free-space tree from the extent tree (read-write)
   device=PATH           another device of a multi-device filesystem (as IMAGE,PATH)
   thread_pool=N         as threads=N
-  ssd, ssd_spread, nossd, autodefrag, discard[=sync|async], nodiscard, barrier,
-  flushoncommit, skip_balance, enospc_debug, fatal_errors=bug, metadata_ratio=N, acl,
+  discard[=sync|async]  once a commit is on disk, discard the space it freed (an image
+                        file gets holes punched, a device BLKDISCARD); async is done as
+                        sync. nodiscard (the default here; the kernel's default is
+                        discard=async on devices that can): only fstrim discards
+  ssd, ssd_spread, nossd, autodefrag, barrier, flushoncommit, skip_balance,
+  enospc_debug, fatal_errors=bug, metadata_ratio=N, acl,
   degraded              accepted so that a kernel's fstab line mounts; they tune what
                         ubtrfs does not have (allocator hints, background defrag and
                         balance, debug output). Every commit writes all data first
-                        (flushoncommit); freed space is discarded by fstrim on the mount,
-                        not at each commit. nobarrier, noacl, fatal_errors=panic: refused
+                        (flushoncommit). nobarrier, noacl, fatal_errors=panic: refused
   subvol=PATH           show this subvolume (path from the top level) at the mountpoint
   subvolid=N            show subvolume N (5 = top level); default: the default subvolume
   allow_other           let other users in (permissions are still checked, like the kernel)
@@ -163,6 +166,8 @@ struct Opts {
     new_file_flags: u64,
     /// `max_inline=BYTES` (the kernel caps it at the sector size).
     max_inline: Option<u64>,
+    /// `discard`: each commit discards the space it freed.
+    discard: bool,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -205,6 +210,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         devices: Vec::new(),
         new_file_flags: 0,
         max_inline: None,
+        discard: false,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -262,11 +268,12 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             (
                 "ssd" | "ssd_spread" | "nossd" | "nossd_spread" | "autodefrag" | "noautodefrag"
                 | "barrier" | "enospc_debug" | "noenospc_debug" | "skip_balance" | "flushoncommit"
-                | "noflushoncommit" | "acl" | "degraded" | "discard" | "nodiscard",
+                | "noflushoncommit" | "acl" | "degraded",
                 None,
             )
-            | ("discard", Some("sync" | "async"))
             | ("fatal_errors", Some("bug")) => {}
+            ("discard", None | Some("sync" | "async")) => o.discard = true,
+            ("nodiscard", None) => o.discard = false,
             ("metadata_ratio", Some(n)) => {
                 num::<u32>(k, n)?;
             }
@@ -427,6 +434,7 @@ pub fn run(args: MountArgs) -> Result<()> {
                 t.compress_force = o.compress_force;
             }
             t.new_file_flags = o.new_file_flags;
+            t.discard_on_commit = o.discard;
             if let Some(n) = o.max_inline {
                 t.set_max_inline(n);
             }

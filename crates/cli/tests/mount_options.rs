@@ -376,3 +376,59 @@ fn kernel_mount_options_have_the_kernels_effect() {
         assert!(!ok && err.contains(why), "-o {opt}: {err}");
     }
 }
+
+/// Bytes the host has allocated for an image file.
+fn allocated(img: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(img).expect("stat image").blocks() * 512
+}
+
+/// `-o discard`: once the commit that freed them is on disk, the freed extents are
+/// discarded, so an image file gives the host the space of a deleted file back, as
+/// the kernel's loop mount with `discard=sync` does (its loop device punches holes);
+/// without the option nothing is discarded until fstrim.
+#[test]
+fn discard_gives_freed_space_back_like_the_kernel() {
+    if !require_fuse("discard_gives_freed_space_back_like_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let write = "head -c 60M /dev/urandom > big; echo kept > small; btrfs filesystem sync .";
+    let delete = "rm big; btrfs filesystem sync .; btrfs filesystem sync .";
+    let mb = |b: u64| b / (1 << 20);
+    let mut freed = Vec::new();
+    for side in ["kernel discard=sync", "ubtrfs discard", "ubtrfs nodiscard"] {
+        let img = dir.path().join("d.img");
+        let _ = std::fs::remove_file(&img);
+        mkfs_btrfs(&img, 1 << 30, &[]);
+        let (before, after) = if side.starts_with("kernel") {
+            let km = KernelMount::new(&img, "discard=sync");
+            bash_ok(&km.mnt, write).expect("kernel write");
+            let before = allocated(&img);
+            bash_ok(&km.mnt, delete).expect("kernel delete");
+            let after = allocated(&img);
+            km.umount();
+            (before, after)
+        } else {
+            let opt = if side.ends_with("nodiscard") {
+                "nodiscard"
+            } else {
+                "discard"
+            };
+            let fm = FuseMount::start(&UBTRFS, &[&img], &["rw", opt]);
+            bash_ok(&fm.mnt, write).unwrap_or_else(|e| panic!("{side}: {e}\n{}", fm.log()));
+            let before = allocated(&img);
+            bash_ok(&fm.mnt, delete).unwrap_or_else(|e| panic!("{side}: {e}\n{}", fm.log()));
+            let after = allocated(&img);
+            let seen = fm.walk_and_unmount();
+            kernel_round_trip(&img, &seen, side);
+            (before, after)
+        };
+        freed.push((side, mb(before.saturating_sub(after))));
+    }
+    let got = |s: &str| freed.iter().find(|f| f.0 == s).map_or(0, |f| f.1);
+    assert!(got("kernel discard=sync") >= 55, "{freed:?}");
+    assert!(got("ubtrfs discard") >= 55, "{freed:?}");
+    assert!(got("ubtrfs nodiscard") < 5, "{freed:?}");
+}

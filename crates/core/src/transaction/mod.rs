@@ -122,6 +122,11 @@ pub struct Trans {
     /// Inode flags every new regular file gets (the kernel's `nodatasum` mount
     /// option: INODE_NODATASUM; `nodatacow`: INODE_NODATACOW | INODE_NODATASUM).
     pub new_file_flags: u64,
+    /// Discard the space each commit freed once it is durable (the kernel's
+    /// `discard` mount option; an image file gets holes punched).
+    pub discard_on_commit: bool,
+    /// Bytes discarded that way so far (every copy counted).
+    pub discarded_bytes: u64,
     /// Largest file written inline, in bytes (the kernel's `max_inline` mount
     /// option; [`Trans::set_max_inline`]).
     pub(crate) max_inline_bytes: u64,
@@ -295,6 +300,8 @@ impl Trans {
             compress: None,
             compress_force: false,
             new_file_flags: 0,
+            discard_on_commit: false,
+            discarded_bytes: 0,
             max_inline_bytes: MAX_INLINE_DATA_SIZE_DEFAULT,
             reflink_source: None,
             reflink_failed: false,
@@ -638,6 +645,24 @@ impl Trans {
         }
         if let Ok(mut c) = self.fs.info.committing.lock() {
             c.clear();
+        }
+        if self.discard_on_commit {
+            // Free in the durable commit and not yet given out again: safe to discard.
+            let nodesize = self.fs.info.nodesize as u64;
+            let freed = inf
+                .pinned
+                .iter()
+                .copied()
+                .chain(inf.log_blocks.iter().map(|&b| (b, nodesize)));
+            for (b, l) in freed {
+                if !inf
+                    .removed
+                    .iter()
+                    .any(|r| b >= r.start && b < r.start + r.length)
+                {
+                    self.discarded_bytes += self.discard_freed(b, l);
+                }
+            }
         }
         self.alloc.unpin(
             inf.pinned,

@@ -151,6 +151,45 @@ impl Trans {
     }
 }
 
+impl Trans {
+    /// Discards `[logical, logical + len)` on every copy, for the `discard` mount
+    /// option: space a durable commit freed (the kernel's discard at unpin,
+    /// btrfs_discard_extent). Best effort, as in the kernel: a device that cannot
+    /// discard, a striped group (RAID0/10/5/6, not written here) or an error leaves
+    /// the bytes as they are. Returns the bytes discarded (every copy counted).
+    pub(crate) fn discard_freed(&self, logical: u64, len: u64) -> u64 {
+        let Ok(entry) = self.fs.info.chunk_map.lookup(logical) else {
+            return 0;
+        };
+        let striped =
+            BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6;
+        if entry.ty & striped != 0 {
+            return 0;
+        }
+        let end = logical.saturating_add(len).min(entry.start + entry.length);
+        let mut done = 0;
+        for m in 0..entry.num_mirrors() {
+            let mut pos = logical;
+            while pos < end {
+                let Ok(p) = entry.map(pos, m) else {
+                    break;
+                };
+                let n = p.len.min(end - pos);
+                if n == 0 {
+                    break;
+                }
+                if let Some(dev) = self.fs.info.devices.get(&p.devid) {
+                    if dev.discard(p.offset, n).is_ok() {
+                        done += n;
+                    }
+                }
+                pos += n;
+            }
+        }
+        done
+    }
+}
+
 /// Bytes of each device extent (one stripe) of a chunk.
 fn device_extent_bytes(e: &crate::io::volumes::MapEntry) -> u64 {
     let n = e.stripes.len() as u64;
