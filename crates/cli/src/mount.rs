@@ -47,6 +47,12 @@ Mount options (-o, comma separated, repeatable):
                         offline). space_cache, space_cache=v1, nospace_cache: read-only
   clear_cache           rebuild the free-space tree from the extent tree (read-write)
   device=PATH           another device of a multi-device filesystem (as IMAGE,PATH)
+  user_subvol_rm_allowed  users without CAP_SYS_ADMIN may delete a subvolume
+                        (BTRFS_IOC_SNAP_DESTROY, `ubtrfs subvolume delete` on the mount)
+                        whose root they may write, as on the kernel; without it only
+                        root and the user who mounted may. Creating subvolumes needs
+                        only write permission on the directory, snapshots also that
+                        the caller own the source, as on the kernel
   thread_pool=N         as threads=N
   discard[=sync|async]  once a commit is on disk, discard the space it freed (an image
                         file gets holes punched, a device BLKDISCARD); async is done as
@@ -168,6 +174,8 @@ struct Opts {
     max_inline: Option<u64>,
     /// `discard`: each commit discards the space it freed.
     discard: bool,
+    /// `user_subvol_rm_allowed`: subvolume deletion for owners, not only root.
+    user_subvol_rm_allowed: bool,
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -211,6 +219,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         new_file_flags: 0,
         max_inline: None,
         discard: false,
+        user_subvol_rm_allowed: false,
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -274,6 +283,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             | ("fatal_errors", Some("bug")) => {}
             ("discard", None | Some("sync" | "async")) => o.discard = true,
             ("nodiscard", None) => o.discard = false,
+            ("user_subvol_rm_allowed", None) => o.user_subvol_rm_allowed = true,
             ("metadata_ratio", Some(n)) => {
                 num::<u32>(k, n)?;
             }
@@ -481,6 +491,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     cfg.mount.suid = o.suid;
     cfg.mount.dev = o.dev;
     cfg.ino = o.ino;
+    cfg.user_subvol_rm_allowed = o.user_subvol_rm_allowed;
     cfg.atime = o.atime.options();
     cfg.mount.atime = o.atime.options();
     if let Some(s) = o.ttl {

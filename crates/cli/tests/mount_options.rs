@@ -432,3 +432,90 @@ fn discard_gives_freed_space_back_like_the_kernel() {
     assert!(got("ubtrfs discard") >= 55, "{freed:?}");
     assert!(got("ubtrfs nodiscard") < 5, "{freed:?}");
 }
+
+/// The subvolume ioctls from users other than root, as `ubtrfs subvolume` issues them
+/// on a mounted directory (BTRFS_IOC_SUBVOL_CREATE, SNAP_CREATE, SNAP_DESTROY): the
+/// same steps on a kernel loop mount and on a ubtrfs mount (allow_other), without and
+/// with `user_subvol_rm_allowed`, give the same outcome each (the errno's text), and
+/// the new subvolume roots the same owner and mode: creating needs write permission
+/// on the directory, a snapshot owning its source, deleting CAP_SYS_ADMIN or the
+/// option plus write permission on the subvolume's root, and rmdir's sticky-bit rule.
+#[test]
+fn subvolume_ioctls_check_permissions_like_the_kernel() {
+    if !require_fuse("subvolume_ioctls_check_permissions_like_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let u = env!("CARGO_BIN_EXE_ubtrfs");
+    let script = format!(
+        r#"set +e
+        U={u}
+        as() {{ setpriv --reuid="$1" --regid="$1" --clear-groups -- "${{@:2}}"; }}
+        step() {{
+            local name=$1; shift
+            if out=$("$@" 2>&1); then echo "$name: ok"; else
+                echo "$name: $(echo "$out" | grep -o 'Permission denied\|Operation not permitted\|Read-only file system\|Invalid argument\|No such file or directory\|Directory not empty\|File exists' | head -1)"
+            fi
+        }}
+        mkdir pub priv sticky && chmod 777 pub && chmod 755 priv && chmod 1777 sticky
+        $U subvolume create . rootsub >/dev/null
+        step create-pub as 1234 $U subvolume create . pub/u1
+        step create-priv as 1234 $U subvolume create . priv/u2
+        step owner-mode stat -c '%u:%g %a' pub/u1
+        step snap-own as 1234 $U subvolume snapshot . pub/u1 pub/u1snap
+        step snap-other as 1234 $U subvolume snapshot . rootsub pub/rsnap
+        step snap-ro as 1234 $U subvolume snapshot -r . pub/u1 pub/ro1
+        step del-own as 1234 $U subvolume delete . pub/u1snap
+        step del-other as 4321 $U subvolume delete . pub/u1
+        step del-ro as 1234 $U subvolume delete . pub/ro1
+        step create-sticky as 1234 $U subvolume create . sticky/s1
+        step chmod-sticky as 1234 chmod 777 sticky/s1
+        step del-sticky as 4321 $U subvolume delete . sticky/s1
+        step del-sticky-owner as 1234 $U subvolume delete . sticky/s1
+        step rmdir-empty as 1234 rmdir pub/u1
+        step del-root $U subvolume delete . pub/ro1
+        ls pub sticky | tr '\n' ' '; echo
+        "#
+    );
+    let mut outcomes = Vec::new();
+    for opts in ["", "user_subvol_rm_allowed"] {
+        let k = dir.path().join("k.img");
+        let img = dir.path().join("u.img");
+        mkfs_btrfs(&k, 1 << 30, &[]);
+        copy(&k, &img);
+        let km = KernelMount::new(&k, opts);
+        let open = |mnt: &Path| {
+            bash_ok(
+                Path::new("/"),
+                &format!(
+                    "chmod 755 {} {}",
+                    shell_quote(mnt.parent().expect("parent")),
+                    shell_quote(mnt)
+                ),
+            )
+            .expect("chmod mountpoint");
+        };
+        open(&km.mnt);
+        let theirs = bash_ok(&km.mnt, &script).expect("kernel steps");
+        km.umount();
+        let mount_opts = if opts.is_empty() {
+            "rw,allow_other".to_string()
+        } else {
+            format!("rw,allow_other,{opts}")
+        };
+        let fm = FuseMount::start(&UBTRFS, &[&img], &[mount_opts.as_str()]);
+        open(&fm.mnt);
+        let ours = bash_ok(&fm.mnt, &script).unwrap_or_else(|e| panic!("{e}\n{}", fm.log()));
+        let seen = fm.walk_and_unmount();
+        kernel_round_trip(&img, &seen, &format!("subvolume ioctls, -o {opts}"));
+        assert_eq!(
+            ours, theirs,
+            "-o {opts}: ubtrfs (left) against the kernel (right)"
+        );
+        outcomes.push(ours);
+    }
+    // The option changes what users may delete, and the steps show it.
+    assert_ne!(outcomes[0], outcomes[1], "{outcomes:?}");
+    assert!(outcomes[1].contains("del-own: ok"), "{}", outcomes[1]);
+}

@@ -51,6 +51,46 @@ impl Acl {
         Some(Acl(entries))
     }
 
+    /// Whether the ACL grants `want` (r = 4, w = 2, x = 1) to a caller that is not
+    /// the owner, has uid `uid`, and whose groups `in_group` tells, on an inode of
+    /// group `file_gid`: the kernel's posix_acl_permission past its owner entry. A
+    /// named user entry, or else any matching group entry (the owning group's
+    /// included), decides, limited by the mask; no match: the other entry.
+    pub(crate) fn permits(
+        &self,
+        uid: u32,
+        file_gid: u32,
+        in_group: impl Fn(u32) -> bool,
+        want: u16,
+    ) -> bool {
+        let mask = self.0.iter().find(|e| e.tag == MASK).map_or(7, |e| e.perm);
+        let masked = |perm: u16| perm & mask & want == want;
+        if let Some(e) = self.0.iter().find(|e| e.tag == USER && e.id == uid) {
+            return masked(e.perm);
+        }
+        let mut found = false;
+        for e in &self.0 {
+            let member = match e.tag {
+                GROUP_OBJ => in_group(file_gid),
+                GROUP => in_group(e.id),
+                _ => false,
+            };
+            if member {
+                found = true;
+                if masked(e.perm) {
+                    return true;
+                }
+            }
+        }
+        if found {
+            return false;
+        }
+        self.0
+            .iter()
+            .find(|e| e.tag == OTHER)
+            .is_some_and(|e| e.perm & want == want)
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = VERSION.to_le_bytes().to_vec();
         for e in &self.0 {

@@ -14,13 +14,11 @@
 //! /proc. `security.capability` itself the kernel still removes (REMOVEXATTR).
 
 use crate::abi::InHeader;
+use crate::creds::{Caller, CAP_FSETID};
 
 const S_ISUID: u32 = 0o4000;
 const S_ISGID: u32 = 0o2000;
 const S_IXGRP: u32 = 0o010;
-/// CAP_FSETID's bit in /proc/PID/status's CapEff.
-const CAP_FSETID_BIT: u32 = 4;
-
 /// Why a file's setuid/setgid bits may have to go.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Cause {
@@ -31,50 +29,6 @@ pub(crate) enum Cause {
     Unmarked,
     /// A chown of a non-directory: setuid goes even for a capable caller.
     Chown,
-}
-
-/// The caller's credentials as /proc shows them; looked up only for a file that has
-/// setuid or setgid (rare), so the common write pays nothing.
-struct Caller<'h> {
-    h: &'h InHeader,
-    status: Option<String>,
-}
-
-impl<'h> Caller<'h> {
-    fn new(h: &'h InHeader) -> Caller<'h> {
-        // h.pid is the calling thread's id; /proc/TID/status names its credentials.
-        let status = (h.pid != 0)
-            .then(|| std::fs::read_to_string(format!("/proc/{}/status", h.pid)).ok())
-            .flatten();
-        Caller { h, status }
-    }
-
-    fn field(&self, name: &str) -> Option<&str> {
-        self.status
-            .as_deref()?
-            .lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    }
-
-    /// CAP_FSETID in the caller's effective set. When /proc cannot say, not
-    /// capable: clearing a bit the kernel would have kept is the safe mistake.
-    /// (CapEff is relative to the caller's user namespace, where the kernel asks
-    /// about the initial one: a container's root counts as capable here.)
-    fn capable_fsetid(&self) -> bool {
-        self.field("CapEff")
-            .and_then(|v| u64::from_str_radix(v, 16).ok())
-            .is_some_and(|caps| caps & (1 << CAP_FSETID_BIT) != 0)
-    }
-
-    /// The caller's filesystem gid or one of its supplementary groups is `gid`.
-    fn in_group(&self, gid: u32) -> bool {
-        self.h.gid == gid
-            || self.field("Groups").is_some_and(|g| {
-                g.split_whitespace()
-                    .any(|x| x.parse::<u32>().ok() == Some(gid))
-            })
-    }
 }
 
 /// The mode a file of `mode` owned by group `file_gid` gets for this change, or None
@@ -89,7 +43,7 @@ pub(crate) fn killed_mode(mode: u32, file_gid: u32, cause: Cause, h: &InHeader) 
     let caller = Caller::new(h);
     let capable = match cause {
         Cause::Marked => false,
-        Cause::Unmarked | Cause::Chown => caller.capable_fsetid(),
+        Cause::Unmarked | Cause::Chown => caller.capable(CAP_FSETID),
     };
     if capable && cause != Cause::Chown {
         return None;

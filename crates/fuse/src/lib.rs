@@ -27,6 +27,7 @@ mod acl;
 pub mod atime;
 pub mod balance_ops;
 mod channel;
+mod creds;
 mod ino;
 mod killpriv;
 mod nodes;
@@ -73,6 +74,9 @@ pub struct Config {
     pub atime: AtimeOptions,
     /// Request sizes, readahead and threads.
     pub tuning: Tuning,
+    /// The kernel's `user_subvol_rm_allowed`: BTRFS_IOC_SNAP_DESTROY for callers
+    /// without CAP_SYS_ADMIN who may write the subvolume's root.
+    pub user_subvol_rm_allowed: bool,
 }
 
 impl Config {
@@ -98,6 +102,7 @@ impl Config {
                 threads: DEFAULT_THREADS,
                 uring_threads_per_cpu: DEFAULT_URING_THREADS_PER_CPU,
             },
+            user_subvol_rm_allowed: false,
         }
     }
 }
@@ -135,6 +140,7 @@ pub fn mount(engine: Engine, mountpoint: &Path, cfg: &Config) -> std::io::Result
             ttl: cfg.ttl,
             ino: cfg.ino,
             atime: cfg.atime,
+            user_subvol_rm_allowed: cfg.user_subvol_rm_allowed,
         },
     );
     let ch = Channel::mount(mountpoint, &cfg.mount)?;

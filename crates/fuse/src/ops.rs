@@ -60,6 +60,8 @@ pub struct OpsConfig {
     pub ino: InoMode,
     /// When reads update atime (read-write only).
     pub atime: AtimeOptions,
+    /// The kernel's `user_subvol_rm_allowed` mount option.
+    pub user_subvol_rm_allowed: bool,
 }
 
 struct OpenFile {

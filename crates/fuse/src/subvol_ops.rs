@@ -19,13 +19,15 @@
 //! notifications after the reply (the kernel did not see the change happen).
 
 use crate::abi::InHeader;
+use crate::acl::{self, Acl};
 use crate::channel::Channel;
+use crate::creds::{Caller, CAP_FOWNER, CAP_SYS_ADMIN, MAY_EXEC, MAY_WRITE};
 use crate::ops::{errno, Ops};
 use crate::reply::{inval_inode, notify, NOTIFY_INVAL_ENTRY};
 use crate::writer::Engine;
 use std::path::{Path, PathBuf};
-use ubtrfs_core::{now, Node};
-use ubtrfs_format::consts::FIRST_FREE_OBJECTID;
+use ubtrfs_core::{now, Node, Stat};
+use ubtrfs_format::consts::{FIRST_FREE_OBJECTID, INODE_APPEND, INODE_IMMUTABLE};
 
 /// `_IOW(0x94, nr, 4096)`: the commands taking `btrfs_ioctl_vol_args(_v2)`.
 const fn vol_ioctl(nr: u32) -> u32 {
@@ -118,20 +120,48 @@ impl Ops {
         let Engine::ReadWrite(w) = &self.engine else {
             return Err(errno::EROFS);
         };
-        // Only root and the user who mounted may change subvolumes (the kernel asks
-        // for CAP_SYS_ADMIN to delete, and this server runs with its owner's rights).
-        crate::ops::admin_only(h)?;
+        // The kernel passes these on unchecked: its rules are applied here
+        // (btrfs_ioctl_snap_create_transid, btrfs_ioctl_snap_destroy). Creating
+        // needs write and search permission on the directory; a snapshot, that the
+        // caller own its source; deleting, CAP_SYS_ADMIN or `user_subvol_rm_allowed`
+        // and write permission on the subvolume's root, then rmdir's rules.
+        let caller = Caller::new(h);
+        let admin = caller.capable(CAP_SYS_ADMIN)
+            || (h.uid != 0 && h.uid == nix::unistd::getuid().as_raw());
         let a = parse(cmd, input)?;
         let dir = self.changeable(h.nodeid)?;
+        let may = |node: Node, want: u32| -> Result<Stat, i32> {
+            let (st, acl) = w
+                .read(|fs| Ok((fs.stat(node)?, fs.getxattr(node, acl::ACCESS)?)))
+                .map_err(|e: ubtrfs_core::Error| e.errno())?;
+            let acl = acl.as_deref().and_then(Acl::parse);
+            if caller.permits(st.uid, st.gid, st.mode, acl.as_ref(), want) {
+                Ok(st)
+            } else {
+                Err(errno::EACCES)
+            }
+        };
         let t0 = now();
         match cmd {
             BTRFS_IOC_SUBVOL_CREATE | BTRFS_IOC_SUBVOL_CREATE_V2 => {
+                may(dir, MAY_WRITE | MAY_EXEC)?;
+                // inode_init_owner without a directory: the caller's ids, no setgid
+                // inheritance, the umask applied.
+                let mode = 0o777 & !caller.umask();
                 w.change("subvolume create", |t| {
-                    t.create_subvolume(dir.root, dir.ino, &a.name, 0o755, h.uid, h.gid, t0)
+                    t.create_subvolume(dir.root, dir.ino, &a.name, mode, h.uid, h.gid, t0)
                 })?;
             }
             BTRFS_IOC_SNAP_CREATE | BTRFS_IOC_SNAP_CREATE_V2 => {
                 let src = self.caller_subvolume(h.pid, a.fd, ch.mountpoint())?;
+                let src_root = Node::new(src, FIRST_FREE_OBJECTID);
+                let owner = w.read(|fs| fs.stat(src_root)).map_err(|e| e.errno())?.uid;
+                // "Subvolume creation is not restricted, but snapshots are limited to
+                // own subvolumes only."
+                if !caller.owner_or_capable(owner) {
+                    return Err(errno::EPERM);
+                }
+                may(dir, MAY_WRITE | MAY_EXEC)?;
                 let ro = a.flags & SUBVOL_RDONLY != 0;
                 let id = w.change("snapshot", |t| {
                     t.create_snapshot(src, dir.root, dir.ino, &a.name, ro, t0)
@@ -145,6 +175,33 @@ impl Ops {
                     .read(|fs| fs.lookup(dir, &a.name))
                     .map_err(|e| e.errno())?
                     .ok_or(errno::ENOENT)?;
+                if !admin {
+                    if !self.cfg.user_subvol_rm_allowed {
+                        return Err(errno::EPERM);
+                    }
+                    if target.node.root == dir.root {
+                        return Err(errno::EINVAL);
+                    }
+                    if self.read_only_subvol(target.node.root) {
+                        return Err(errno::EROFS);
+                    }
+                    may(target.node, MAY_WRITE | MAY_EXEC)?;
+                }
+                // rmdir's rules on the parent (btrfs_may_delete): write and search
+                // permission, not append-only, the sticky bit's owners, a victim
+                // neither append-only nor immutable.
+                let parent = may(dir, MAY_WRITE | MAY_EXEC)?;
+                let victim = w.read(|fs| fs.stat(target.node)).map_err(|e| e.errno())?;
+                let sticky_blocks = parent.mode & 0o1000 != 0
+                    && h.uid != parent.uid
+                    && h.uid != victim.uid
+                    && !caller.capable(CAP_FOWNER);
+                if parent.flags & INODE_APPEND != 0
+                    || sticky_blocks
+                    || victim.flags & (INODE_APPEND | INODE_IMMUTABLE) != 0
+                {
+                    return Err(errno::EPERM);
+                }
                 if target.node.root == dir.root {
                     return Err(errno::EINVAL); // not a subvolume
                 }
