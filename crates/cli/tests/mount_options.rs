@@ -462,7 +462,7 @@ fn subvolume_ioctls_check_permissions_like_the_kernel() {
         $U subvolume create . rootsub >/dev/null
         step create-pub as 1234 $U subvolume create . pub/u1
         step create-priv as 1234 $U subvolume create . priv/u2
-        step owner-mode stat -c '%u:%g %a' pub/u1
+        echo "owner-mode: $(stat -c '%u:%g %a' pub/u1)"
         step snap-own as 1234 $U subvolume snapshot . pub/u1 pub/u1snap
         step snap-other as 1234 $U subvolume snapshot . rootsub pub/rsnap
         step snap-ro as 1234 $U subvolume snapshot -r . pub/u1 pub/ro1
@@ -500,9 +500,9 @@ fn subvolume_ioctls_check_permissions_like_the_kernel() {
         let theirs = bash_ok(&km.mnt, &script).expect("kernel steps");
         km.umount();
         let mount_opts = if opts.is_empty() {
-            "rw,allow_other".to_string()
+            "rw,allow_other,ino=kernel".to_string()
         } else {
-            format!("rw,allow_other,{opts}")
+            format!("rw,allow_other,ino=kernel,{opts}")
         };
         let fm = FuseMount::start(&UBTRFS, &[&img], &[mount_opts.as_str()]);
         open(&fm.mnt);
@@ -518,4 +518,5 @@ fn subvolume_ioctls_check_permissions_like_the_kernel() {
     // The option changes what users may delete, and the steps show it.
     assert_ne!(outcomes[0], outcomes[1], "{outcomes:?}");
     assert!(outcomes[1].contains("del-own: ok"), "{}", outcomes[1]);
+    assert!(outcomes[0].contains("owner-mode: 1234:1234 755"), "{}", outcomes[0]);
 }
