@@ -176,6 +176,17 @@ struct Opts {
     discard: bool,
     /// `user_subvol_rm_allowed`: subvolume deletion for owners, not only root.
     user_subvol_rm_allowed: bool,
+    /// The changeable options named, for a remount (settings.rs).
+    settings: ubtrfs_fuse::Settings,
+}
+
+impl Opts {
+    /// A `nodatacow`-like option: flags of new files set and cleared, in order.
+    fn flag_op(&mut self, set: u64, clear: u64) {
+        self.new_file_flags = (self.new_file_flags & !clear) | set;
+        let (s, c) = self.settings.new_file_flags.unwrap_or((0, 0));
+        self.settings.new_file_flags = Some(((s & !clear) | set, (c & !set) | clear));
+    }
 }
 
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
@@ -220,6 +231,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         max_inline: None,
         discard: false,
         user_subvol_rm_allowed: false,
+        settings: Default::default(),
     };
     for item in list.iter().flat_map(|s| s.split(',')) {
         let (k, v) = match item.split_once('=') {
@@ -234,31 +246,43 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             // back on remount: ubtrfs sets them itself.
             ("user_id" | "group_id" | "rootmode" | "fd" | "blksize", Some(_)) => {}
             ("rw", None) => o.rw = Some(true),
-            ("notreelog", None) => o.notreelog = true,
-            ("treelog", None) => o.notreelog = false,
-            ("commit", Some(n)) => o.commit_secs = num::<u64>(k, n)?.clamp(1, 300),
+            ("notreelog" | "treelog", None) => {
+                o.notreelog = k == "notreelog";
+                o.settings.tree_log = Some(k == "treelog");
+            }
+            ("commit", Some(n)) => {
+                o.commit_secs = num::<u64>(k, n)?.clamp(1, 300);
+                o.settings.commit_secs = Some(o.commit_secs as u16);
+            }
             ("compress" | "compress-force", Some("no" | "none")) => {
                 o.compress = None;
                 o.compress_force = false;
+                o.settings.compress = Some(None);
             }
             ("compress" | "compress-force", c) => {
                 // Without a value: zlib, as the kernel. Compressing turns nodatacow
                 // and nodatasum off (the kernel's option parser).
                 let c = c.unwrap_or("zlib");
-                crate::edit::parse_compress(c)?;
+                let (alg, level) = crate::edit::parse_compress(c)?;
                 o.compress = Some(c.to_string());
                 o.compress_force = k == "compress-force";
-                o.new_file_flags = 0;
+                o.settings.compress = Some(Some((alg, level, o.compress_force)));
+                o.flag_op(0, INODE_NODATACOW | INODE_NODATASUM);
             }
             ("nodatacow", None) => {
-                o.new_file_flags = INODE_NODATACOW | INODE_NODATASUM;
+                o.flag_op(INODE_NODATACOW | INODE_NODATASUM, 0);
                 o.compress = None;
                 o.compress_force = false;
+                o.settings.compress = Some(None);
             }
-            ("nodatasum", None) => o.new_file_flags |= INODE_NODATASUM,
-            ("datacow", None) => o.new_file_flags &= !INODE_NODATACOW,
-            ("datasum", None) => o.new_file_flags = 0,
-            ("max_inline", Some(n)) => o.max_inline = Some(num(k, n)?),
+            ("nodatasum", None) => o.flag_op(INODE_NODATASUM, 0),
+            ("datacow", None) => o.flag_op(0, INODE_NODATACOW),
+            ("datasum", None) => o.flag_op(0, INODE_NODATACOW | INODE_NODATASUM),
+            ("max_inline", Some(n)) => {
+                let n: u64 = num(k, n)?;
+                o.max_inline = Some(n);
+                o.settings.max_inline = Some(n.min(u16::MAX as u64) as u16);
+            }
             ("space_cache", Some("v2")) => {
                 if o.free_space_tree == FreeSpaceTreeAction::Keep {
                     o.free_space_tree = FreeSpaceTreeAction::Create;
@@ -281,9 +305,14 @@ fn parse_options(list: &[String]) -> Result<Opts> {
                 None,
             )
             | ("fatal_errors", Some("bug")) => {}
-            ("discard", None | Some("sync" | "async")) => o.discard = true,
-            ("nodiscard", None) => o.discard = false,
-            ("user_subvol_rm_allowed", None) => o.user_subvol_rm_allowed = true,
+            ("discard", None | Some("sync" | "async")) | ("nodiscard", None) => {
+                o.discard = k == "discard";
+                o.settings.discard = Some(o.discard);
+            }
+            ("user_subvol_rm_allowed", None) => {
+                o.user_subvol_rm_allowed = true;
+                o.settings.user_subvol_rm_allowed = Some(true);
+            }
             ("metadata_ratio", Some(n)) => {
                 num::<u32>(k, n)?;
             }
@@ -644,7 +673,18 @@ fn remount(dir: &std::path::Path, o: &Opts) -> Result<()> {
     };
     let d = std::fs::File::open(dir).with_context(|| format!("opening {}", dir.display()))?;
     ubtrfs_fuse::atime::client::remounted(&d, f.contains(FsFlags::ST_RDONLY), Some(atime))
-        .with_context(|| format!("telling the server of {} about the remount", dir.display()))
+        .with_context(|| format!("telling the server of {} about the remount", dir.display()))?;
+    // The options a remount may change (compress, commit, discard, ...): those
+    // named, the rest kept, as the kernel's btrfs reconfigures.
+    if o.settings.any() {
+        ubtrfs_fuse::settings::client::set_options(&d, &o.settings).with_context(|| {
+            format!(
+                "telling the server of {} the remount's options",
+                dir.display()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// The image cannot be opened for writing (a read-only file, medium or mount), as

@@ -518,5 +518,112 @@ fn subvolume_ioctls_check_permissions_like_the_kernel() {
     // The option changes what users may delete, and the steps show it.
     assert_ne!(outcomes[0], outcomes[1], "{outcomes:?}");
     assert!(outcomes[1].contains("del-own: ok"), "{}", outcomes[1]);
-    assert!(outcomes[0].contains("owner-mode: 1234:1234 755"), "{}", outcomes[0]);
+    assert!(
+        outcomes[0].contains("owner-mode: 1234:1234 755"),
+        "{}",
+        outcomes[0]
+    );
+}
+
+/// Per inode of subvolume 5 in an unmounted image: its flags, and the distinct
+/// (inline or regular, compression) kinds of its extents.
+fn extent_kinds(img: &Path) -> Vec<String> {
+    let d = dump_tree(img, "5");
+    let mut out: Vec<String> = Vec::new();
+    let mut cur = String::new();
+    let mut kind = "";
+    for l in d.lines() {
+        let t = l.trim_start();
+        if t.starts_with("item ") {
+            if let Some(k) = keys(t).first() {
+                cur = k.split(' ').next().unwrap_or_default().to_string();
+            }
+        } else if t.starts_with("sequence ") && t.contains(" flags ") {
+            out.push(format!(
+                "{cur}) flags {}",
+                t.split(" flags ").nth(1).unwrap_or_default()
+            ));
+        } else if t.starts_with("inline extent") {
+            kind = "inline";
+            let c = t.split("compression ").nth(1).unwrap_or_default();
+            out.push(format!("{cur}) inline compression {c}"));
+        } else if t.starts_with("extent data disk byte") {
+            kind = "regular";
+        } else if t.starts_with("extent compression") && kind == "regular" {
+            out.push(format!("{cur}) regular {t}"));
+        }
+    }
+    out.dedup();
+    out
+}
+
+/// `mount -o remount,...` changes the options the kernel lets a remount change
+/// (compress, nodatasum, max_inline, commit, discard, notreelog), keeps those it
+/// does not name, and files written after each remount get the same flags and kinds
+/// of extents as on the kernel's mount remounted the same way.
+#[test]
+fn remount_changes_options_like_the_kernel() {
+    if !require_fuse("remount_changes_options_like_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = dir.path().join("k.img");
+    let img = dir.path().join("u.img");
+    mkfs_btrfs(&k, 1 << 30, &[]);
+    copy(&k, &img);
+    let steps: &[(&str, &str)] = &[
+        ("", "yes | head -c 300K > a"),
+        (
+            "compress=zstd",
+            "yes | head -c 300K > b; echo short > b2; yes | head -c 3000 > b3",
+        ),
+        ("commit=5,discard", "yes | head -c 300K > c"),
+        ("compress=no,nodatasum", "yes | head -c 300K > d"),
+        ("max_inline=0,notreelog", "echo tiny > e; sync e"),
+        (
+            "datasum,treelog,compress-force=zlib",
+            "head -c 300K /dev/zero > f; sync f",
+        ),
+    ];
+    let km = KernelMount::new(&k, "");
+    let kmnt = km.mnt.clone();
+    for (opts, script) in steps {
+        if !opts.is_empty() {
+            bash_ok(
+                Path::new("/"),
+                &format!("mount -o remount,{opts} {}", shell_quote(&kmnt)),
+            )
+            .unwrap_or_else(|e| panic!("kernel remount {opts}: {e}"));
+        }
+        bash_ok(&kmnt, script).expect("kernel step");
+    }
+    km.umount();
+    let fm = FuseMount::start(&UBTRFS, &[&img], &["rw"]);
+    let (u, m, i) = (
+        env!("CARGO_BIN_EXE_ubtrfs"),
+        shell_quote(&fm.mnt),
+        shell_quote(&img),
+    );
+    for (opts, script) in steps {
+        if !opts.is_empty() {
+            bash_ok(
+                Path::new("/"),
+                &format!("{u} mount {i} {m} -o remount,{opts}"),
+            )
+            .unwrap_or_else(|e| panic!("ubtrfs remount {opts}: {e}\n{}", fm.log()));
+        }
+        bash_ok(&fm.mnt, script).unwrap_or_else(|e| panic!("{script}: {e}\n{}", fm.log()));
+    }
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&img, &seen, "remounts");
+    let (ours, theirs) = (extent_kinds(&img), extent_kinds(&k));
+    for want in [
+        "regular extent compression 3",
+        "inline compression 3",
+        "NOCOMPRESS",
+    ] {
+        assert!(ours.iter().any(|l| l.contains(want)), "{want}: {ours:#?}");
+    }
+    assert_eq!(ours, theirs, "ubtrfs (left) against the kernel (right)");
 }

@@ -35,6 +35,7 @@ mod ops;
 pub mod quota_ops;
 mod reply;
 mod session;
+pub mod settings;
 mod statfs;
 pub mod subvol_ops;
 mod uring;
@@ -45,6 +46,7 @@ pub use atime::{AtimeFlags, AtimeMode, AtimeOptions};
 pub use channel::{atime_ms_flags, MountOptions};
 pub use ino::InoMode;
 pub use session::{Session, Tuning};
+pub use settings::Settings;
 
 use channel::Channel;
 use ops::{Ops, OpsConfig};

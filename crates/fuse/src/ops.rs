@@ -99,6 +99,8 @@ pub struct Ops {
     /// Remounted read-only (`mount -o remount,ro`): the kernel refuses changes
     /// itself, and atime updates, which start here, stop too.
     pub(crate) remounted_ro: AtomicBool,
+    /// The kernel's `user_subvol_rm_allowed` (from the mount; a remount may change it).
+    pub(crate) user_subvol_rm_allowed: AtomicBool,
     /// Read-write mount: the read-only subvolumes (`btrfs subvolume snapshot -r`,
     /// `btrfs property set ... ro true`), where every change is EROFS, as on the
     /// kernel. Grows when a read-only snapshot is made through the mount.
@@ -191,6 +193,7 @@ impl Ops {
             ino,
             atime: Atime::new(cfg.atime),
             remounted_ro: AtomicBool::new(false),
+            user_subvol_rm_allowed: AtomicBool::new(cfg.user_subvol_rm_allowed),
             direct_io_mmap: AtomicBool::new(false),
             ro_subvols: RwLock::new(ro_subvols),
             engine,
@@ -929,6 +932,45 @@ impl Ops {
         Ok(())
     }
 
+    /// UBTRFS_IOC_SET_OPTIONS: the options a remount named (settings.rs), from root
+    /// or the user who mounted, as the remount ioctl.
+    fn set_options(&self, h: &InHeader, input: &[u8]) -> Result<(), i32> {
+        if h.uid != 0 && h.uid != nix::unistd::geteuid().as_raw() {
+            return Err(errno::EPERM);
+        }
+        let s = crate::settings::Settings::decode(input).ok_or(errno::EINVAL)?;
+        if let Some(r) = s.user_subvol_rm_allowed {
+            self.user_subvol_rm_allowed.store(r, Ordering::Relaxed);
+        }
+        let Engine::ReadWrite(w) = &self.engine else {
+            return Ok(()); // nothing is written: the rest has no effect
+        };
+        w.configure(|t| {
+            if let Some(c) = s.compress {
+                t.compress = c.map(|(alg, level, _)| (alg, level));
+                t.compress_force = c.is_some_and(|c| c.2);
+            }
+            if let Some(d) = s.discard {
+                t.discard_on_commit = d;
+            }
+            if let Some((set, clear)) = s.new_file_flags {
+                t.new_file_flags = (t.new_file_flags & !clear) | set;
+            }
+            if let Some(m) = s.max_inline {
+                t.set_max_inline(m as u64);
+            }
+        });
+        if let Some(i) = s.commit_interval() {
+            w.set_commit_interval(i);
+        }
+        match s.tree_log {
+            Some(true) => w.enable_tree_log()?,
+            Some(false) => w.disable_tree_log(),
+            None => {}
+        }
+        Ok(())
+    }
+
     /// Whether reads of `node` may update atime at all: a read-write mount (not
     /// remounted read-only), outside read-only subvolumes.
     pub(crate) fn atime_applies(&self, node: Node) -> bool {
@@ -1073,8 +1115,14 @@ impl Ops {
             return reply.ok(&o.buf);
         }
         let input = a.rest().get(..in_size as usize).unwrap_or_default();
-        if cmd == crate::atime::UBTRFS_IOC_REMOUNT {
-            return match self.remounted(h, input) {
+        if cmd == crate::atime::UBTRFS_IOC_REMOUNT || cmd == crate::settings::UBTRFS_IOC_SET_OPTIONS
+        {
+            let r = if cmd == crate::atime::UBTRFS_IOC_REMOUNT {
+                self.remounted(h, input)
+            } else {
+                self.set_options(h, input)
+            };
+            return match r {
                 Ok(()) => {
                     let mut o = Out::with_capacity(16);
                     o.i32(0).u32(0).u32(0).u32(0);

@@ -176,7 +176,10 @@ impl Ops {
                     .map_err(|e| e.errno())?
                     .ok_or(errno::ENOENT)?;
                 if !admin {
-                    if !self.cfg.user_subvol_rm_allowed {
+                    if !self
+                        .user_subvol_rm_allowed
+                        .load(std::sync::atomic::Ordering::Relaxed)
+                    {
                         return Err(errno::EPERM);
                     }
                     if target.node.root == dir.root {

@@ -96,6 +96,9 @@ pub struct Writer {
     /// everything before them is durable. Taken before `trans`, never while holding
     /// it.
     commit_serial: Mutex<()>,
+    /// The periodic commit's interval in milliseconds (`commit=`; a remount may
+    /// change it).
+    commit_interval_ms: std::sync::atomic::AtomicU64,
 }
 
 /// Why the commit thread wakes before its timer.
@@ -176,7 +179,41 @@ impl Writer {
             kicked: AtomicBool::new(false),
             log: Mutex::new(Some(TreeLog::new())),
             commit_serial: Mutex::new(()),
+            commit_interval_ms: std::sync::atomic::AtomicU64::new(30_000),
         })
+    }
+
+    /// Changes settings of the running transaction handle that take effect from
+    /// the next change on (compression, flags of new files, max_inline, discard):
+    /// the transaction's lock is held only for `f`.
+    pub fn configure(&self, f: impl FnOnce(&mut Trans)) {
+        let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+        f(&mut t);
+    }
+
+    /// `-o treelog` on a remount of a `notreelog` mount: commits first, so the new
+    /// log starts from a committed state, then fsync writes the tree log again.
+    pub fn enable_tree_log(&self) -> Result<(), i32> {
+        if self.log.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+            return Ok(());
+        }
+        self.commit()?;
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        if log.is_none() {
+            *log = Some(TreeLog::new());
+        }
+        Ok(())
+    }
+
+    /// Sets the periodic commit's interval (the committer picks it up at once).
+    pub fn set_commit_interval(&self, interval: Duration) {
+        let ms = interval.as_millis().clamp(1, u64::MAX as u128) as u64;
+        self.commit_interval_ms.store(ms, Ordering::Release);
+        self.stop.1.notify_all();
+    }
+
+    fn commit_interval(&self) -> Duration {
+        Duration::from_millis(self.commit_interval_ms.load(Ordering::Acquire))
     }
 
     /// `-o notreelog`: fsync commits the transaction (the kernel's option of the
@@ -646,13 +683,16 @@ impl Writer {
     /// Commits every `interval` until [`Writer::stop`] (the kernel's commit= timer),
     /// and at once when [`Writer::commit_soon`] asks.
     pub fn spawn_committer(self: &Arc<Self>, interval: Duration) -> std::thread::JoinHandle<()> {
+        self.set_commit_interval(interval);
         let w = Arc::clone(self);
         std::thread::spawn(move || {
             let (lock, cv) = &w.stop;
             let mut wake = lock.lock().unwrap_or_else(|p| p.into_inner());
-            let mut deadline = std::time::Instant::now() + interval;
+            let mut last = std::time::Instant::now();
             while !wake.stopped {
                 let now = std::time::Instant::now();
+                // Read each round: a remount may have changed it.
+                let deadline = last + w.commit_interval();
                 if !wake.commit && now < deadline {
                     let (g, _) = cv
                         .wait_timeout(wake, deadline - now)
@@ -664,7 +704,7 @@ impl Writer {
                 drop(wake);
                 let _ = w.commit();
                 w.clean();
-                deadline = std::time::Instant::now() + interval;
+                last = std::time::Instant::now();
                 wake = lock.lock().unwrap_or_else(|p| p.into_inner());
             }
         })

@@ -423,6 +423,25 @@ impl Trans {
         self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &v)
     }
 
+    /// An inline extent of `ram_bytes` of file data stored compressed as `packed`.
+    fn insert_inline_compressed(
+        &mut self,
+        root: u64,
+        ino: u64,
+        alg: ubtrfs_compress::Compression,
+        ram_bytes: u64,
+        packed: Vec<u8>,
+    ) -> Result<()> {
+        let v = file_extent_bytes(
+            self.transid,
+            ram_bytes,
+            u8::from(alg),
+            FILE_EXTENT_INLINE,
+            &FileExtentBody::Inline { data: packed },
+        );
+        self.insert_item(root, &Key::new(ino, EXTENT_DATA_KEY, 0), &v)
+    }
+
     /// File extent items of `ino` overlapping [start, end) (the one covering `start`
     /// may begin before it), in file order.
     pub(crate) fn extent_items(
@@ -557,21 +576,38 @@ impl Trans {
         let new_size = inode.size.max(end);
         // Small whole files are stored inline, as the kernel does; never a NODATACOW
         // one (the kernel's nocow write-back falls back to CoW without inlining).
-        if offset == 0
+        let whole_small = offset == 0
             && inode.flags & INODE_NODATACOW == 0
             && new_size == end
             && inode.size <= end
-            && end < ss
-            && end <= self.max_inline_bytes
-            && (end as usize) <= self.max_inline_size()
-        {
-            let released = self.drop_extents(root, ino, 0, u64::MAX)?;
-            inode.nbytes = inode.nbytes.saturating_sub(released);
-            self.insert_inline(root, ino, data)?;
-            inode.nbytes = inode.nbytes.saturating_add(end);
-            inode.size = end;
-            self.touch(&mut inode, t, true);
-            return self.write_inode(root, ino, &inode);
+            && end < ss;
+        if whole_small {
+            // Compressing first, as compress_file_range: data that shrinks is stored
+            // inline compressed when that fits max_inline; data that does not
+            // marks the inode NOCOMPRESS (the give-up rule) and goes on plain.
+            let mut packed = None;
+            if let Some((alg, level, prop)) = self.need_compress(root, ino, &inode)? {
+                let c = ubtrfs_compress::compress_raw(alg, data, level, ss as u32)
+                    .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
+                if c.len() < data.len() {
+                    packed = Some((alg, c));
+                } else if !self.compress_force && !prop {
+                    inode.flags |= INODE_NOCOMPRESS;
+                }
+            }
+            let stored = packed.as_ref().map_or(data.len(), |p| p.1.len());
+            if stored as u64 <= self.max_inline_bytes && stored <= self.max_inline_size() {
+                let released = self.drop_extents(root, ino, 0, u64::MAX)?;
+                inode.nbytes = inode.nbytes.saturating_sub(released);
+                match packed {
+                    Some((alg, c)) => self.insert_inline_compressed(root, ino, alg, end, c)?,
+                    None => self.insert_inline(root, ino, data)?,
+                }
+                inode.nbytes = inode.nbytes.saturating_add(end);
+                inode.size = end;
+                self.touch(&mut inode, t, true);
+                return self.write_inode(root, ino, &inode);
+            }
         }
         // An inline extent cannot be followed by others: make it a regular one first.
         if self.has_inline(root, ino)? {
