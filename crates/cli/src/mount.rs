@@ -189,6 +189,21 @@ impl Opts {
     }
 }
 
+/// A size as the kernel's memparse reads it: a number with an optional k, m, g, t
+/// suffix (either case, powers of 1024).
+fn memparse(k: &str, v: &str) -> Result<u64> {
+    let (digits, shift) = match v.as_bytes().last().map(u8::to_ascii_lowercase) {
+        Some(b'k') => (&v[..v.len() - 1], 10),
+        Some(b'm') => (&v[..v.len() - 1], 20),
+        Some(b'g') => (&v[..v.len() - 1], 30),
+        Some(b't') => (&v[..v.len() - 1], 40),
+        _ => (v, 0),
+    };
+    let n: u64 = num(k, digits)?;
+    n.checked_mul(1 << shift)
+        .with_context(|| format!("mount option {k}={v}: too large"))
+}
+
 fn num<T: std::str::FromStr>(k: &str, v: &str) -> Result<T> {
     v.parse()
         .ok()
@@ -279,17 +294,26 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             ("datacow", None) => o.flag_op(0, INODE_NODATACOW),
             ("datasum", None) => o.flag_op(0, INODE_NODATACOW | INODE_NODATASUM),
             ("max_inline", Some(n)) => {
-                let n: u64 = num(k, n)?;
+                let n = memparse(k, n)?;
                 o.max_inline = Some(n);
                 o.settings.max_inline = Some(n.min(u16::MAX as u64) as u16);
             }
             ("space_cache", Some("v2")) => {
-                if o.free_space_tree == FreeSpaceTreeAction::Keep {
-                    o.free_space_tree = FreeSpaceTreeAction::Create;
-                }
+                o.free_space_tree = match o.free_space_tree {
+                    FreeSpaceTreeAction::Rebuild => FreeSpaceTreeAction::CreateOrRebuild,
+                    f @ FreeSpaceTreeAction::CreateOrRebuild => f,
+                    _ => FreeSpaceTreeAction::Create,
+                };
                 o.v1_cache = None;
             }
-            ("clear_cache", None) => o.free_space_tree = FreeSpaceTreeAction::Rebuild,
+            ("clear_cache", None) => {
+                o.free_space_tree = match o.free_space_tree {
+                    FreeSpaceTreeAction::Create | FreeSpaceTreeAction::CreateOrRebuild => {
+                        FreeSpaceTreeAction::CreateOrRebuild
+                    }
+                    _ => FreeSpaceTreeAction::Rebuild,
+                };
+            }
             ("space_cache", None | Some("v1")) | ("nospace_cache", None) => {
                 o.v1_cache = Some(item.to_string())
             }

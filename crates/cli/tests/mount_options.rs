@@ -277,8 +277,24 @@ for n, b in (('f1', b'z' * 20000), ('f2', b'y' * 3000000)):
     )
     .expect("btrfs rescue clear-space-cache v2");
     assert_eq!(super_fields(&tune).0, "0x0");
-    for round in ["removed", "intact"] {
-        let fm = FuseMount::start(&UBTRFS, &[&tune], &["rw,clear_cache"]);
+    // Without the tree, clear_cache alone is refused (the kernel would rebuild a v1
+    // cache); with space_cache=v2 it is created.
+    let (ok, _, err) = UBTRFS.run(&[
+        "mount",
+        tune.to_str().expect("utf-8"),
+        mnt.to_str().expect("utf-8"),
+        "-o",
+        "rw,clear_cache",
+    ]);
+    assert!(
+        !ok && err.contains("space_cache=v2"),
+        "clear_cache without a tree: {err}"
+    );
+    for (round, opts) in [
+        ("removed", "rw,clear_cache,space_cache=v2"),
+        ("intact", "rw,clear_cache"),
+    ] {
+        let fm = FuseMount::start(&UBTRFS, &[&tune], &[opts]);
         let seen = fm.walk_and_unmount();
         kernel_round_trip(&tune, &seen, &format!("clear_cache, tree {round}"));
         assert_eq!(super_fields(&tune).0, "0x3", "{round}");
@@ -320,11 +336,13 @@ fn kernel_mount_options_have_the_kernels_effect() {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let script = "mkdir d; head -c 150 /dev/zero > d/a; head -c 90 /dev/zero > d/b
-                  head -c 100000 /dev/zero > d/c; mkfifo d/p; ln -s a d/s";
+                  head -c 100000 /dev/zero > d/c; head -c 3000 /dev/zero > d/m
+                  mkfifo d/p; ln -s a d/s";
     for opts in [
         "nodatacow,max_inline=100",
         "nodatasum,max_inline=0",
         "max_inline=9000",
+        "max_inline=3k",
     ] {
         let k = dir.path().join("k.img");
         let u = dir.path().join("u.img");
@@ -475,6 +493,17 @@ fn subvolume_ioctls_check_permissions_like_the_kernel() {
         step del-sticky-owner as 1234 $U subvolume delete . sticky/s1
         step rmdir-empty as 1234 rmdir pub/u1
         step del-root $U subvolume delete . pub/ro1
+        setfacl -m u:1234:rwx priv
+        step create-priv-acl as 1234 $U subvolume create . priv/u3
+        step create-priv-other as 4321 $U subvolume create . priv/u4
+        step create-exists as 1234 $U subvolume create . priv/u3
+        step userns-create-priv as 4321 unshare -r $U subvolume create . priv/u5
+        step userns-del as 4321 unshare -r $U subvolume delete . priv/u3
+        mkdir imm && chmod 777 imm && chattr +i imm
+        step create-imm as 1234 $U subvolume create . imm/x
+        step create-imm-root $U subvolume create . imm/y
+        chattr -i imm
+        ls priv imm | tr '\n' ' '; echo
         ls pub sticky | tr '\n' ' '; echo
         "#
     );

@@ -43,14 +43,31 @@ impl<'h> Caller<'h> {
             .map(str::trim)
     }
 
-    /// Capability `bit` in the caller's effective set. When /proc cannot say, not
-    /// capable: refusing what the kernel would allow is the safe mistake. (CapEff
-    /// is relative to the caller's user namespace, where the kernel asks about the
-    /// initial one: a container's root counts as capable here.)
+    /// Capability `bit` in the caller's effective set, counted only when the caller
+    /// is in the server's user namespace: CapEff is relative to the caller's own
+    /// namespace, and anyone may make one (`unshare -r`) to hold every capability
+    /// there, while the kernel asks about the filesystem's. When /proc cannot say,
+    /// not capable: refusing what the kernel would allow is the safe mistake.
     pub(crate) fn capable(&self, bit: u32) -> bool {
-        self.field("CapEff")
+        let caps = self
+            .field("CapEff")
             .and_then(|v| u64::from_str_radix(v, 16).ok())
-            .is_some_and(|caps| caps & (1 << bit) != 0)
+            .unwrap_or(0);
+        caps & (1 << bit) != 0 && self.in_server_user_namespace()
+    }
+
+    /// The caller's user namespace is the server's (compared by the identity of
+    /// /proc/TID/ns/user, which only a process allowed to trace the caller may
+    /// read).
+    fn in_server_user_namespace(&self) -> bool {
+        let ns = |p: String| std::fs::read_link(p).ok();
+        match (
+            ns(format!("/proc/{}/ns/user", self.h.pid)),
+            ns("/proc/self/ns/user".to_string()),
+        ) {
+            (Some(a), Some(b)) => self.h.pid != 0 && a == b,
+            _ => false,
+        }
     }
 
     /// The caller's filesystem gid or one of its supplementary groups is `gid`.
@@ -86,7 +103,8 @@ impl<'h> Caller<'h> {
         let want = want & (MAY_READ | MAY_WRITE | MAY_EXEC);
         let granted = if self.h.uid == uid {
             (mode >> 6) & want == want
-        } else if let Some(a) = acl {
+        } else if let Some(a) = acl.filter(|_| mode & 0o070 != 0) {
+            // (The kernel consults the ACL only when the group bits are not empty.)
             a.permits(self.h.uid, gid, |g| self.in_group(g), want as u16)
         } else if self.in_group(gid) {
             (mode >> 3) & want == want

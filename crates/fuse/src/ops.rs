@@ -37,6 +37,7 @@ pub(crate) mod errno {
     pub(crate) const EBADF: i32 = 9;
     pub(crate) const EACCES: i32 = 13;
     pub(crate) const EBUSY: i32 = 16;
+    pub(crate) const EEXIST: i32 = 17;
     pub(crate) const EXDEV: i32 = 18;
     pub(crate) const ENOTDIR: i32 = 20;
     pub(crate) const EINVAL: i32 = 22;

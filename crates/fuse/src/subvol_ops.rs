@@ -134,6 +134,10 @@ impl Ops {
             let (st, acl) = w
                 .read(|fs| Ok((fs.stat(node)?, fs.getxattr(node, acl::ACCESS)?)))
                 .map_err(|e: ubtrfs_core::Error| e.errno())?;
+            // inode_permission: an immutable inode is written by nobody.
+            if want & MAY_WRITE != 0 && st.flags & INODE_IMMUTABLE != 0 {
+                return Err(errno::EPERM);
+            }
             let acl = acl.as_deref().and_then(Acl::parse);
             if caller.permits(st.uid, st.gid, st.mode, acl.as_ref(), want) {
                 Ok(st)
@@ -141,9 +145,20 @@ impl Ops {
                 Err(errno::EACCES)
             }
         };
+        // btrfs_may_create: an existing name is EEXIST before any permission check.
+        let exists = || -> Result<(), i32> {
+            match w
+                .read(|fs| fs.lookup(dir, &a.name))
+                .map_err(|e| e.errno())?
+            {
+                Some(_) => Err(errno::EEXIST),
+                None => Ok(()),
+            }
+        };
         let t0 = now();
         match cmd {
             BTRFS_IOC_SUBVOL_CREATE | BTRFS_IOC_SUBVOL_CREATE_V2 => {
+                exists()?;
                 may(dir, MAY_WRITE | MAY_EXEC)?;
                 // inode_init_owner without a directory: the caller's ids, no setgid
                 // inheritance, the umask applied.
@@ -161,6 +176,7 @@ impl Ops {
                 if !caller.owner_or_capable(owner) {
                     return Err(errno::EPERM);
                 }
+                exists()?;
                 may(dir, MAY_WRITE | MAY_EXEC)?;
                 let ro = a.flags & SUBVOL_RDONLY != 0;
                 let id = w.change("snapshot", |t| {

@@ -116,6 +116,17 @@ pub(crate) fn extent_tree_free_ranges(
     let bad = |m: String| Error::corrupt(format!("extent tree, block group {start}: {m}"));
     let mut free = Vec::new();
     let mut pos = start;
+    // An extent starting below the group must end there too.
+    if let Some((k, _)) = crate::tree::ctree::lookup_prev(fs, &ptr, Key::new(start, 0, 0))? {
+        let len = match k.ty {
+            EXTENT_ITEM_KEY => k.offset,
+            METADATA_ITEM_KEY => fs.nodesize as u64,
+            _ => 0,
+        };
+        if k.objectid < start && k.objectid.saturating_add(len) > start {
+            return Err(bad(format!("extent {k} runs into the group")));
+        }
+    }
     for item in TreeIter::new(
         fs,
         &ptr,

@@ -55,8 +55,11 @@ pub enum FreeSpaceTreeAction {
     /// kernel's `space_cache=v2` on such a filesystem, `btrfstune
     /// --convert-to-free-space-tree`); a filesystem that has one keeps it.
     Create,
-    /// Rebuild it whether or not one exists (the kernel's `clear_cache`).
+    /// Rebuild it when the filesystem has one (the kernel's `clear_cache`); one
+    /// without is refused as with `Keep` (the kernel would clear its v1 cache).
     Rebuild,
+    /// Both: create it when missing, else rebuild it (`clear_cache,space_cache=v2`).
+    CreateOrRebuild,
 }
 
 impl Default for OpenOptions {

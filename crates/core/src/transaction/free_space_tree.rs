@@ -30,8 +30,24 @@ impl Trans {
             return Ok(());
         }
         self.remove_v1_space_cache()?;
-        if self.fs.info.tree_ptr(FREE_SPACE_TREE_OBJECTID).is_none() {
-            self.create_tree(FREE_SPACE_TREE_OBJECTID)?;
+        match self.fs.info.tree_ptr(FREE_SPACE_TREE_OBJECTID) {
+            None => self.create_tree(FREE_SPACE_TREE_OBJECTID)?,
+            // Rebuilding: items of no block group (left by a removed group, or
+            // damage) go too, as the kernel empties the tree first; the groups'
+            // own items are rewritten by the commit's diff.
+            Some(ptr) => {
+                let mut stray = Vec::new();
+                for item in TreeIter::new(&self.fs.info, &ptr, Key::MIN, Key::MAX)? {
+                    let k = item?.key();
+                    let group = self.alloc.bgs.range(..=k.objectid).next_back();
+                    if !group.is_some_and(|(_, b)| b.contains(k.objectid)) {
+                        stray.push(k);
+                    }
+                }
+                for k in stray {
+                    self.delete_item(FREE_SPACE_TREE_OBJECTID, &k)?;
+                }
+            }
         }
         let sb = &mut self.fs.info.sb;
         sb.compat_ro_flags |=

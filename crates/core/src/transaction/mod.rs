@@ -214,13 +214,18 @@ impl Trans {
         if sb.flags & (SUPER_FLAG_CHANGING_FSID | SUPER_FLAG_CHANGING_FSID_V2) != 0 {
             return Err(Error::Unsupported("an interrupted fsid change".into()));
         }
-        let need_ro = FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
-        let has_fst = sb.compat_ro_flags & need_ro == need_ro;
-        let rebuild_fst = match fs.info.opts.free_space_tree {
-            crate::io::disk_io::FreeSpaceTreeAction::Keep => false,
-            crate::io::disk_io::FreeSpaceTreeAction::Create => !has_fst,
-            crate::io::disk_io::FreeSpaceTreeAction::Rebuild => true,
-        };
+        use crate::io::disk_io::FreeSpaceTreeAction as Fst;
+        let has_fst = sb.compat_ro_flags & FEATURE_COMPAT_RO_FREE_SPACE_TREE != 0;
+        let valid = sb.compat_ro_flags & FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID != 0;
+        // A tree without its VALID flag (a creation cut short) is rebuilt, as the
+        // kernel's read-write mount rebuilds it.
+        let rebuild_fst = (has_fst && !valid)
+            || match fs.info.opts.free_space_tree {
+                Fst::Keep => false,
+                Fst::Create => !has_fst,
+                Fst::Rebuild => has_fst,
+                Fst::CreateOrRebuild => true,
+            };
         if !has_fst && !rebuild_fst {
             return Err(Error::Unsupported(
                 crate::alloc::free_space_tree::NO_FREE_SPACE_TREE.into(),
