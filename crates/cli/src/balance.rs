@@ -100,11 +100,7 @@ fn parse(kind: &str, text: &str) -> Result<BalanceArgs> {
 
 /// The devices of IMAGE[,DEV2...] (a multi-device filesystem).
 fn devices(image: &Path) -> Vec<PathBuf> {
-    image
-        .to_string_lossy()
-        .split(',')
-        .map(PathBuf::from)
-        .collect()
+    crate::edit::image_paths(image)
 }
 
 /// A directory: the mount's root (or any directory of it), asked through the

@@ -723,7 +723,7 @@ pub fn label(target: &Path, new: Option<&str>, out: &mut dyn std::io::Write) -> 
         }
         None => {
             let fs = ubtrfs_core::Filesystem::open_replayed(
-                &[target.to_path_buf()],
+                &image_paths(target),
                 ubtrfs_core::OpenOptions::default(),
             )?;
             writeln!(out, "{}", fs.info.sb.label())?;
@@ -733,7 +733,15 @@ pub fn label(target: &Path, new: Option<&str>, out: &mut dyn std::io::Write) -> 
 }
 
 pub fn open_rw(img: &Path) -> Result<Trans> {
-    Ok(Trans::open_paths(&[img])?)
+    Ok(Trans::open_paths(&image_paths(img))?)
+}
+
+/// The devices of an image argument: `a.img,b.img` names a multi-device filesystem.
+pub fn image_paths(img: &Path) -> Vec<std::path::PathBuf> {
+    img.to_string_lossy()
+        .split(',')
+        .map(std::path::PathBuf::from)
+        .collect()
 }
 
 /// Resolves a path from the top level into whichever subvolume or snapshot it leads

@@ -929,7 +929,10 @@ fn run(cli: Cli) -> Result<()> {
                         })?
                     }
                     Some(p) => {
-                        let fs = Filesystem::open_replayed(&[&target], OpenOptions::default())?;
+                        let fs = Filesystem::open_replayed(
+                            &edit::image_paths(&target),
+                            OpenOptions::default(),
+                        )?;
                         fs.resolve(&p)?.root
                     }
                 };

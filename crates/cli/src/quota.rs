@@ -315,7 +315,10 @@ pub fn run_quota(cmd: QuotaCmd, out: &mut dyn Write) -> Result<()> {
 }
 
 fn open_ro(image: &std::path::Path) -> Result<Filesystem> {
-    Ok(Filesystem::open_replayed(&[image], OpenOptions::default())?)
+    Ok(Filesystem::open_replayed(
+        &crate::edit::image_paths(image),
+        OpenOptions::default(),
+    )?)
 }
 
 pub fn run_qgroup(cmd: QgroupCmd, out: &mut dyn Write) -> Result<()> {

@@ -141,7 +141,7 @@ fn split(path: &str) -> Result<(String, Vec<u8>)> {
 /// A reading open (a tree log is replayed in memory only).
 fn open_ro(image: &Path) -> Result<Filesystem> {
     Ok(Filesystem::open_replayed(
-        &[image],
+        &crate::edit::image_paths(image),
         ubtrfs_core::OpenOptions::default(),
     )?)
 }

@@ -484,3 +484,67 @@ fn subvolume_ioctls_on_mounts_as_the_kernel() {
     ));
     assert_eq!(kernel_subvol_list(&img), kernel_subvol_list(&kimg));
 }
+
+/// Offline edits on a two-device RAID1 filesystem given as `a.img,b.img` (as every
+/// reading command takes it): put, mkdir, cp --reflink, rm, subvolume create and
+/// snapshot, label; the kernel then mounts both devices and shows what was written,
+/// and `btrfs check` of the pair is clean.
+#[test]
+fn edits_on_a_multi_device_image() {
+    if !require_root("edits_on_a_multi_device_image") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (dir.path().join("a.img"), dir.path().join("b.img"));
+    for p in [&a, &b] {
+        std::fs::File::create(p)
+            .and_then(|f| f.set_len(1 << 30))
+            .expect("image file");
+    }
+    sh(&format!(
+        "mkfs.btrfs -q -f -m raid1 -d raid1 {} {}",
+        shell_quote(&a),
+        shell_quote(&b)
+    ));
+    let host = dir.path().join("f");
+    std::fs::write(&host, "multi-device\n").expect("host file");
+    let devs = format!("{},{}", a.display(), b.display());
+    let h = host.to_str().expect("utf-8 path");
+    for args in [
+        vec!["put", devs.as_str(), h, "/f"],
+        vec!["mkdir", devs.as_str(), "/d"],
+        vec!["cp", devs.as_str(), "/f", "/d/g", "--reflink=always"],
+        vec!["put", devs.as_str(), h, "/gone"],
+        vec!["rm", devs.as_str(), "/gone"],
+        vec!["subvolume", "create", devs.as_str(), "/sv"],
+        vec!["subvolume", "snapshot", devs.as_str(), "/sv", "/snap"],
+        vec!["filesystem", "label", devs.as_str(), "pair"],
+    ] {
+        UBTRFS.stdout(&args);
+    }
+    assert_eq!(
+        UBTRFS.stdout(&["cat", devs.as_str(), "/d/g"]),
+        "multi-device\n"
+    );
+    let km = KernelMount::try_new(&[&a, &b], "ro").expect("kernel mount of both devices");
+    let names = sh(&format!("cd {} && ls -A && cat d/g", shell_quote(&km.mnt)));
+    let label = sh(&format!("btrfs filesystem label {}", shell_quote(&km.mnt)));
+    km.umount();
+    assert_eq!(names, "d\nf\nsnap\nsv\nmulti-device\n");
+    assert_eq!(label, "pair\n");
+    // btrfs check finds the second device by scanning loop devices of both; they
+    // are detached in the same script whatever the outcome.
+    let check = sh(&format!(
+        "l1=$(losetup -f --show {a}); l2=$(losetup -f --show {b})
+         btrfs device scan $l1 $l2 >/dev/null 2>&1
+         btrfs check --readonly --check-data-csum $l1 2>&1; rc=$?
+         losetup -d $l1 $l2; echo rc=$rc",
+        a = shell_quote(&a),
+        b = shell_quote(&b)
+    ));
+    assert!(
+        check.ends_with("rc=0\n") && !check.contains("ERROR"),
+        "{check}"
+    );
+}
