@@ -176,16 +176,18 @@ impl Acl {
     }
 }
 
+/// An ACL from (tag, perm, id) entries, for tests.
+#[cfg(test)]
+pub(crate) fn acl(entries: &[(u16, u16, u32)]) -> Acl {
+    Acl(entries
+        .iter()
+        .map(|&(tag, perm, id)| Entry { tag, perm, id })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn acl(entries: &[(u16, u16, u32)]) -> Acl {
-        Acl(entries
-            .iter()
-            .map(|&(tag, perm, id)| Entry { tag, perm, id })
-            .collect())
-    }
 
     #[test]
     fn modes_from_acls_as_the_kernel() {

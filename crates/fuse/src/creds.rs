@@ -129,33 +129,25 @@ impl<'h> Caller<'h> {
     }
 }
 
+/// A request header from `uid`:`gid` for tests. pid 0: no /proc lookup, so no
+/// capabilities and no supplementary groups.
+#[cfg(test)]
+pub(crate) fn header(uid: u32, gid: u32) -> InHeader {
+    InHeader {
+        len: 0,
+        opcode: 0,
+        unique: 0,
+        nodeid: 0,
+        uid,
+        gid,
+        pid: 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn header(uid: u32, gid: u32) -> InHeader {
-        // pid 0: no /proc lookup, so no capabilities and no supplementary groups.
-        InHeader {
-            len: 0,
-            opcode: 0,
-            unique: 0,
-            nodeid: 0,
-            uid,
-            gid,
-            pid: 0,
-        }
-    }
-
-    /// An ACL in the kernel's xattr form from (tag, perm, id) entries.
-    fn acl(entries: &[(u16, u16, u32)]) -> Acl {
-        let mut v = 2u32.to_le_bytes().to_vec();
-        for &(tag, perm, id) in entries {
-            v.extend_from_slice(&tag.to_le_bytes());
-            v.extend_from_slice(&perm.to_le_bytes());
-            v.extend_from_slice(&id.to_le_bytes());
-        }
-        Acl::parse(&v).expect("acl")
-    }
+    use crate::acl::acl;
 
     #[test]
     fn mode_bits_pick_owner_then_group_then_others() {

@@ -58,19 +58,7 @@ pub(crate) fn killed_mode(mode: u32, file_gid: u32, cause: Cause, h: &InHeader) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn header(uid: u32, gid: u32) -> InHeader {
-        // pid 0: no /proc lookup, so the rule sees only uid and gid.
-        InHeader {
-            len: 0,
-            opcode: 0,
-            unique: 0,
-            nodeid: 0,
-            uid,
-            gid,
-            pid: 0,
-        }
-    }
+    use crate::creds::header;
 
     #[test]
     fn marked_change_clears_setuid_and_executable_setgid() {
