@@ -736,8 +736,12 @@ pub fn open_rw(img: &Path) -> Result<Trans> {
     Ok(Trans::open_paths(&image_paths(img))?)
 }
 
-/// The devices of an image argument: `a.img,b.img` names a multi-device filesystem.
+/// The devices of an image argument: `a.img,b.img` names a multi-device filesystem
+/// (unless a file has that very name).
 pub fn image_paths(img: &Path) -> Vec<std::path::PathBuf> {
+    if img.exists() {
+        return vec![img.to_path_buf()];
+    }
     img.to_string_lossy()
         .split(',')
         .map(std::path::PathBuf::from)

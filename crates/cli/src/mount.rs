@@ -266,8 +266,10 @@ fn parse_options(list: &[String]) -> Result<Opts> {
                 o.settings.tree_log = Some(k == "treelog");
             }
             ("commit", Some(n)) => {
-                o.commit_secs = num::<u64>(k, n)?.clamp(1, 300);
-                o.settings.commit_secs = Some(o.commit_secs as u16);
+                // 0: the default, as the kernel (which only warns above 300 s).
+                let secs = num::<u32>(k, n)?;
+                o.commit_secs = if secs == 0 { 30 } else { secs as u64 };
+                o.settings.commit_secs = Some(secs);
             }
             ("compress" | "compress-force", Some("no" | "none")) => {
                 o.compress = None;

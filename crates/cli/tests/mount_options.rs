@@ -362,6 +362,40 @@ fn kernel_mount_options_have_the_kernels_effect() {
         );
     }
 
+    // Only small files compressed inline still mark the filesystem as using zstd
+    // (incompat COMPRESS_ZSTD), as on the kernel.
+    let incompat = |img: &Path| {
+        bash_ok(
+            Path::new("/"),
+            &format!(
+                "btrfs inspect-internal dump-super {} | grep ^incompat_flags",
+                shell_quote(img)
+            ),
+        )
+        .expect("dump-super")
+    };
+    let k = dir.path().join("k.img");
+    let u = dir.path().join("u.img");
+    mkfs_btrfs(&k, 1 << 30, &[]);
+    copy(&k, &u);
+    let small = "yes | head -c 3000 > s; echo tiny > t; head -c 3000 /dev/urandom > r";
+    let km = KernelMount::new(&k, "compress=zstd");
+    bash_ok(&km.mnt, small).expect("kernel");
+    km.umount();
+    let fm = FuseMount::start(&UBTRFS, &[&u], &["rw,compress=zstd"]);
+    bash_ok(&fm.mnt, small).unwrap_or_else(|e| panic!("{e}\n{}", fm.log()));
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&u, &seen, "small zstd file");
+    let flags = incompat(&u);
+    let bits = flags
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| u64::from_str_radix(v.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(0);
+    assert!(bits & 0x10 != 0, "COMPRESS_ZSTD (0x10) missing: {flags}");
+    assert_eq!(flags, incompat(&k));
+    assert_eq!(extent_kinds(&u), extent_kinds(&k), "small zstd file");
+
     // The options of a kernel's fstab line mount; the few ubtrfs cannot honour are
     // refused with their reason.
     let img = dir.path().join("f.img");
@@ -609,6 +643,11 @@ fn remount_changes_options_like_the_kernel() {
         ),
         ("commit=5,discard", "yes | head -c 300K > c"),
         ("compress=no,nodatasum", "yes | head -c 300K > d"),
+        (
+            "compress=lzo",
+            "echo short > g; yes | head -c 4096 > g2; yes | head -c 3000 > g3
+             truncate -s 1000 g3",
+        ),
         ("max_inline=0,notreelog", "echo tiny > e; sync e"),
         (
             "datasum,treelog,compress-force=zlib",
@@ -650,6 +689,7 @@ fn remount_changes_options_like_the_kernel() {
     for want in [
         "regular extent compression 3",
         "inline compression 3",
+        "inline compression 2",
         "NOCOMPRESS",
     ] {
         assert!(ours.iter().any(|l| l.contains(want)), "{want}: {ours:#?}");

@@ -150,6 +150,19 @@ pub(crate) fn admin_only(h: &InHeader) -> Result<(), i32> {
     Ok(())
 }
 
+/// Who may tell the server of a remount: whoever may remount, CAP_SYS_ADMIN (in the
+/// server's user namespace), or the user the server runs as when that is not root
+/// (fusermount3 lets a user remount their own mount).
+fn remount_allowed(h: &InHeader) -> Result<(), i32> {
+    let me = nix::unistd::geteuid().as_raw();
+    if (me != 0 && h.uid == me) || crate::creds::Caller::new(h).capable(crate::creds::CAP_SYS_ADMIN)
+    {
+        Ok(())
+    } else {
+        Err(errno::EPERM)
+    }
+}
+
 /// FITRIM: _IOWR('X', 121, struct fstrim_range { start, len, minlen: u64 }).
 const FITRIM: u32 = 0xc018_5879;
 /// FS_IOC_GETFSLABEL (= BTRFS_IOC_GET_FSLABEL): _IOR(0x94, 49, char[256]).
@@ -919,9 +932,7 @@ impl Ops {
     /// or the mount's owner may say so. Read-only, the transaction is committed, as
     /// the kernel's btrfs does when remounted read-only.
     fn remounted(&self, h: &InHeader, input: &[u8]) -> Result<(), i32> {
-        if h.uid != 0 && h.uid != nix::unistd::geteuid().as_raw() {
-            return Err(errno::EPERM);
-        }
+        remount_allowed(h)?;
         let r = crate::atime::parse_remount(input).ok_or(errno::EINVAL)?;
         if let Some(a) = r.atime {
             self.atime.set(a);
@@ -936,9 +947,7 @@ impl Ops {
     /// UBTRFS_IOC_SET_OPTIONS: the options a remount named (settings.rs), from root
     /// or the user who mounted, as the remount ioctl.
     fn set_options(&self, h: &InHeader, input: &[u8]) -> Result<(), i32> {
-        if h.uid != 0 && h.uid != nix::unistd::geteuid().as_raw() {
-            return Err(errno::EPERM);
-        }
+        remount_allowed(h)?;
         let s = crate::settings::Settings::decode(input).ok_or(errno::EINVAL)?;
         if let Some(r) = s.user_subvol_rm_allowed {
             self.user_subvol_rm_allowed.store(r, Ordering::Relaxed);

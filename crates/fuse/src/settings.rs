@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 use ubtrfs_compress::Compression;
+use ubtrfs_format::consts::{INODE_NODATACOW, INODE_NODATASUM};
 
 /// `_IOW('u', 2, 16 bytes)`: [`Settings`], encoded.
 pub(crate) const UBTRFS_IOC_SET_OPTIONS: u32 = 0x4010_7502;
@@ -17,7 +18,7 @@ pub struct Settings {
     /// `compress=ALG[:LEVEL]`, `compress-force=...` (the bool), `compress=no`.
     pub compress: Option<Option<(Compression, Option<i32>, bool)>>,
     /// `commit=SECS`.
-    pub commit_secs: Option<u16>,
+    pub commit_secs: Option<u32>,
     /// `discard` / `nodiscard`.
     pub discard: Option<bool>,
     /// `treelog` / `notreelog`.
@@ -69,7 +70,7 @@ impl Settings {
         }
         if let Some(s) = self.commit_secs {
             b[0] |= HAS_COMMIT;
-            b[3..5].copy_from_slice(&s.to_le_bytes());
+            b[10..14].copy_from_slice(&s.to_le_bytes());
         }
         let mut bits = 0u8;
         if let Some(d) = self.discard {
@@ -100,31 +101,37 @@ impl Settings {
     pub(crate) fn decode(b: &[u8]) -> Option<Settings> {
         let b: &[u8; 16] = b.get(..16)?.try_into().ok()?;
         let has = |f: u8| b[0] & f != 0;
-        let compress = has(HAS_COMPRESS).then(|| {
+        let compress = if has(HAS_COMPRESS) {
             let alg = match b[1] & !FORCE {
-                1 => Compression::Zlib,
-                2 => Compression::Lzo,
-                3 => Compression::Zstd,
-                _ => return None,
+                0 => None,
+                1 => Some(Compression::Zlib),
+                2 => Some(Compression::Lzo),
+                3 => Some(Compression::Zstd),
+                _ => return None, // not an algorithm: refused (EINVAL)
             };
             let level = (b[2] as i8 != LEVEL_DEFAULT).then_some(b[2] as i8 as i32);
-            Some((alg, level, b[1] & FORCE != 0))
-        });
+            Some(alg.map(|a| (a, level, b[1] & FORCE != 0)))
+        } else {
+            None
+        };
+        // Only the flags the mount options can set.
+        let flags = (INODE_NODATASUM | INODE_NODATACOW) as u8;
         Some(Settings {
             compress,
-            commit_secs: has(HAS_COMMIT).then(|| u16::from_le_bytes([b[3], b[4]])),
+            commit_secs: has(HAS_COMMIT).then(|| u32::from_le_bytes([b[10], b[11], b[12], b[13]])),
             discard: has(HAS_DISCARD).then_some(b[5] & 1 != 0),
             tree_log: has(HAS_TREE_LOG).then_some(b[5] & 2 != 0),
             user_subvol_rm_allowed: has(HAS_RM_ALLOWED).then_some(b[5] & 4 != 0),
-            new_file_flags: has(HAS_FLAGS).then_some((b[6] as u64, b[9] as u64)),
+            new_file_flags: has(HAS_FLAGS)
+                .then_some(((b[6] & flags) as u64, (b[9] & flags) as u64)),
             max_inline: has(HAS_MAX_INLINE).then(|| u16::from_le_bytes([b[7], b[8]])),
         })
     }
 
-    /// The commit interval it names.
+    /// The commit interval it names (0: the default 30 s, as the kernel).
     pub(crate) fn commit_interval(&self) -> Option<Duration> {
         self.commit_secs
-            .map(|s| Duration::from_secs(s.clamp(1, 300) as u64))
+            .map(|s| Duration::from_secs(if s == 0 { 30 } else { s as u64 }))
     }
 }
 
@@ -173,5 +180,16 @@ mod tests {
             assert_eq!(Settings::decode(&s.encode()), Some(s));
         }
         assert_eq!(Settings::decode(&[0u8; 3]), None);
+        // Hostile input: an unknown algorithm is refused, other flags are masked.
+        let mut b = Settings::default().encode();
+        b[0] = HAS_COMPRESS;
+        b[1] = 9;
+        assert_eq!(Settings::decode(&b), None);
+        b[0] = HAS_FLAGS;
+        b[6] = 0xff;
+        assert_eq!(
+            Settings::decode(&b).and_then(|s| s.new_file_flags),
+            Some((3, 0))
+        );
     }
 }

@@ -145,8 +145,10 @@ impl Ops {
                 Err(errno::EACCES)
             }
         };
-        // btrfs_may_create: an existing name is EEXIST before any permission check.
+        // btrfs_may_create: an existing name is EEXIST before the write check (the
+        // lookup itself needs search permission on the directory).
         let exists = || -> Result<(), i32> {
+            may(dir, MAY_EXEC)?;
             match w
                 .read(|fs| fs.lookup(dir, &a.name))
                 .map_err(|e| e.errno())?

@@ -209,6 +209,9 @@ impl Writer {
     pub fn set_commit_interval(&self, interval: Duration) {
         let ms = interval.as_millis().clamp(1, u64::MAX as u128) as u64;
         self.commit_interval_ms.store(ms, Ordering::Release);
+        // Under the committer's lock, so it cannot have read the old interval and
+        // not be waiting yet (the wakeup would be lost).
+        let _g = self.stop.0.lock().unwrap_or_else(|p| p.into_inner());
         self.stop.1.notify_all();
     }
 

@@ -100,6 +100,9 @@ pub(crate) fn read_fst_ranges(
     Ok((ranges, bitmaps))
 }
 
+/// The largest data extent the kernel makes (BTRFS_MAX_EXTENT_SIZE).
+const MAX_DATA_EXTENT_BYTES: u64 = 128 << 20;
+
 /// Free ranges of a block group per the extent tree: the group minus its EXTENT_ITEM
 /// and METADATA_ITEM ranges, what the kernel's populate_free_space_tree stores when
 /// it creates the free-space tree (superblock copies, which are no extents, are in
@@ -116,12 +119,15 @@ pub(crate) fn extent_tree_free_ranges(
     let bad = |m: String| Error::corrupt(format!("extent tree, block group {start}: {m}"));
     let mut free = Vec::new();
     let mut pos = start;
-    // An extent starting below the group must end there too.
-    if let Some((k, _)) = crate::tree::ctree::lookup_prev(fs, &ptr, Key::new(start, 0, 0))? {
+    // An extent starting below the group must end there too: look at those that
+    // could reach it (a data extent is at most 128 MiB).
+    let back = start.saturating_sub(MAX_DATA_EXTENT_BYTES);
+    for item in TreeIter::new(fs, &ptr, Key::new(back, 0, 0), Key::new(start, 0, 0))? {
+        let k = item?.key();
         let len = match k.ty {
             EXTENT_ITEM_KEY => k.offset,
             METADATA_ITEM_KEY => fs.nodesize as u64,
-            _ => 0,
+            _ => continue,
         };
         if k.objectid < start && k.objectid.saturating_add(len) > start {
             return Err(bad(format!("extent {k} runs into the group")));

@@ -432,6 +432,8 @@ impl Trans {
         ram_bytes: u64,
         packed: Vec<u8>,
     ) -> Result<()> {
+        // The filesystem now uses the algorithm (incompat COMPRESS_LZO / _ZSTD).
+        self.note_compression_feature(alg);
         let v = file_extent_bytes(
             self.transid,
             ram_bytes,
@@ -576,27 +578,39 @@ impl Trans {
         let new_size = inode.size.max(end);
         // Small whole files are stored inline, as the kernel does; never a NODATACOW
         // one (the kernel's nocow write-back falls back to CoW without inlining).
+        // The kernel's can_cow_file_range_inline: the file at most a sector, what is
+        // stored (compressed or not) less than a sector and within max_inline.
         let whole_small = offset == 0
             && inode.flags & INODE_NODATACOW == 0
             && new_size == end
             && inode.size <= end
-            && end < ss;
+            && end <= ss;
+        // A small file whose compressed form could not be stored inline is written
+        // plain, the inode left unmarked (compress_file_range bails out uncompressed:
+        // the data did compress, only not by a sector).
+        let mut compressed_not_inline = false;
         if whole_small {
-            // Compressing first, as compress_file_range: data that shrinks is stored
-            // inline compressed when that fits max_inline; data that does not
-            // marks the inode NOCOMPRESS (the give-up rule) and goes on plain.
+            // Compressing first, as compress_file_range: zlib and zstd give up when
+            // the output is not smaller (the inode is then marked NOCOMPRESS, the
+            // give-up rule, unless forced or chosen by a property); lzo keeps any
+            // output under a sector (its compressor checks only after two sectors).
             let mut packed = None;
             if let Some((alg, level, prop)) = self.need_compress(root, ino, &inode)? {
                 let c = ubtrfs_compress::compress_raw(alg, data, level, ss as u32)
                     .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
-                if c.len() < data.len() {
+                let kept = c.len() < data.len()
+                    || (alg == ubtrfs_compress::Compression::Lzo && (c.len() as u64) < ss);
+                if kept {
                     packed = Some((alg, c));
                 } else if !self.compress_force && !prop {
                     inode.flags |= INODE_NOCOMPRESS;
                 }
             }
             let stored = packed.as_ref().map_or(data.len(), |p| p.1.len());
-            if stored as u64 <= self.max_inline_bytes && stored <= self.max_inline_size() {
+            if (stored as u64) < ss
+                && stored as u64 <= self.max_inline_bytes
+                && stored <= self.max_inline_size()
+            {
                 let released = self.drop_extents(root, ino, 0, u64::MAX)?;
                 inode.nbytes = inode.nbytes.saturating_sub(released);
                 match packed {
@@ -608,6 +622,7 @@ impl Trans {
                 self.touch(&mut inode, t, true);
                 return self.write_inode(root, ino, &inode);
             }
+            compressed_not_inline = packed.is_some();
         }
         // An inline extent cannot be followed by others: make it a regular one first.
         if self.has_inline(root, ino)? {
@@ -648,7 +663,12 @@ impl Trans {
             self.fill_holes(root, ino, hs, buf_start)?;
         }
         let mut pos = 0u64;
-        if let Some((alg, level, prop)) = self.need_compress(root, ino, &inode)? {
+        let compress = if compressed_not_inline {
+            None
+        } else {
+            self.need_compress(root, ino, &inode)?
+        };
+        if let Some((alg, level, prop)) = compress {
             pos =
                 self.write_compressed(root, ino, &mut inode, buf_start, &buf, alg, level, prop)?;
         }
@@ -1163,6 +1183,15 @@ impl Trans {
         self.write_inode(root, ino, inode)
     }
 
+    /// Whether the file's inline extent is stored compressed.
+    fn inline_compressed(&self, root: u64, ino: u64) -> Result<bool> {
+        let ptr = self.root_ptr(root)?;
+        Ok(
+            lookup_exact(&self.fs.info, &ptr, &Key::new(ino, EXTENT_DATA_KEY, 0))?
+                .is_some_and(|it| it.data().get(16).is_some_and(|&c| c != 0)),
+        )
+    }
+
     pub(crate) fn inline_len(&self, root: u64, ino: u64) -> Result<Option<u64>> {
         let ptr = self.root_ptr(root)?;
         Ok(
@@ -1214,9 +1243,18 @@ impl Trans {
             if let Some(l) = self.inline_len(root, ino)? {
                 if size < l {
                     let data = self.read_file_range(root, ino, 0, size as usize, &inode)?;
+                    let compressed = self.inline_compressed(root, ino)?;
                     let released = self.drop_extents(root, ino, 0, u64::MAX)?;
                     inode.nbytes = inode.nbytes.saturating_sub(released);
-                    if size > 0 {
+                    if compressed && size > 0 {
+                        // The kernel cannot cut compressed inline data in place: it
+                        // zeroes the page past the new end and writes it back, which
+                        // compresses it again under the current settings.
+                        inode.size = 0;
+                        self.write_inode(root, ino, &inode)?;
+                        self.write(root, ino, 0, &data, t)?;
+                        inode = self.read_inode(root, ino)?;
+                    } else if size > 0 {
                         self.insert_inline(root, ino, &data)?;
                         inode.nbytes = inode.nbytes.saturating_add(size);
                     }
