@@ -446,22 +446,40 @@ fn discard_gives_freed_space_back_like_the_kernel() {
     }
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let write = "head -c 60M /dev/urandom > big; echo kept > small; btrfs filesystem sync .";
+    let write = "head -c 60M /dev/urandom > big; head -c 20M /dev/urandom > keep
+                 echo kept > small; btrfs filesystem sync .";
     let delete = "rm big; btrfs filesystem sync .; btrfs filesystem sync .";
     let mb = |b: u64| b / (1 << 20);
+    // Per side: MB given back by the deletion, and MB the host gained over a full
+    // data balance (which copies `keep` to a new block group and removes the old
+    // one: with discard, the removed group is discarded whole).
     let mut freed = Vec::new();
+    let u = env!("CARGO_BIN_EXE_ubtrfs");
     for side in ["kernel discard=sync", "ubtrfs discard", "ubtrfs nodiscard"] {
         let img = dir.path().join("d.img");
         let _ = std::fs::remove_file(&img);
         mkfs_btrfs(&img, 1 << 30, &[]);
-        let (before, after) = if side.starts_with("kernel") {
-            let km = KernelMount::new(&img, "discard=sync");
-            bash_ok(&km.mnt, write).expect("kernel write");
+        let run = |mnt: &Path, balance: &str| {
+            bash_ok(mnt, write).unwrap_or_else(|e| panic!("{side}: {e}"));
             let before = allocated(&img);
-            bash_ok(&km.mnt, delete).expect("kernel delete");
+            bash_ok(mnt, delete).unwrap_or_else(|e| panic!("{side}: {e}"));
             let after = allocated(&img);
+            bash_ok(
+                mnt,
+                &format!("{balance} >/dev/null; btrfs filesystem sync .; btrfs filesystem sync ."),
+            )
+            .unwrap_or_else(|e| panic!("{side}: balance: {e}"));
+            let balanced = allocated(&img);
+            (
+                mb(before.saturating_sub(after)),
+                mb(balanced.saturating_sub(after)),
+            )
+        };
+        let got = if side.starts_with("kernel") {
+            let km = KernelMount::new(&img, "discard=sync");
+            let got = run(&km.mnt, "btrfs balance start -d --full-balance .");
             km.umount();
-            (before, after)
+            got
         } else {
             let opt = if side.ends_with("nodiscard") {
                 "nodiscard"
@@ -469,20 +487,21 @@ fn discard_gives_freed_space_back_like_the_kernel() {
                 "discard"
             };
             let fm = FuseMount::start(&UBTRFS, &[&img], &["rw", opt]);
-            bash_ok(&fm.mnt, write).unwrap_or_else(|e| panic!("{side}: {e}\n{}", fm.log()));
-            let before = allocated(&img);
-            bash_ok(&fm.mnt, delete).unwrap_or_else(|e| panic!("{side}: {e}\n{}", fm.log()));
-            let after = allocated(&img);
+            let got = run(&fm.mnt, &format!("{u} balance start . -d --full-balance"));
             let seen = fm.walk_and_unmount();
             kernel_round_trip(&img, &seen, side);
-            (before, after)
+            got
         };
-        freed.push((side, mb(before.saturating_sub(after))));
+        freed.push((side, got));
     }
-    let got = |s: &str| freed.iter().find(|f| f.0 == s).map_or(0, |f| f.1);
-    assert!(got("kernel discard=sync") >= 55, "{freed:?}");
-    assert!(got("ubtrfs discard") >= 55, "{freed:?}");
-    assert!(got("ubtrfs nodiscard") < 5, "{freed:?}");
+    let got = |s: &str| freed.iter().find(|f| f.0 == s).map_or((0, 0), |f| f.1);
+    assert!(got("kernel discard=sync").0 >= 55, "{freed:?}");
+    assert!(got("ubtrfs discard").0 >= 55, "{freed:?}");
+    assert!(got("ubtrfs nodiscard").0 < 5, "{freed:?}");
+    // The balance wrote `keep` (20 MB) again; with discard its old place went back.
+    assert!(got("kernel discard=sync").1 < 10, "{freed:?}");
+    assert!(got("ubtrfs discard").1 < 10, "{freed:?}");
+    assert!(got("ubtrfs nodiscard").1 >= 15, "{freed:?}");
 }
 
 /// The subvolume ioctls from users other than root, as `ubtrfs subvolume` issues them
@@ -512,6 +531,7 @@ fn subvolume_ioctls_check_permissions_like_the_kernel() {
         }}
         mkdir pub priv sticky && chmod 777 pub && chmod 755 priv && chmod 1777 sticky
         $U subvolume create . rootsub >/dev/null
+        setfacl -d -m u:4321:rwx,m::rwx priv
         step create-pub as 1234 $U subvolume create . pub/u1
         step create-priv as 1234 $U subvolume create . priv/u2
         echo "owner-mode: $(stat -c '%u:%g %a' pub/u1)"
@@ -529,6 +549,7 @@ fn subvolume_ioctls_check_permissions_like_the_kernel() {
         step del-root $U subvolume delete . pub/ro1
         setfacl -m u:1234:rwx priv
         step create-priv-acl as 1234 $U subvolume create . priv/u3
+        echo "inherited: $(getfacl -cp priv/u3 2>&1 | tr '\n' ' ')" 
         step create-priv-other as 4321 $U subvolume create . priv/u4
         step create-exists as 1234 $U subvolume create . priv/u3
         step userns-create-priv as 4321 unshare -r $U subvolume create . priv/u5

@@ -163,7 +163,8 @@ impl Ops {
                 exists()?;
                 may(dir, MAY_WRITE | MAY_EXEC)?;
                 // inode_init_owner without a directory: the caller's ids, no setgid
-                // inheritance, the umask applied.
+                // inheritance, the umask applied. The directory's default ACL is not
+                // inherited (the kernel's subvolume root gets none; tested).
                 let mode = 0o777 & !caller.umask();
                 w.change("subvolume create", |t| {
                     t.create_subvolume(dir.root, dir.ino, &a.name, mode, h.uid, h.gid, t0)

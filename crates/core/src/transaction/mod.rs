@@ -668,6 +668,12 @@ impl Trans {
                     self.discarded_bytes += self.discard_freed(b, l);
                 }
             }
+            // A block group the commit removed (balance) is free device space now,
+            // and discarded whole, as the kernel does with its deleted groups; its
+            // mapping goes just below.
+            for r in &inf.removed {
+                self.discarded_bytes += self.discard_freed(r.start, r.length);
+            }
         }
         self.alloc.unpin(
             inf.pinned,
