@@ -31,6 +31,7 @@
 #![deny(unreachable_pub)]
 
 mod error;
+mod heuristic;
 mod lzo;
 pub mod lzo1x;
 mod zlib;
@@ -39,6 +40,7 @@ mod zstd_codec;
 use std::fmt;
 
 pub use error::CompressError;
+pub use heuristic::compress_heuristic;
 pub use lzo::LZO_LEN;
 pub use zstd_codec::MAX_WINDOW_LOG as ZSTD_MAX_WINDOW_LOG;
 

@@ -595,7 +595,13 @@ impl Trans {
             // give-up rule, unless forced or chosen by a property); lzo keeps any
             // output under a sector (its compressor checks only after two sectors).
             let mut packed = None;
-            if let Some((alg, level, prop)) = self.need_compress(root, ino, &inode)? {
+            let try_compress = match self.need_compress(root, ino, &inode)? {
+                // The kernel's heuristic looks at the page first (compress-force
+                // skips it); data it rejects is written plain, nothing marked.
+                Some(c) if self.compress_forced() || self.heuristic_says_compress(data) => Some(c),
+                _ => None,
+            };
+            if let Some((alg, level, prop)) = try_compress {
                 let c = ubtrfs_compress::compress_raw(alg, data, level, ss as u32)
                     .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
                 let kept = c.len() < data.len()
@@ -857,6 +863,23 @@ impl Trans {
         Ok(true)
     }
 
+    /// compress-force is on (the heuristic is skipped, nothing is marked NOCOMPRESS).
+    fn compress_forced(&self) -> bool {
+        self.compress_force && self.compress.is_some()
+    }
+
+    /// The kernel's btrfs_compress_heuristic on data starting at a page boundary, as
+    /// the page cache holds it (the last page padded with zeros).
+    fn heuristic_says_compress(&self, data: &[u8]) -> bool {
+        const PAGE: usize = 4096;
+        if data.len().is_multiple_of(PAGE) {
+            return ubtrfs_compress::compress_heuristic(data);
+        }
+        let mut padded = data[..data.len().min(ubtrfs_compress::MAX_UNCOMPRESSED)].to_vec();
+        padded.resize(padded.len().next_multiple_of(PAGE), 0);
+        ubtrfs_compress::compress_heuristic(&padded)
+    }
+
     /// Whether new data of the inode is compressed, and how (the kernel's
     /// inode_need_compress and compress_file_range's choice): never with NODATACOW
     /// or NODATASUM; always with compress-force; never once NOCOMPRESS (`chattr +m`,
@@ -864,8 +887,8 @@ impl Trans {
     /// `-o compress`, the COMPRESS flag (`chattr +c`) or a `btrfs.compression`
     /// property. The property's algorithm wins over the mount's, which wins over
     /// zlib. The third value says a property chose it (no give-up marking then).
-    /// Unlike the kernel, no heuristic looks at the data first: a piece that does
-    /// not save a sector is written plain.
+    /// The data itself is judged after, by the kernel's heuristic
+    /// ([`ubtrfs_compress::compress_heuristic`]), unless compress-force.
     #[allow(clippy::type_complexity)]
     pub(crate) fn need_compress(
         &self,
@@ -917,10 +940,18 @@ impl Trans {
         while pos < buf.len() {
             let n = (buf.len() - pos).min(ubtrfs_compress::MAX_UNCOMPRESSED);
             let input = &buf[pos..pos + n];
+            // Data the kernel's heuristic would not try to compress is written plain
+            // from here on, the inode not marked (compress-force skips the heuristic).
+            if !self.compress_forced() && !self.heuristic_says_compress(input) {
+                break;
+            }
             let packed = ubtrfs_compress::compress(alg, input, level, ss as u32)
                 .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
             let Some(mut c) = packed else {
-                if !self.compress_force && !prop {
+                // A piece of one sector can never save one: the kernel writes it
+                // plain without marking the inode (checked against it: 4 KiB that
+                // compress to half stay unmarked, 8 KiB that save no sector mark).
+                if !self.compress_force && !prop && n as u64 > ss {
                     inode.flags |= INODE_NOCOMPRESS;
                 }
                 break;
