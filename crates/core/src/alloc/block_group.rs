@@ -106,6 +106,15 @@ pub(crate) struct RemovedGroup {
     pub stripes: Vec<(u64, u64)>,
 }
 
+impl RemovedGroup {
+    /// Whether logical address `bytenr` lies in any of `groups`.
+    pub(crate) fn any_contains(groups: &[RemovedGroup], bytenr: u64) -> bool {
+        groups
+            .iter()
+            .any(|r| bytenr >= r.start && bytenr < r.start + r.length)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct PendingChunk {
     pub logical: u64,

@@ -106,10 +106,7 @@ impl Allocator {
             .into_iter()
             .chain(log_blocks.into_iter().map(|b| (b, nodesize)))
         {
-            if removed
-                .iter()
-                .any(|r| b >= r.start && b < r.start + r.length)
-            {
+            if block_group::RemovedGroup::any_contains(removed, b) {
                 continue; // its block group is gone with this commit
             }
             let s = self.bg_of(b)?;

@@ -660,11 +660,7 @@ impl Trans {
                 .copied()
                 .chain(inf.log_blocks.iter().map(|&b| (b, nodesize)));
             for (b, l) in freed {
-                if !inf
-                    .removed
-                    .iter()
-                    .any(|r| b >= r.start && b < r.start + r.length)
-                {
+                if !crate::alloc::block_group::RemovedGroup::any_contains(&inf.removed, b) {
                     self.discarded_bytes += self.discard_freed(b, l);
                 }
             }
