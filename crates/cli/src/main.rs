@@ -214,7 +214,7 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SubvolCmd,
     },
-    /// Mount read-only with FUSE (like the kernel's btrfs mount, for reading).
+    /// Mount with FUSE, read-write unless `-o ro`, like the kernel's btrfs mount.
     Mount(mount::MountArgs),
     /// Relocate chunks (move extents elsewhere, convert profiles), like
     /// `btrfs balance`.

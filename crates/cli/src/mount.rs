@@ -46,6 +46,9 @@ Mount options (-o, comma separated, repeatable):
                         filesystems; `ubtrfs tune --convert-to-free-space-tree` does it
                         offline). space_cache, space_cache=v1, nospace_cache: read-only
   clear_cache           rebuild the free-space tree from the extent tree (read-write)
+  rescan_uuid_tree      check the UUID tree against the subvolumes and mend it (read-write;
+                        done anyway when the tree is missing or a writer that does not
+                        keep it wrote since, as the kernel does)
   device=PATH           another device of a multi-device filesystem (as IMAGE,PATH)
   user_subvol_rm_allowed  users without CAP_SYS_ADMIN may delete a subvolume
                         (BTRFS_IOC_SNAP_DESTROY, `ubtrfs subvolume delete` on the mount)
@@ -137,6 +140,8 @@ struct Opts {
     readahead_kb: Option<u32>,
     max_read: Option<u32>,
     verify_csum: bool,
+    /// `rescan_uuid_tree`: check the UUID tree at the writing open.
+    rescan_uuid_tree: bool,
     log: Option<PathBuf>,
     fsname: Option<String>,
     subtype: Option<String>,
@@ -225,6 +230,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         readahead_kb: None,
         max_read: None,
         verify_csum: true,
+        rescan_uuid_tree: false,
         log: None,
         fsname: None,
         subtype: None,
@@ -308,6 +314,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
                 };
                 o.v1_cache = None;
             }
+            ("rescan_uuid_tree", None) => o.rescan_uuid_tree = true,
             ("clear_cache", None) => {
                 o.free_space_tree = match o.free_space_tree {
                     FreeSpaceTreeAction::Create | FreeSpaceTreeAction::CreateOrRebuild => {
@@ -461,6 +468,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     let mut opts = OpenOptions {
         verify_data_csum: o.verify_csum,
         free_space_tree: o.free_space_tree,
+        rescan_uuid_tree: o.rescan_uuid_tree,
         ..Default::default()
     };
     if let Some(mb) = o.cache_mb {

@@ -10,7 +10,9 @@
 //!   btrfs-progs removed; writing without converting is refused, naming the way out;
 //! - options that change what is written (`nodatacow`, `nodatasum`, `max_inline`)
 //!   give the same inode flags and inline extents as the kernel's mount with them;
-//!   the options a kernel's fstab line carries (`ssd`, `discard=async`, ...) mount.
+//!   the options a kernel's fstab line carries (`ssd`, `discard=async`, ...) mount;
+//! - the UUID tree is rebuilt when missing and checked when stale or with
+//!   `rescan_uuid_tree`, as by the kernel's mount.
 //!
 //! Needs root (/dev/fuse, loop devices) and btrfs-progs; skipped with a line outside
 //! CI.
@@ -730,4 +732,170 @@ fn remount_changes_options_like_the_kernel() {
         assert!(ours.iter().any(|l| l.contains(want)), "{want}: {ours:#?}");
     }
     assert_eq!(ours, theirs, "ubtrfs (left) against the kernel (right)");
+}
+
+/// The UUID tree's entries as `btrfs inspect-internal dump-tree -t uuid` prints
+/// them: each key with its subvolume ids.
+fn uuid_entries(img: &Path) -> Vec<String> {
+    dump_tree(img, "uuid")
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("item ") || l.starts_with("subvol_id"))
+        .map(|l| match l.find("key (") {
+            Some(a) => l[a..].split(" itemoff").next().unwrap_or(l).to_string(),
+            None => l.to_string(),
+        })
+        .collect()
+}
+
+/// `uuid_tree_generation` and `generation` from the superblock.
+fn uuid_generations(img: &Path) -> (u64, u64) {
+    let out = bash_ok(
+        Path::new("/"),
+        &format!("btrfs inspect-internal dump-super {}", shell_quote(img)),
+    )
+    .expect("dump-super");
+    let field = |name: &str| -> u64 {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in dump-super"))
+    };
+    (field("uuid_tree_generation"), field("generation"))
+}
+
+/// Makes the UUID tree stale the way a writer that does not keep it would leave it:
+/// in its only leaf (a single-profile image), the entry holding subvolume `from`
+/// names `to` instead; the leaf's checksum is fixed.
+fn make_uuid_entry_stale(img: &Path, from: u64, to: u64) {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    use ubtrfs_format::csum::CsumType;
+    let dump = dump_tree(img, "uuid");
+    let leaf: u64 = dump
+        .lines()
+        .find(|l| l.starts_with("leaf "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("the UUID tree is not one leaf:\n{dump}"));
+    let map = bash_ok(
+        Path::new("/"),
+        &format!("btrfs-map-logical -l {leaf} {}", shell_quote(img)),
+    )
+    .expect("btrfs-map-logical");
+    let physical: u64 = map
+        .split_whitespace()
+        .skip_while(|w| *w != "physical")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("btrfs-map-logical: {map}"));
+    let mut f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(img)
+        .expect("open image");
+    let mut b = vec![0u8; 16384];
+    f.seek(SeekFrom::Start(physical)).expect("seek");
+    f.read_exact(&mut b).expect("read leaf");
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().expect("4"));
+    let nritems = u32_at(&b, 0x60) as usize;
+    let slot = (0..nritems)
+        .map(|i| 101 + i * 25)
+        .find(|&item| {
+            let (off, size) = (u32_at(&b, item + 17) as usize, u32_at(&b, item + 21));
+            size == 8 && b[101 + off..101 + off + 8] == from.to_le_bytes()
+        })
+        .unwrap_or_else(|| panic!("no UUID entry holds subvolume {from}"));
+    let off = 101 + u32_at(&b, slot + 17) as usize;
+    b[off..off + 8].copy_from_slice(&to.to_le_bytes());
+    let csum = CsumType::Crc32c.compute(&b[32..]);
+    b[..32].copy_from_slice(&csum);
+    f.seek(SeekFrom::Start(physical)).expect("seek");
+    f.write_all(&b).expect("write leaf");
+}
+
+/// The UUID tree at a writing open, as the kernel's mount keeps it: a missing tree
+/// (`btrfs rescue clear-uuid-tree`) is rebuilt with every subvolume's uuid and
+/// received uuid; a stale entry is mended when the superblock says a writer that
+/// does not keep the tree wrote since (`uuid_tree_generation` behind), or with
+/// `-o rescan_uuid_tree`, and left alone otherwise — each the same on ubtrfs and
+/// on the kernel, copies of one image.
+#[test]
+fn uuid_tree_is_rebuilt_and_checked_like_the_kernel() {
+    if !require_fuse("uuid_tree_is_rebuilt_and_checked_like_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let base = dir.path().join("base.img");
+    mkfs_btrfs(&base, 1 << 30, &["-m", "single", "-d", "single"]);
+    // Subvolumes, a read-only snapshot, a received subvolume (received_uuid) and a
+    // writable snapshot of it.
+    let km = KernelMount::new(&base, "");
+    bash_ok(
+        &km.mnt,
+        "btrfs -q subvolume create a; btrfs -q subvolume create b; echo x > a/f
+         btrfs -q subvolume snapshot -r a s; mkdir r
+         btrfs -q send s | btrfs -q receive r
+         btrfs -q subvolume snapshot r/s w",
+    )
+    .expect("kernel workload");
+    km.umount();
+    let want = uuid_entries(&base);
+    assert_eq!(
+        want.iter().filter(|l| l.starts_with("subvol_id")).count(),
+        7,
+        "5, a, b, s, r/s, its received uuid, w:\n{want:?}"
+    );
+
+    // Each case: a copy of the image made so, mounted by the kernel and by ubtrfs
+    // with the same options and unmounted; both must end with the same entries.
+    let b_id = 257;
+    let cases: [(&str, &str, bool); 4] = [
+        ("cleared", "", true),
+        ("stale, generation behind", "", true),
+        ("stale, rescan_uuid_tree", "rescan_uuid_tree", true),
+        ("stale, current generation", "", false),
+    ];
+    for (n, (what, opts, mended)) in cases.into_iter().enumerate() {
+        let img = dir.path().join(format!("case{n}.img"));
+        copy(&base, &img);
+        let q = shell_quote(&img);
+        match n {
+            0 => bash_ok(Path::new("/"), &format!("btrfs rescue clear-uuid-tree {q}")).map(drop),
+            _ => {
+                make_uuid_entry_stale(&img, b_id, 4242);
+                // btrfs-progs commits without stamping uuid_tree_generation.
+                if n == 1 {
+                    bash_ok(Path::new("/"), &format!("btrfs filesystem label {q} x")).map(drop)
+                } else {
+                    Ok(())
+                }
+            }
+        }
+        .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let before = uuid_entries(&img);
+        let (ug, g) = uuid_generations(&img);
+        assert_eq!(
+            ug != g,
+            n <= 1,
+            "{what}: uuid_tree_generation {ug}, generation {g}"
+        );
+        let kimg = dir.path().join(format!("case{n}-kernel.img"));
+        copy(&img, &kimg);
+        KernelMount::new(&kimg, opts).umount();
+        let mut fm = FuseMount::start(&UBTRFS, &[&img], &["rw", opts]);
+        let st = fm.unmount();
+        assert!(st.success(), "{what}: ubtrfs mount: {}", fm.log());
+        let (k, u) = (uuid_entries(&kimg), uuid_entries(&img));
+        assert_eq!(u, k, "{what}: UUID tree, ubtrfs against the kernel");
+        if mended {
+            assert_eq!(u, want, "{what}: the kernel's own entries come back");
+            let (ug, g) = uuid_generations(&img);
+            assert_eq!(ug, g, "{what}: uuid_tree_generation stamped");
+        } else {
+            assert_eq!(u, before, "{what}: left as it was");
+        }
+        btrfs_check(&img, None).unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
 }

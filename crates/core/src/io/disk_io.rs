@@ -40,6 +40,9 @@ pub struct OpenOptions {
     /// What a writing open does with the free-space tree (the kernel's
     /// `space_cache=v2` and `clear_cache` mount options).
     pub free_space_tree: FreeSpaceTreeAction,
+    /// A writing open checks the UUID tree against the subvolumes even when the
+    /// superblock says it is current (the kernel's `rescan_uuid_tree`).
+    pub rescan_uuid_tree: bool,
 }
 
 /// What a writing open does with the free-space tree. Both non-default actions work
@@ -72,6 +75,7 @@ impl Default for OpenOptions {
             tree_root: None,
             data_as_found: true,
             free_space_tree: FreeSpaceTreeAction::Keep,
+            rescan_uuid_tree: false,
         }
     }
 }

@@ -138,48 +138,6 @@ impl Trans {
         Ok(index)
     }
 
-    /// The UUID tree's key for a uuid of kind `ty` (SUBVOL or RECEIVED_SUBVOL).
-    fn uuid_key(uuid: &[u8; 16], ty: u8) -> Key {
-        let half = |b: &[u8]| {
-            let mut a = [0u8; 8];
-            a.copy_from_slice(b);
-            u64::from_le_bytes(a)
-        };
-        Key::new(half(&uuid[..8]), ty, half(&uuid[8..]))
-    }
-
-    /// Adds subvolume `id` under `uuid` in the UUID tree (an item holds every id with
-    /// that uuid). Without a UUID tree nothing is written: the kernel builds one at
-    /// mount when it is missing.
-    pub(crate) fn uuid_tree_add(&mut self, uuid: &[u8; 16], ty: u8, id: u64) -> Result<()> {
-        if self.root_ptr(UUID_TREE_OBJECTID).is_err() {
-            return Ok(());
-        }
-        let k = Self::uuid_key(uuid, ty);
-        let ptr = self.root_ptr(UUID_TREE_OBJECTID)?;
-        if let Some(it) = crate::tree::ctree::lookup_exact(&self.fs.info, &ptr, &k)? {
-            if it.data().chunks(8).any(|c| c == id.to_le_bytes()) {
-                return Ok(());
-            }
-        }
-        self.append_to_item(UUID_TREE_OBJECTID, &k, &id.to_le_bytes())
-    }
-
-    /// Removes subvolume `id` from `uuid`'s UUID tree item (the item goes when empty).
-    pub(crate) fn uuid_tree_remove(&mut self, uuid: &[u8; 16], ty: u8, id: u64) -> Result<()> {
-        if self.root_ptr(UUID_TREE_OBJECTID).is_err() {
-            return Ok(());
-        }
-        let k = Self::uuid_key(uuid, ty);
-        let want = id.to_le_bytes();
-        self.remove_from_item(UUID_TREE_OBJECTID, &k, |d| {
-            (0..d.len() / 8)
-                .find(|i| d[i * 8..i * 8 + 8] == want)
-                .map(|i| (i * 8, i * 8 + 8))
-        })?;
-        Ok(())
-    }
-
     /// Writes the root directory of a new tree: inode 256 and its ".." INODE_REF
     /// pointing at itself, as the kernel and mkfs make it.
     pub(crate) fn insert_root_dir(&mut self, id: u64, inode: &InodeItem) -> Result<()> {

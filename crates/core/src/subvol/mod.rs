@@ -10,3 +10,4 @@ pub(crate) mod flags;
 pub(crate) mod snapshot;
 #[allow(clippy::module_inception)]
 pub(crate) mod subvol;
+pub(crate) mod uuid_tree;

@@ -53,6 +53,7 @@ impl Trans {
         t.finish_free_space_tree()?;
         t.recover_relocation()?;
         t.clean_orphans()?;
+        t.finish_uuid_tree()?;
         Ok(t)
     }
 
@@ -64,6 +65,7 @@ impl Trans {
         t.finish_free_space_tree()?;
         t.recover_relocation()?;
         t.clean_orphans()?;
+        t.finish_uuid_tree()?;
         Ok(t)
     }
 
