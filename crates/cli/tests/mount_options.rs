@@ -18,7 +18,7 @@
 //! CI.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use ubtrfs_sim::host::{bash_ok, btrfs_check, require_fuse, serial, shell_quote, Ubtrfs};
 use ubtrfs_sim::mount::{kernel_round_trip, mkfs_btrfs, FuseMount, KernelMount};
 
@@ -304,30 +304,23 @@ for n, b in (('f1', b'z' * 20000), ('f2', b'y' * 3000000)):
     }
 }
 
-/// For each regular file of a directory tree in an unmounted image: its inode
-/// flags as dump-tree prints them and whether its data is inline, by inode number
-/// (both sides create the same files in the same order).
-fn file_layout(img: &Path) -> Vec<String> {
-    let d = dump_tree(img, "5");
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    for l in d.lines() {
-        let t = l.trim_start();
-        if t.starts_with("item ") && t.contains("INODE_ITEM 0)") {
-            cur = keys(t).first().cloned().unwrap_or_default();
-        } else if t.starts_with("sequence ") && t.contains(" flags ") {
-            let flags = t.split(" flags ").nth(1).unwrap_or_default();
-            out.push(format!("{cur} flags {flags}"));
-        } else if t.starts_with("extent data disk byte") || t.starts_with("inline extent") {
-            let kind = if t.starts_with("inline") {
-                "inline"
-            } else {
-                "regular"
-            };
-            out.push(format!("{cur} {kind}"));
-        }
-    }
-    out
+/// Twin images in `dir`: one fresh filesystem written by `script` through the
+/// kernel's mount with `kernel_opts` (`k.img`) and its copy written by the same
+/// script through `ubtrfs mount -o rw,OPTS` (`u.img`), which the kernel then reads
+/// back identically. Returns (kernel's image, ubtrfs's image).
+fn twins(dir: &Path, kernel_opts: &str, opts: &str, script: &str) -> (PathBuf, PathBuf) {
+    let k = dir.join("k.img");
+    let u = dir.join("u.img");
+    mkfs_btrfs(&k, 1 << 30, &[]);
+    copy(&k, &u);
+    let km = KernelMount::new(&k, kernel_opts);
+    bash_ok(&km.mnt, script).unwrap_or_else(|e| panic!("kernel -o {kernel_opts}: {e}"));
+    km.umount();
+    let fm = FuseMount::start(&UBTRFS, &[&u], &["rw", opts]);
+    bash_ok(&fm.mnt, script).unwrap_or_else(|e| panic!("-o {opts}: {e}\n{}", fm.log()));
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&u, &seen, opts);
+    (k, u)
 }
 
 #[test]
@@ -346,20 +339,10 @@ fn kernel_mount_options_have_the_kernels_effect() {
         "max_inline=9000",
         "max_inline=3k",
     ] {
-        let k = dir.path().join("k.img");
-        let u = dir.path().join("u.img");
-        mkfs_btrfs(&k, 1 << 30, &[]);
-        copy(&k, &u);
-        let km = KernelMount::new(&k, opts);
-        bash_ok(&km.mnt, script).expect("kernel");
-        km.umount();
-        let fm = FuseMount::start(&UBTRFS, &[&u], &["rw", opts]);
-        bash_ok(&fm.mnt, script).unwrap_or_else(|e| panic!("{opts}: {e}\n{}", fm.log()));
-        let seen = fm.walk_and_unmount();
-        kernel_round_trip(&u, &seen, opts);
+        let (k, u) = twins(dir.path(), opts, opts, script);
         assert_eq!(
-            file_layout(&u),
-            file_layout(&k),
+            extent_kinds(&u),
+            extent_kinds(&k),
             "-o {opts}: inode flags, inline data"
         );
     }
@@ -376,10 +359,6 @@ fn kernel_mount_options_have_the_kernels_effect() {
         )
         .expect("dump-super")
     };
-    let k = dir.path().join("k.img");
-    let u = dir.path().join("u.img");
-    mkfs_btrfs(&k, 1 << 30, &[]);
-    copy(&k, &u);
     // Also what the kernel's heuristic decides before compressing: random data
     // (written plain, inode not marked), random data with a compressible part.
     // (Each file made outside first and copied in by one writer: ubtrfs judges
@@ -391,13 +370,7 @@ fn kernel_mount_options_have_the_kernels_effect() {
                  { head -c 64K /dev/urandom; yes | head -c 64K; } > $x/m3
                  yes 'hello world' | head -c 240K > $x/m4
                  cp $x/m1 $x/m2 $x/m3 $x/m4 .; rm -r $x";
-    let km = KernelMount::new(&k, "compress=zstd");
-    bash_ok(&km.mnt, small).expect("kernel");
-    km.umount();
-    let fm = FuseMount::start(&UBTRFS, &[&u], &["rw,compress=zstd"]);
-    bash_ok(&fm.mnt, small).unwrap_or_else(|e| panic!("{e}\n{}", fm.log()));
-    let seen = fm.walk_and_unmount();
-    kernel_round_trip(&u, &seen, "small zstd file");
+    let (k, u) = twins(dir.path(), "compress=zstd", "compress=zstd", small);
     let flags = incompat(&u);
     let bits = flags
         .split_whitespace()

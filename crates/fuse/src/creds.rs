@@ -60,12 +60,13 @@ impl<'h> Caller<'h> {
     /// /proc/TID/ns/user, which only a process allowed to trace the caller may
     /// read).
     fn in_server_user_namespace(&self) -> bool {
-        let ns = |p: String| std::fs::read_link(p).ok();
-        match (
-            ns(format!("/proc/{}/ns/user", self.h.pid)),
-            ns("/proc/self/ns/user".to_string()),
-        ) {
-            (Some(a), Some(b)) => self.h.pid != 0 && a == b,
+        // The server's own namespace does not change while it runs: read once.
+        static SERVER_NS: std::sync::OnceLock<Option<std::path::PathBuf>> =
+            std::sync::OnceLock::new();
+        let server = SERVER_NS.get_or_init(|| std::fs::read_link("/proc/self/ns/user").ok());
+        let caller = std::fs::read_link(format!("/proc/{}/ns/user", self.h.pid)).ok();
+        match (caller, server) {
+            (Some(a), Some(b)) => self.h.pid != 0 && &a == b,
             _ => false,
         }
     }

@@ -194,7 +194,9 @@ impl Ops {
                     .read(|fs| fs.lookup(dir, &a.name))
                     .map_err(|e| e.errno())?
                     .ok_or(errno::ENOENT)?;
-                if !admin {
+                let victim = if admin {
+                    w.read(|fs| fs.stat(target.node)).map_err(|e| e.errno())?
+                } else {
                     if !self
                         .user_subvol_rm_allowed
                         .load(std::sync::atomic::Ordering::Relaxed)
@@ -207,13 +209,12 @@ impl Ops {
                     if self.read_only_subvol(target.node.root) {
                         return Err(errno::EROFS);
                     }
-                    may(target.node, MAY_WRITE | MAY_EXEC)?;
-                }
+                    may(target.node, MAY_WRITE | MAY_EXEC)?
+                };
                 // rmdir's rules on the parent (btrfs_may_delete): write and search
                 // permission, not append-only, the sticky bit's owners, a victim
                 // neither append-only nor immutable.
                 let parent = may(dir, MAY_WRITE | MAY_EXEC)?;
-                let victim = w.read(|fs| fs.stat(target.node)).map_err(|e| e.errno())?;
                 let sticky_blocks = parent.mode & 0o1000 != 0
                     && h.uid != parent.uid
                     && h.uid != victim.uid

@@ -87,9 +87,7 @@ impl Trans {
             let Some(bg) = self.alloc.bgs.get(&s) else {
                 continue;
             };
-            let striped =
-                BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6;
-            if bg.flags & striped != 0 || bg.ro {
+            if bg.flags & STRIPED != 0 || bg.ro {
                 continue;
             }
             let free: Vec<(u64, u64)> = bg
@@ -102,11 +100,8 @@ impl Trans {
                 .collect();
             let entry = self.fs.info.chunk_map.lookup(s)?.clone();
             for (o, l) in free {
-                for m in 0..entry.num_mirrors() {
-                    // Each copy of a DUP or RAID1* group is one contiguous stripe.
-                    let p = entry.map(o, m)?;
-                    let n = l.min(p.len);
-                    if discard(self, p.devid, p.offset, n)? {
+                for (devid, offset, n) in copies(&entry, o, o + l) {
+                    if discard(self, devid, offset, n)? {
                         report.trimmed_bytes += n;
                     }
                 }
@@ -161,33 +156,46 @@ impl Trans {
         let Ok(entry) = self.fs.info.chunk_map.lookup(logical) else {
             return 0;
         };
-        let striped =
-            BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6;
-        if entry.ty & striped != 0 {
+        if entry.ty & STRIPED != 0 {
             return 0;
         }
         let end = logical.saturating_add(len).min(entry.start + entry.length);
         let mut done = 0;
-        for m in 0..entry.num_mirrors() {
-            let mut pos = logical;
-            while pos < end {
-                let Ok(p) = entry.map(pos, m) else {
-                    break;
-                };
-                let n = p.len.min(end - pos);
-                if n == 0 {
-                    break;
+        for (devid, offset, n) in copies(entry, logical, end) {
+            if let Some(dev) = self.fs.info.devices.get(&devid) {
+                if dev.discard(offset, n).is_ok() {
+                    done += n;
                 }
-                if let Some(dev) = self.fs.info.devices.get(&p.devid) {
-                    if dev.discard(p.offset, n).is_ok() {
-                        done += n;
-                    }
-                }
-                pos += n;
             }
         }
         done
     }
+}
+
+/// Profiles whose chunks spread a logical range over stripes (not trimmed or
+/// discarded here: ubtrfs does not write them).
+const STRIPED: u64 = BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6;
+
+/// The device ranges `(devid, offset, bytes)` holding `[logical, end)` of a chunk
+/// that is not striped, copy by copy (one per DUP or RAID1* mirror); a range the
+/// map cannot place ends that copy's list.
+fn copies(entry: &crate::io::volumes::MapEntry, logical: u64, end: u64) -> Vec<(u64, u64, u64)> {
+    let mut out = Vec::new();
+    for m in 0..entry.num_mirrors() {
+        let mut pos = logical;
+        while pos < end {
+            let Ok(p) = entry.map(pos, m) else {
+                break;
+            };
+            let n = p.len.min(end - pos);
+            if n == 0 {
+                break;
+            }
+            out.push((p.devid, p.offset, n));
+            pos += n;
+        }
+    }
+    out
 }
 
 /// Bytes of each device extent (one stripe) of a chunk.
