@@ -548,3 +548,86 @@ fn edits_on_a_multi_device_image() {
         "{check}"
     );
 }
+
+/// Read-only snapshots ubtrfs makes offline are read-only to the kernel (their
+/// ROOT_ITEM carries the kernel's "flags initialised" mark, without which the
+/// kernel drops the read-only flag as it loads the subvolume), so `btrfs send`
+/// takes them: a full send of the first and an incremental one of the second,
+/// received by the kernel into another filesystem, give back both snapshots; the
+/// read-only flag also survives the kernel rewriting the item (a kernel snapshot of
+/// the source updates its last_snapshot).
+#[test]
+fn read_only_snapshots_are_sent_by_the_kernel() {
+    if !require_root("read_only_snapshots_are_sent_by_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("src.img");
+    let recv = dir.path().join("recv.img");
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    mkfs_btrfs(&recv, 1 << 30, &[]);
+    let host = dir.path().join("host");
+    sh(&format!(
+        "set -e; mkdir -p {h}/d; seq 1 20000 > {h}/a; echo b > {h}/b
+         head -c 300000 /dev/urandom > {h}/d/c; ln -s a {h}/l; echo new > {h}/new",
+        h = shell_quote(&host)
+    ));
+    let s = img.to_str().expect("utf-8 path");
+    let h = |p: &str| host.join(p).to_str().expect("utf-8 path").to_string();
+    for args in [
+        vec!["subvolume", "create", s, "/sv"],
+        vec!["put", s, &h("a"), &h("b"), &h("d"), &h("l"), "/sv/"],
+        vec!["subvolume", "snapshot", "-r", s, "/sv", "/s1"],
+        vec!["put", s, &h("new"), "/sv/new"],
+        vec!["rm", s, "/sv/b"],
+        vec!["mv", s, "/sv/a", "/sv/a2"],
+        vec!["truncate", "-s", "1000", s, "/sv/d/c"],
+        vec!["subvolume", "snapshot", "-r", s, "/sv", "/s2"],
+    ] {
+        UBTRFS.stdout(&args);
+    }
+    check(&img, "ubtrfs snapshots");
+    let src = KernelMount::new(&img, "");
+    let dst = KernelMount::new(&recv, "");
+    let (sq, dq) = (shell_quote(&src.path("")), shell_quote(&dst.path("")));
+    let out = sh(&format!(
+        "cd {sq}; btrfs property get s1 ro; btrfs property get s2 ro
+         touch s1/x 2>&1 | grep -o 'Read-only file system' || echo writable
+         btrfs -q send s1 | btrfs -q receive {dq}
+         btrfs -q send -p s1 s2 | btrfs -q receive {dq} && echo received"
+    ));
+    assert_eq!(
+        out, "ro=true\nro=true\nRead-only file system\nreceived\n",
+        "the kernel's view of ubtrfs's read-only snapshots"
+    );
+    for p in ["s1", "s2"] {
+        report(compare_walks(
+            &format!("{p} received by the kernel"),
+            &walk_mounted(&src.path(p)),
+            &walk_mounted(&dst.path(p)),
+            FIELDS,
+        ));
+    }
+    // The kernel rewrites the ROOT_ITEMs of sv (a snapshot of it) and s1 (its
+    // last_snapshot, by a snapshot of the snapshot): s1 stays read-only.
+    sh(&format!(
+        "cd {sq}; btrfs -q subvolume snapshot sv k; btrfs -q subvolume snapshot -r s1 k1; sync"
+    ));
+    dst.umount();
+    src.umount();
+    let src = KernelMount::new(&img, "ro");
+    assert_eq!(
+        sh(&format!(
+            "cd {}; btrfs property get s1 ro",
+            shell_quote(&src.path(""))
+        )),
+        "ro=true\n"
+    );
+    src.umount();
+    check(&img, "after the kernel's snapshots");
+    assert_eq!(
+        UBTRFS.stdout(&["property", "get", s, "/s1", "ro"]).trim(),
+        "ro=true"
+    );
+}

@@ -325,6 +325,20 @@ pub struct RootItem {
 impl RootItem {
     /// Size of the current (v2) root item.
     pub const SIZE: usize = 439;
+
+    /// The kernel's btrfs_check_and_init_root_item: a subvolume root item whose
+    /// embedded inode lacks [`INODE_ROOT_ITEM_INIT`] comes from a writer that left
+    /// `flags` and `byte_limit` uninitialised (the oldest kernels), so both are
+    /// taken as 0 and the mark is set. The kernel applies it to every subvolume root
+    /// it loads and to a snapshot's copy of its source's item, then writes the
+    /// item back with the mark: a read-only flag without it is lost.
+    pub fn check_and_init(&mut self) {
+        if self.inode.flags & INODE_ROOT_ITEM_INIT == 0 {
+            self.inode.flags |= INODE_ROOT_ITEM_INIT;
+            self.flags = 0;
+            self.byte_limit = 0;
+        }
+    }
     /// Size of the legacy root item (before generation_v2).
     pub const LEGACY_SIZE: usize = 239;
     /// Decodes a ROOT_ITEM body, legacy or v2.

@@ -63,6 +63,8 @@ impl Trans {
                 nlink: 1,
                 nbytes: ns,
                 mode: 0o40755,
+                // As the kernel's create_subvol: flags and byte_limit are valid.
+                flags: INODE_ROOT_ITEM_INIT,
                 ..Default::default()
             },
             generation: transid,

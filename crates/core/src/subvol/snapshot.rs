@@ -60,6 +60,9 @@ impl Trans {
 
         let src_item = self.root_item(src)?;
         let mut item = src_item.clone();
+        // As create_pending_snapshot: the copy is made valid before its flags are
+        // set, so the kernel keeps a read-only flag it finds with the mark.
+        item.check_and_init();
         item.flags = if readonly {
             item.flags | ROOT_SUBVOL_RDONLY
         } else {

@@ -386,6 +386,11 @@ impl Trans {
                 0
             };
             let mut item = tree_root_item(b, transid, ns, dirid);
+            if dirid != 0 {
+                // The subvolume-like trees' items are marked initialised, as
+                // mkfs.btrfs marks them.
+                item.check_and_init();
+            }
             if id == FS_TREE_OBJECTID {
                 item.uuid = crate::io::dev::random_uuid();
                 item.ctime = time;

@@ -420,8 +420,16 @@ impl Trans {
             Key::new(id, ROOT_ITEM_KEY, u64::MAX),
         )? {
             Some((k, data)) if k.objectid == id && k.ty == ROOT_ITEM_KEY => {
-                let r = RootItem::parse(&data)
+                let mut r = RootItem::parse(&data)
                     .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
+                // A subvolume's item as the kernel holds it once loaded
+                // (btrfs_get_root_ref), which is what it writes back.
+                if id == FS_TREE_OBJECTID
+                    || id == DATA_RELOC_TREE_OBJECTID
+                    || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id)
+                {
+                    r.check_and_init();
+                }
                 self.root_keys.insert(id, k);
                 self.fs.info.tree_roots.insert(id, r.clone());
                 Ok(r)
