@@ -119,6 +119,32 @@ fn drop_progress(img: &Path, id: u64) -> Option<String> {
         .map(|l| l.trim().to_string())
 }
 
+/// The fields of tree `id`'s ROOT_ITEM that do not count commits, as dump-tree
+/// prints them: root_dirid, byte_limit, bytes_used, flags, refs, drop_level, level.
+fn root_item_fields(img: &Path, id: u64) -> Vec<String> {
+    let text = root_tree_text(img);
+    let mut lines = text.lines();
+    lines.find(|l| l.contains(&format!("key ({id} ROOT_ITEM")));
+    let words: Vec<&str> = lines
+        .take_while(|l| !l.trim_start().starts_with("item "))
+        .flat_map(|l| l.split_whitespace())
+        .collect();
+    let names = [
+        "root_dirid",
+        "byte_limit",
+        "bytes_used",
+        "flags",
+        "refs",
+        "drop_level",
+        "level",
+    ];
+    words
+        .windows(2)
+        .filter(|w| names.contains(&w[0]))
+        .map(|w| format!("{} {}", w[0], w[1]))
+        .collect()
+}
+
 /// bytes_used of the superblock (what the extent tree accounts).
 fn bytes_used(img: &Path) -> u64 {
     let text = sh(&format!(
@@ -169,6 +195,15 @@ fn snapshots_and_deletion_as_the_kernel() {
         FIELDS,
     ));
     assert_eq!(kernel_subvol_list(&img), kernel_subvol_list(&kimg));
+    // The ROOT_ITEMs' fields that do not count commits: home (256, snapshotted),
+    // snap2 (259), ro (260), home/new (261).
+    for id in [256, 259, 260, 261] {
+        assert_eq!(
+            root_item_fields(&img, id),
+            root_item_fields(&kimg, id),
+            "ROOT_ITEM of tree {id}, ubtrfs against the kernel"
+        );
+    }
     // `subvolume show` prints what btrfs-progs prints on the kernel's mount.
     let k = KernelMount::new(&img, "ro");
     for p in ["home", "snap2", "ro"] {

@@ -91,6 +91,9 @@ impl Trans {
         let (uuid, received) = (item.uuid, item.received_uuid);
         // Snapshots key their ROOT_ITEM by the creating transaction.
         self.create_root_item(id, Key::new(id, ROOT_ITEM_KEY, transid), item)?;
+        // bytes_used is the source's, as the kernel copies it: the root block's
+        // copy is charged to neither tree.
+        *self.root_bytes_delta.entry(id).or_insert(0) -= self.fs.info.nodesize as i64;
         self.qgroup_new_subvolume(id, Some(src), parent)?;
         let index = self.add_subvol_entry(parent, dir, name, id, t)?;
         let rr = RootRef {
