@@ -52,8 +52,10 @@ pub struct MkfsArgs {
     #[arg(long, short = 'r')]
     pub rootdir: Option<PathBuf>,
     /// With --rootdir: make this directory (relative to DIR) a subvolume; repeatable.
-    #[arg(long = "subvol", value_name = "PATH")]
-    pub subvols: Vec<PathBuf>,
+    /// As mkfs.btrfs, TYPE: before it makes the subvolume read-only (`ro:`), the
+    /// default subvolume (`default:`), both (`default-ro:`) or neither (`rw:`).
+    #[arg(long = "subvol", short = 'u', value_name = "[TYPE:]PATH")]
+    pub subvols: Vec<String>,
     /// Compress file data copied by --rootdir: zlib, lzo or zstd, optionally :LEVEL.
     #[arg(long)]
     pub compress: Option<String>,
@@ -70,6 +72,29 @@ pub struct MkfsArgs {
     /// Quiet: no progress bar.
     #[arg(long, short = 'q')]
     pub quiet: bool,
+}
+
+/// What mkfs.btrfs's `--subvol TYPE:DIR` asks of a subvolume.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct SubvolKind {
+    read_only: bool,
+    default: bool,
+}
+
+/// Splits mkfs.btrfs's `--subvol [TYPE:]DIR`: TYPE is rw, ro, default or default-ro;
+/// anything else before a colon is part of the path.
+fn subvol_kind(arg: &str) -> (SubvolKind, &str) {
+    for (prefix, read_only, default) in [
+        ("rw:", false, false),
+        ("ro:", true, false),
+        ("default:", false, true),
+        ("default-ro:", true, true),
+    ] {
+        if let Some(p) = arg.strip_prefix(prefix) {
+            return (SubvolKind { read_only, default }, p);
+        }
+    }
+    (SubvolKind::default(), arg)
 }
 
 /// `ubtrfs filesystem resize IMAGE [DEVID:][+|-]SIZE|max`: the new size is set in
@@ -296,22 +321,38 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         if a.reflink && t.compress.is_some() {
             bail!("--reflink and --compress exclude each other");
         }
-        for sv in &a.subvols {
+        let mut kinds = Vec::new();
+        for arg in &a.subvols {
+            let (kind, sv) = subvol_kind(arg);
             let p = root.join(sv);
             if !p.is_dir() {
-                bail!(
-                    "--subvol {}: not a directory under {}",
-                    sv.display(),
-                    root.display()
-                );
+                bail!("--subvol {arg}: not a directory under {}", root.display());
             }
-            c.subvols.push(std::fs::canonicalize(p)?);
+            let p = std::fs::canonicalize(p)?;
+            c.subvols.push(p.clone());
+            kinds.push((p, kind));
+        }
+        if kinds.iter().filter(|(_, k)| k.default).count() > 1 {
+            bail!("--subvol: the default subvolume can only be specified once");
         }
         start_prefetch(root);
         c.copy_dir_contents(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, root)?;
         let md = std::fs::symlink_metadata(root)?;
         set_times(&mut t, FS_TREE_OBJECTID, FIRST_FREE_OBJECTID, &md)?;
         c.finish();
+        // Made read-only and default once filled, as mkfs.btrfs does.
+        for (p, kind) in &kinds {
+            let id = *c
+                .made_subvols
+                .get(p)
+                .with_context(|| format!("--subvol {}: not created", p.display()))?;
+            if kind.read_only {
+                t.set_subvolume_readonly(id, true, false, now())?;
+            }
+            if kind.default {
+                t.set_default_subvolume(id)?;
+            }
+        }
         t.commit()?;
         if quota {
             t.quota_enable(simple_quota)?;
@@ -460,6 +501,8 @@ pub struct Copier {
     links: HashMap<(u64, u64), (u64, u64)>,
     /// Directories (canonical host paths) to create as subvolumes.
     pub subvols: Vec<PathBuf>,
+    /// The subvolumes made for them, by path.
+    pub made_subvols: HashMap<PathBuf, u64>,
     /// Share file data with the source (mkfs --reflink).
     pub reflink: bool,
     bar: Option<ProgressBar>,
@@ -480,6 +523,7 @@ impl Copier {
         Copier {
             links: HashMap::new(),
             subvols: Vec::new(),
+            made_subvols: HashMap::new(),
             reflink: false,
             bar,
             files: 0,
@@ -553,6 +597,7 @@ impl Copier {
             && self.subvols.contains(&std::fs::canonicalize(src)?)
         {
             let id = t.create_subvolume(root, dir, name, md.mode(), md.uid(), md.gid(), time)?;
+            self.made_subvols.insert(std::fs::canonicalize(src)?, id);
             self.copy_dir_contents(t, id, FIRST_FREE_OBJECTID, src)?;
             if let Ok(names) = xattr::list(src) {
                 for n in names {
