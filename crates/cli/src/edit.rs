@@ -24,15 +24,15 @@ const DIRTY_BYTES_COMMIT: usize = 256 << 20;
 pub struct MkfsArgs {
     /// Image file or block device (a file is created or extended to --size).
     pub image: PathBuf,
-    /// Size of the image file (e.g. 1G, 512M).
-    #[arg(long)]
+    /// Size of the image file (e.g. 1G, 512M); `-b`/`--byte-count` as mkfs.btrfs.
+    #[arg(long, short = 'b', visible_alias = "byte-count")]
     pub size: Option<String>,
     #[arg(long, short = 'n', default_value = "16384")]
     pub nodesize: u32,
     #[arg(long, short = 's', default_value = "4096")]
     pub sectorsize: u32,
     /// crc32c, xxhash, sha256 or blake2.
-    #[arg(long, default_value = "crc32c")]
+    #[arg(long, visible_alias = "checksum", default_value = "crc32c")]
     pub csum: String,
     #[arg(long, short = 'L', default_value = "")]
     pub label: String,
@@ -69,6 +69,10 @@ pub struct MkfsArgs {
     /// Overwrite an existing filesystem.
     #[arg(long, short = 'f')]
     pub force: bool,
+    /// As mkfs.btrfs -K: no TRIM of the device first (ubtrfs never trims at mkfs:
+    /// an image file's unwritten ranges are holes already).
+    #[arg(long = "nodiscard", short = 'K')]
+    pub nodiscard: bool,
     /// Quiet: no progress bar.
     #[arg(long, short = 'q')]
     pub quiet: bool,
