@@ -444,6 +444,15 @@ impl Trans {
             &Key::new(FS_TREE_OBJECTID, INODE_REF_KEY, ROOT_TREE_DIR_OBJECTID),
             &ubtrfs_format::items::inode_ref_bytes(0, b"default"),
         )?;
+        // As mkfs.btrfs 6.14: the top level's uuid in the UUID tree, and the
+        // device's statistics, all zero.
+        let fs_uuid = self.root_item(FS_TREE_OBJECTID)?.uuid;
+        self.uuid_tree_add(&fs_uuid, UUID_KEY_SUBVOL, FS_TREE_OBJECTID)?;
+        self.insert_item(
+            DEV_TREE_OBJECTID,
+            &Key::new(DEV_STATS_OBJECTID, PERSISTENT_ITEM_KEY, 1),
+            &[0u8; 40],
+        )?;
         let _ = NewInode::default();
         Ok(())
     }
