@@ -282,6 +282,15 @@ enum FsCmd {
         #[arg(short = 'v', long)]
         verbose: bool,
     },
+    /// The filesystem's label, uuid, size and devices, like `btrfs filesystem show`
+    /// of an unmounted device.
+    Show {
+        #[command(flatten)]
+        img: Image,
+        /// Sizes in bytes (`--raw`).
+        #[arg(long)]
+        raw: bool,
+    },
     /// Show or set the filesystem's label, like `btrfs filesystem label`: of an
     /// image, or of a mounted ubtrfs (or kernel btrfs) filesystem given by a
     /// directory in it (FS_IOC_GETFSLABEL / FS_IOC_SETFSLABEL).
@@ -885,6 +894,12 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Filesystem {
             cmd: FsCmd::Label { target, new_label },
         } => edit::label(&target, new_label.as_deref(), &mut out)?,
+        Cmd::Filesystem {
+            cmd: FsCmd::Show { img, raw },
+        } => {
+            let fs = open(&img)?;
+            cmd_fs_show(&fs, raw, &mut out)?;
+        }
         Cmd::Filesystem { cmd: FsCmd::Du(a) } => {
             let fs = open(&a.img)?;
             let r = share::cmd_du(&fs, &a, &mut out);
@@ -1130,6 +1145,85 @@ fn cmd_stat(fs: &Filesystem, path: &str, format: Format, out: &mut dyn Write) ->
     writeln!(out, "Modify: {}", fmt::stat_time(&st.mtime))?;
     writeln!(out, "Change: {}", fmt::stat_time(&st.ctime))?;
     writeln!(out, " Birth: {}", fmt::stat_time(&st.crtime))?;
+    Ok(())
+}
+
+/// `btrfs filesystem show` of unmounted devices: label, fsid, device count and
+/// the superblock's bytes used, then per device (the chunk tree's DEV_ITEMs, by
+/// devid) its size, bytes in device extents and absolute path; devices not given
+/// are reported missing as btrfs-progs does.
+fn cmd_fs_show(fs: &Filesystem, raw: bool, out: &mut dyn Write) -> Result<()> {
+    use ubtrfs_core::format::consts::{CHUNK_TREE_OBJECTID, DEV_ITEMS_OBJECTID, DEV_ITEM_KEY};
+    use ubtrfs_core::format::items::DevItem;
+    let size = |b: u64| {
+        if raw {
+            b.to_string()
+        } else {
+            ubtrfs_core::tools::du::pretty_size(b)
+        }
+    };
+    let sb = &fs.info.sb;
+    let chunk_root = ubtrfs_core::RootPtr {
+        id: CHUNK_TREE_OBJECTID,
+        bytenr: sb.chunk_root,
+        level: sb.chunk_root_level,
+        generation: sb.chunk_root_generation,
+    };
+    let mut devs = Vec::new();
+    ubtrfs_core::walk_items(
+        &fs.info,
+        &chunk_root,
+        ubtrfs_core::format::key::Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 0),
+        |k, data| {
+            if k.objectid != DEV_ITEMS_OBJECTID || k.ty != DEV_ITEM_KEY {
+                return Ok(false);
+            }
+            let d = DevItem::parse(data)
+                .map_err(|e| ubtrfs_core::Error::corrupt(format!("chunk tree item {k}: {e}")))?;
+            devs.push(d);
+            Ok(true)
+        },
+    )?;
+    let label = String::from_utf8_lossy(&sb.label_raw)
+        .trim_end_matches('\0')
+        .to_string();
+    let label = if label.is_empty() {
+        "none".to_string()
+    } else {
+        format!("'{label}'")
+    };
+    writeln!(
+        out,
+        "Label: {label}  uuid: {}",
+        ubtrfs_core::format::bytes::uuid_string(&sb.fsid)
+    )?;
+    writeln!(
+        out,
+        "\tTotal devices {} FS bytes used {}",
+        sb.num_devices,
+        size(sb.bytes_used)
+    )?;
+    let mut shown = 0;
+    for d in &devs {
+        let Some(dev) = fs.info.devices.get(&d.devid) else {
+            continue;
+        };
+        let name = dev.name();
+        let path = std::fs::canonicalize(&name)
+            .map(|p| p.display().to_string())
+            .unwrap_or(name);
+        writeln!(
+            out,
+            "\tdevid {:4} size {} used {} path {path}",
+            d.devid,
+            size(d.total_bytes),
+            size(d.bytes_used)
+        )?;
+        shown += 1;
+    }
+    if shown < devs.len() {
+        writeln!(out, "\t*** Some devices missing")?;
+    }
     Ok(())
 }
 

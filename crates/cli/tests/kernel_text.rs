@@ -1,7 +1,7 @@
 //! Output text compared with the kernel tools on a fresh kernel-made image (root):
 //! `ubtrfs inspect fiemap -v` vs `filefrag -v`, `ubtrfs filesystem du` vs
 //! `btrfs filesystem du`, `ubtrfs inspect dump-super` vs `btrfs inspect-internal
-//! dump-super`. The loop mount is undone on drop, also when an assertion fails. Needs
+//! dump-super`, `ubtrfs filesystem show` vs `btrfs filesystem show`. The loop mount is undone on drop, also when an assertion fails. Needs
 //! root (`ubtrfs_sim::host::require_root`).
 
 use std::path::PathBuf;
@@ -108,4 +108,14 @@ fn text_output_matches_kernel_tools() {
         UBTRFS.stdout(&["inspect", "dump-super", &img]),
         kernel_super
     );
+    // `filesystem show` of the unmounted image, labelled by ubtrfs, in both units.
+    UBTRFS.stdout(&["filesystem", "label", &img, "shown"]);
+    for raw in [&[][..], &["--raw"]] {
+        let mut args = vec!["filesystem", "show"];
+        args.extend_from_slice(raw);
+        let kernel_show = sh(&format!("btrfs {} {img}", args.join(" ")));
+        args.push(&img);
+        assert_eq!(UBTRFS.stdout(&args), kernel_show, "filesystem show {raw:?}");
+        assert!(kernel_show.starts_with("Label: 'shown'"), "{kernel_show}");
+    }
 }
