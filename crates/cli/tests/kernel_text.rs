@@ -1,7 +1,8 @@
 //! Output text compared with the kernel tools on a fresh kernel-made image (root):
 //! `ubtrfs inspect fiemap -v` vs `filefrag -v`, `ubtrfs filesystem du` vs
 //! `btrfs filesystem du`, `ubtrfs inspect dump-super` vs `btrfs inspect-internal
-//! dump-super`, `ubtrfs filesystem show` vs `btrfs filesystem show`. The loop mount is undone on drop, also when an assertion fails. Needs
+//! dump-super`, `ubtrfs filesystem show` vs `btrfs filesystem show`, `ubtrfs
+//! filesystem df` of the image vs `btrfs filesystem df` of its kernel mount. The loop mount is undone on drop, also when an assertion fails. Needs
 //! root (`ubtrfs_sim::host::require_root`).
 
 use std::path::PathBuf;
@@ -37,6 +38,69 @@ fn make_image() -> (tempfile::TempDir, PathBuf, KernelMount) {
     (dir, img, m)
 }
 
+/// `btrfs filesystem df` of a fresh read-only kernel mount of `img`: text, `-b`,
+/// and `--format json`, concatenated.
+fn df_on_kernel_mount(img: &std::path::Path) -> String {
+    let m = KernelMount::new(img, "ro");
+    let d = m.mnt.display().to_string();
+    let out = sh(&format!(
+        "btrfs filesystem df {d}; btrfs filesystem df -b {d}; btrfs --format json filesystem df {d}"
+    ));
+    m.umount();
+    out
+}
+
+/// `ubtrfs filesystem df` of the image in the same three forms.
+fn df_of_image(img: &str) -> String {
+    [
+        UBTRFS.stdout(&["filesystem", "df", img]),
+        UBTRFS.stdout(&["filesystem", "df", "-b", img]),
+        UBTRFS.stdout(&["filesystem", "df", "--format", "json", img]),
+    ]
+    .concat()
+}
+
+/// `filesystem df` where the kernel sizes its global reserve by the extent,
+/// checksum and free-space trees (20,000 small files, 4 KiB nodes), not by its
+/// minimum; and where ubtrfs wrote the filesystem.
+#[test]
+fn filesystem_df_matches_the_kernel() {
+    if !require_root("filesystem_df_matches_the_kernel") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("k.img");
+    mkfs_btrfs(&img, 2 << 30, &["-n", "4096"]);
+    let m = KernelMount::new(&img, "");
+    sh(&format!(
+        "cd {}; python3 -c \"
+for i in range(20000):
+    open('f%d' % i, 'wb').write(b'x' * 5000)
+\"; sync",
+        m.mnt.display()
+    ));
+    m.umount();
+    let want = df_on_kernel_mount(&img);
+    let reserve: u64 = want
+        .lines()
+        .find(|l| l.starts_with("GlobalReserve") && !l.contains("MiB"))
+        .and_then(|l| l.split("total=").nth(1))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no raw GlobalReserve line:\n{want}"));
+    assert!(reserve > 1_441_792, "the reserve is its minimum: {want}");
+    let s = img.to_str().unwrap();
+    assert_eq!(df_of_image(s), want);
+    // After ubtrfs writes: more data, a subvolume.
+    UBTRFS.stdout(&["subvolume", "create", s, "/sv"]);
+    UBTRFS.stdout(&["mkdir", s, "/sv/d"]);
+    assert_eq!(
+        df_of_image(s),
+        df_on_kernel_mount(&img),
+        "after ubtrfs wrote"
+    );
+}
+
 #[test]
 fn text_output_matches_kernel_tools() {
     if !require_root("text_output_matches_kernel_tools") {
@@ -61,6 +125,7 @@ fn text_output_matches_kernel_tools() {
     let kernel_du = sh(&format!("btrfs filesystem du {d}"));
     let kernel_du_s = sh(&format!("btrfs filesystem du -s --raw {d} {d}/sv {d}/snap"));
     m.umount();
+    let kernel_df = df_on_kernel_mount(&img);
     let img = img.display().to_string();
     let kernel_super = sh(&format!("btrfs inspect-internal dump-super {img}"));
     for (f, want) in files.iter().zip(kernel_fiemap) {
@@ -108,6 +173,7 @@ fn text_output_matches_kernel_tools() {
         UBTRFS.stdout(&["inspect", "dump-super", &img]),
         kernel_super
     );
+    assert_eq!(df_of_image(&img), kernel_df, "filesystem df");
     // `filesystem show` of the unmounted image, labelled by ubtrfs, in both units.
     UBTRFS.stdout(&["filesystem", "label", &img, "shown"]);
     for raw in [&[][..], &["--raw"]] {
