@@ -326,13 +326,14 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
             bail!("--reflink and --compress exclude each other");
         }
         let mut kinds = Vec::new();
+        let croot = std::fs::canonicalize(root)?;
         for arg in &a.subvols {
             let (kind, sv) = subvol_kind(arg);
             let p = root.join(sv);
-            if !p.is_dir() {
-                bail!("--subvol {arg}: not a directory under {}", root.display());
-            }
-            let p = std::fs::canonicalize(p)?;
+            let p = match std::fs::canonicalize(&p) {
+                Ok(p) if p.is_dir() && p != croot && p.starts_with(&croot) => p,
+                _ => bail!("--subvol {arg}: not a directory under {}", root.display()),
+            };
             c.subvols.push(p.clone());
             kinds.push((p, kind));
         }
@@ -535,6 +536,15 @@ impl Copier {
         }
     }
 
+    /// `src`'s canonical path when it is to become a subvolume.
+    fn subvol_path(&self, src: &Path) -> Result<Option<PathBuf>> {
+        if self.subvols.is_empty() {
+            return Ok(None);
+        }
+        let p = std::fs::canonicalize(src)?;
+        Ok(self.subvols.contains(&p).then_some(p))
+    }
+
     pub fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
@@ -596,12 +606,14 @@ impl Copier {
         let ino = if ft.is_symlink() {
             let target = std::fs::read_link(src)?;
             t.symlink(root, dir, name, target.as_os_str().as_bytes(), attr)?
-        } else if ft.is_dir()
-            && !self.subvols.is_empty()
-            && self.subvols.contains(&std::fs::canonicalize(src)?)
+        } else if let Some(canonical) = ft
+            .is_dir()
+            .then(|| self.subvol_path(src))
+            .transpose()?
+            .flatten()
         {
             let id = t.create_subvolume(root, dir, name, md.mode(), md.uid(), md.gid(), time)?;
-            self.made_subvols.insert(std::fs::canonicalize(src)?, id);
+            self.made_subvols.insert(canonical, id);
             self.copy_dir_contents(t, id, FIRST_FREE_OBJECTID, src)?;
             if let Ok(names) = xattr::list(src) {
                 for n in names {

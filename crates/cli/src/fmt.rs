@@ -169,6 +169,15 @@ mod tests {
     }
 }
 
+/// A size as btrfs-progs prints it: in bytes with `--raw`, else "1.00GiB".
+pub fn progs_size(bytes: u64, raw: bool) -> String {
+    if raw {
+        bytes.to_string()
+    } else {
+        ubtrfs_core::tools::du::pretty_size(bytes)
+    }
+}
+
 /// A size as util-linux prints it (fstrim -v, lsblk): the largest binary unit the
 /// size reaches, one decimal rounded half up and dropped when it is 0, a space,
 /// then B, KiB, MiB, ... ("3.7 GiB", "4 GiB", "512 B").

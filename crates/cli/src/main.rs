@@ -1215,14 +1215,8 @@ fn cmd_fs_df(fs: &Filesystem, raw: bool, format: Format, out: &mut dyn Write) ->
         };
         return json::write(out, &df);
     }
-    let size = |b: u64| {
-        if raw {
-            b.to_string()
-        } else {
-            ubtrfs_core::tools::du::pretty_size(b)
-        }
-    };
     for (t, p, total, used) in rows {
+        let size = |b: u64| fmt::progs_size(b, raw);
         writeln!(out, "{t}, {p}: total={}, used={}", size(total), size(used))?;
     }
     Ok(())
@@ -1233,40 +1227,16 @@ fn cmd_fs_df(fs: &Filesystem, raw: bool, format: Format, out: &mut dyn Write) ->
 /// devid) its size, bytes in device extents and absolute path; devices not given
 /// are reported missing as btrfs-progs does.
 fn cmd_fs_show(fs: &Filesystem, raw: bool, out: &mut dyn Write) -> Result<()> {
-    use ubtrfs_core::format::consts::{CHUNK_TREE_OBJECTID, DEV_ITEMS_OBJECTID, DEV_ITEM_KEY};
-    use ubtrfs_core::format::items::DevItem;
-    let size = |b: u64| {
-        if raw {
-            b.to_string()
-        } else {
-            ubtrfs_core::tools::du::pretty_size(b)
-        }
-    };
+    let size = |b: u64| fmt::progs_size(b, raw);
     let sb = &fs.info.sb;
-    let chunk_root = ubtrfs_core::RootPtr {
-        id: CHUNK_TREE_OBJECTID,
-        bytenr: sb.chunk_root,
-        level: sb.chunk_root_level,
-        generation: sb.chunk_root_generation,
-    };
-    let mut devs = Vec::new();
-    ubtrfs_core::walk_items(
-        &fs.info,
-        &chunk_root,
-        ubtrfs_core::format::key::Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 0),
-        |k, data| {
-            if k.objectid != DEV_ITEMS_OBJECTID || k.ty != DEV_ITEM_KEY {
-                return Ok(false);
-            }
-            let d = DevItem::parse(data)
-                .map_err(|e| ubtrfs_core::Error::corrupt(format!("chunk tree item {k}: {e}")))?;
-            devs.push(d);
-            Ok(true)
-        },
-    )?;
-    let label = String::from_utf8_lossy(&sb.label_raw)
-        .trim_end_matches('\0')
-        .to_string();
+    let devs = fs.info.dev_items()?;
+    // Up to the first NUL, as btrfs-progs reads it.
+    let end = sb
+        .label_raw
+        .iter()
+        .position(|&c| c == 0)
+        .unwrap_or(sb.label_raw.len());
+    let label = String::from_utf8_lossy(&sb.label_raw[..end]).to_string();
     let label = if label.is_empty() {
         "none".to_string()
     } else {

@@ -149,9 +149,6 @@ fn parse_size(s: &str) -> Result<Option<u64>> {
         .ok_or_else(|| anyhow::anyhow!("size {s:?} too large"))
 }
 
-/// btrfs-progs' human-readable size (the engine's, shared by every command).
-pub use ubtrfs_core::tools::du::pretty_size;
-
 /// A mounted directory given instead of an image: the quota ioctls go to the mount
 /// (a ubtrfs mount, or the kernel's), which makes and commits the change.
 fn mounted(p: &std::path::Path) -> Option<std::fs::File> {
@@ -511,13 +508,7 @@ fn show(a: ShowArgs, out: &mut dyn Write) -> Result<()> {
         )?;
         return Ok(());
     }
-    let size = |b: u64| {
-        if a.raw {
-            b.to_string()
-        } else {
-            pretty_size(b)
-        }
-    };
+    let size = |b: u64| crate::fmt::progs_size(b, a.raw);
     let limit = |l: Option<u64>| l.map_or_else(|| "none".to_string(), size);
     let ids = |v: &[u64]| {
         if v.is_empty() {

@@ -5,7 +5,6 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::io::Write;
 use ubtrfs_core::mode::{S_IFMT, S_IFREG};
-use ubtrfs_core::tools::du::pretty_size;
 use ubtrfs_core::tools::fiemap::{flag_names, FiemapExtent, FIEMAP_EXTENT_DATA_INLINE};
 use ubtrfs_core::Filesystem;
 use ubtrfs_core::ShareCtx;
@@ -186,13 +185,7 @@ pub fn cmd_fiemap(fs: &Filesystem, a: &FiemapArgs, out: &mut dyn Write) -> Resul
 
 pub fn cmd_du(fs: &Filesystem, a: &DuArgs, out: &mut dyn Write) -> Result<()> {
     let mut share = ShareCtx::new(&fs.info)?;
-    let size = |v: u64| {
-        if a.raw {
-            v.to_string()
-        } else {
-            pretty_size(v)
-        }
-    };
+    let size = |v: u64| crate::fmt::progs_size(v, a.raw);
     let mut lines = Vec::new();
     if a.format == crate::Format::Text {
         writeln!(
@@ -306,13 +299,7 @@ pub fn cmd_subvol_du(fs: &Filesystem, a: &SubvolDuArgs, out: &mut dyn Write) -> 
         crate::json::write(out, &crate::json::subvol_du(&numbers, path_of, freed))?;
         return Ok(());
     }
-    let size = |v: u64| {
-        if a.raw {
-            v.to_string()
-        } else {
-            pretty_size(v)
-        }
-    };
+    let size = |v: u64| crate::fmt::progs_size(v, a.raw);
     writeln!(
         out,
         "{:<10} {:>13} {:>13}   Path",

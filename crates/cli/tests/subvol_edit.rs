@@ -138,11 +138,18 @@ fn root_item_fields(img: &Path, id: u64) -> Vec<String> {
         "drop_level",
         "level",
     ];
-    words
+    let fields: Vec<String> = words
         .windows(2)
         .filter(|w| names.contains(&w[0]))
         .map(|w| format!("{} {}", w[0], w[1]))
-        .collect()
+        .collect();
+    assert_eq!(
+        fields.len(),
+        names.len(),
+        "ROOT_ITEM of tree {id} in {}: {fields:?}",
+        img.display()
+    );
+    fields
 }
 
 /// bytes_used of the superblock (what the extent tree accounts).

@@ -1510,6 +1510,14 @@ fn mkfs_subvolume_types_as_mkfs_btrfs() {
         "default-ro:b",
         &ours_s,
     ]);
+    let progs_err = sh(&format!(
+        "mkfs.btrfs -q -f -r {srcs} -u default:a -u default-ro:b {} 2>&1 && echo accepted || true",
+        progs.display()
+    ));
+    assert!(
+        progs_err.contains("default subvolume can only be specified once"),
+        "mkfs.btrfs: {progs_err}"
+    );
     assert!(
         !ok && err.contains("default subvolume can only be specified once"),
         "{err}"

@@ -31,10 +31,10 @@
 //! to a read-only mount and is not modelled. Block groups the kernel holds
 //! read-only (mid-balance) are not subtracted.
 
-use ubtrfs_core::{lookup_exact, walk_items};
+use ubtrfs_core::lookup_exact;
 use ubtrfs_core::{Filesystem, Result};
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{BlockGroupItem, DevItem};
+use ubtrfs_format::items::BlockGroupItem;
 use ubtrfs_format::key::Key;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -221,23 +221,7 @@ fn avail_data_space(fs: &Filesystem, data_profiles: u64, writable_devices: usize
     // writable devices: with none, SINGLE.
     let profile = reduce_profile(data_profiles, writable_devices);
     let r = raid(profile);
-    let mut devs = Vec::new();
-    if let Some(chunk_root) = info.tree_ptr(CHUNK_TREE_OBJECTID) {
-        walk_items(
-            info,
-            &chunk_root,
-            Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 0),
-            |k, data| {
-                if k.objectid != DEV_ITEMS_OBJECTID || k.ty != DEV_ITEM_KEY {
-                    return Ok(false);
-                }
-                if let Ok(d) = DevItem::parse(data) {
-                    devs.push(d);
-                }
-                Ok(true)
-            },
-        )?;
-    }
+    let devs = info.dev_items()?;
     let open = devs
         .iter()
         .filter(|d| info.devices.contains_key(&d.devid))

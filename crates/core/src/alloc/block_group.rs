@@ -213,34 +213,44 @@ pub(crate) fn bg_tree_id(info: &FsInfo) -> u64 {
     }
 }
 
+/// Every chunk's BLOCK_GROUP_ITEM as (start, length, item), in chunk order; a chunk
+/// without its item, or whose item's flags differ from the chunk's, is corruption.
+pub(crate) fn block_group_items(info: &FsInfo) -> Result<Vec<(u64, u64, BlockGroupItem)>> {
+    let tree = bg_tree_id(info);
+    let ptr = info
+        .tree_ptr(tree)
+        .ok_or_else(|| Error::corrupt(format!("tree {tree} (block groups) not found")))?;
+    let mut out = Vec::new();
+    for e in info.chunk_map.iter() {
+        let key = Key::new(e.start, BLOCK_GROUP_ITEM_KEY, e.length);
+        let item = crate::tree::ctree::lookup_exact(info, &ptr, &key)?.ok_or_else(|| {
+            Error::corrupt(format!(
+                "chunk at logical {} has no block group item",
+                e.start
+            ))
+        })?;
+        let bg = BlockGroupItem::parse(item.data())
+            .map_err(|err| Error::corrupt(format!("block group item {key}: {err}")))?;
+        if bg.flags != e.ty {
+            return Err(Error::corrupt(format!(
+                "block group {} flags {:#x} differ from its chunk's {:#x}",
+                e.start, bg.flags, e.ty
+            )));
+        }
+        out.push((e.start, e.length, bg));
+    }
+    Ok(out)
+}
+
 impl Allocator {
     /// Loads every block group's item (not its free space) at open.
     pub(crate) fn load_block_groups(&mut self, info: &FsInfo) -> Result<()> {
-        let tree = bg_tree_id(info);
-        let ptr = info
-            .tree_ptr(tree)
-            .ok_or_else(|| Error::corrupt(format!("tree {tree} (block groups) not found")))?;
-        for e in info.chunk_map.iter() {
-            let key = Key::new(e.start, BLOCK_GROUP_ITEM_KEY, e.length);
-            let item = crate::tree::ctree::lookup_exact(info, &ptr, &key)?.ok_or_else(|| {
-                Error::corrupt(format!(
-                    "chunk at logical {} has no block group item",
-                    e.start
-                ))
-            })?;
-            let bg = BlockGroupItem::parse(item.data())
-                .map_err(|err| Error::corrupt(format!("block group item {key}: {err}")))?;
-            if bg.flags != e.ty {
-                return Err(Error::corrupt(format!(
-                    "block group {} flags {:#x} differ from its chunk's {:#x}",
-                    e.start, bg.flags, e.ty
-                )));
-            }
+        for (start, length, bg) in block_group_items(info)? {
             self.bgs.insert(
-                e.start,
+                start,
                 BlockGroup {
-                    start: e.start,
-                    length: e.length,
+                    start,
+                    length,
                     flags: bg.flags,
                     used: bg.used,
                     loaded: false,

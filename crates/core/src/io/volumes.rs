@@ -260,6 +260,30 @@ impl ChunkMap {
 }
 
 impl FsInfo {
+    /// The chunk tree's DEV_ITEMs (one per device of the filesystem, open or not),
+    /// by devid; an item that does not parse is left out.
+    pub fn dev_items(&self) -> Result<Vec<ubtrfs_format::items::DevItem>> {
+        let mut devs = Vec::new();
+        let Some(chunk_root) = self.tree_ptr(CHUNK_TREE_OBJECTID) else {
+            return Ok(devs);
+        };
+        crate::tree::ctree::walk_items(
+            self,
+            &chunk_root,
+            Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 0),
+            |k, data| {
+                if k.objectid != DEV_ITEMS_OBJECTID || k.ty != DEV_ITEM_KEY {
+                    return Ok(false);
+                }
+                if let Ok(d) = ubtrfs_format::items::DevItem::parse(data) {
+                    devs.push(d);
+                }
+                Ok(true)
+            },
+        )?;
+        Ok(devs)
+    }
+
     fn add_chunk(&mut self, key: &Key, chunk: &Chunk) -> Result<()> {
         if key.objectid != FIRST_CHUNK_TREE_OBJECTID {
             return Err(Error::corrupt(format!(

@@ -2,7 +2,8 @@
 //! deleting them (the unlink, and the cleaner that drops a dead tree).
 //!
 //! Owns: ROOT_ITEM / ROOT_REF / ROOT_BACKREF of subvolumes and the UUID tree. May use:
-//! `tree`, `io`, `fs`, `inode`, `transaction`.
+//! `tree`, `io`, `fs`, `qgroup` (the live subvolumes, `live_fs_roots`), `inode`,
+//! `transaction`.
 
 pub(crate) mod create;
 pub(crate) mod delete;

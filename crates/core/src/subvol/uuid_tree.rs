@@ -4,7 +4,7 @@
 //! subvolumes up by. Kept item by item as subvolumes come and go, and checked
 //! whole at a writing open, as the kernel's mount does.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::transaction::Trans;
 use crate::tree::ctree::{lookup_exact, TreeIter};
 use std::collections::HashMap;
@@ -66,14 +66,13 @@ impl Trans {
     /// then every live subvolume's uuid and received uuid get theirs. Committed,
     /// with `uuid_tree_generation` stamped, as the kernel's scan ends.
     pub(crate) fn finish_uuid_tree(&mut self) -> Result<()> {
-        let sb = &self.fs.info.sb;
-        let stale = sb.uuid_tree_generation != sb.generation;
-        match self.root_ptr(UUID_TREE_OBJECTID) {
-            Err(_) => {
-                self.create_tree(UUID_TREE_OBJECTID)?;
-            }
-            Ok(_) if stale || self.fs.info.opts.rescan_uuid_tree => {}
-            Ok(_) => return Ok(()),
+        // Decided at open (`uuid_tree_unchecked`): a commit made since (a log
+        // replay, orphan cleanup) must not have hidden a stale tree.
+        if !self.uuid_tree_unchecked {
+            return Ok(());
+        }
+        if self.root_ptr(UUID_TREE_OBJECTID).is_err() {
+            self.create_tree(UUID_TREE_OBJECTID)?;
         }
         let live: HashMap<u64, RootItem> = crate::qgroup::rescan::live_fs_roots(&self.fs.info)?
             .into_iter()
@@ -88,10 +87,13 @@ impl Trans {
                 continue;
             }
             if item.data().len() % 8 != 0 {
-                return Err(Error::corrupt(format!(
-                    "UUID tree item {k}: size {} is not a multiple of 8",
+                // As the kernel's iteration: the item is passed over, the
+                // filesystem still mounts.
+                self.fs.info.warn(format!(
+                    "UUID tree item {k}: size {} is not a multiple of 8, left as it is",
                     item.data().len()
-                )));
+                ));
+                continue;
             }
             for c in item.data().chunks_exact(8) {
                 let id = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
@@ -119,19 +121,13 @@ impl Trans {
                 (&r.uuid, UUID_KEY_SUBVOL),
                 (&r.received_uuid, UUID_KEY_RECEIVED_SUBVOL),
             ] {
-                if uuid == &[0u8; 16] {
-                    continue;
-                }
-                let k = Self::uuid_key(uuid, ty);
-                let ptr = self.root_ptr(UUID_TREE_OBJECTID)?;
-                let has = lookup_exact(&self.fs.info, &ptr, &k)?
-                    .is_some_and(|it| it.data().chunks(8).any(|c| c == id.to_le_bytes()));
-                if !has {
-                    self.append_to_item(UUID_TREE_OBJECTID, &k, &id.to_le_bytes())?;
+                if uuid != &[0u8; 16] {
+                    self.uuid_tree_add(uuid, ty, id)?;
                 }
             }
         }
         // Any non-zero value: prepare_supers writes the committing generation.
+        self.uuid_tree_unchecked = false;
         self.fs.info.sb.uuid_tree_generation = self.transid;
         self.commit()
     }

@@ -448,10 +448,13 @@ impl Trans {
         // device's statistics, all zero.
         let fs_uuid = self.root_item(FS_TREE_OBJECTID)?.uuid;
         self.uuid_tree_add(&fs_uuid, UUID_KEY_SUBVOL, FS_TREE_OBJECTID)?;
+        // write, read, flush, corruption and generation errors: five u64s.
+        const DEV_STAT_VALUES: usize = 5;
+        let devid = self.fs.info.sb.dev_item.devid;
         self.insert_item(
             DEV_TREE_OBJECTID,
-            &Key::new(DEV_STATS_OBJECTID, PERSISTENT_ITEM_KEY, 1),
-            &[0u8; 40],
+            &Key::new(DEV_STATS_OBJECTID, PERSISTENT_ITEM_KEY, devid),
+            &[0u8; DEV_STAT_VALUES * 8],
         )?;
         let _ = NewInode::default();
         Ok(())

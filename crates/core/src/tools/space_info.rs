@@ -3,12 +3,9 @@
 //! groups and the bytes used in them, and the size of the kernel's global block
 //! reserve as it sizes it at mount (block-rsv.c btrfs_update_global_block_rsv).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::fs::Filesystem;
-use crate::tree::ctree::lookup_exact;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::BlockGroupItem;
-use ubtrfs_format::key::Key;
 
 /// One line of `btrfs filesystem df`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,16 +29,6 @@ pub struct GlobalReserve {
     pub used_bytes: u64,
 }
 
-/// The profile bits of block group flags.
-const PROFILES: u64 = BLOCK_GROUP_RAID0
-    | BLOCK_GROUP_RAID1
-    | BLOCK_GROUP_DUP
-    | BLOCK_GROUP_RAID10
-    | BLOCK_GROUP_RAID5
-    | BLOCK_GROUP_RAID6
-    | BLOCK_GROUP_RAID1C3
-    | BLOCK_GROUP_RAID1C4;
-
 /// The kernel's raid index order (btrfs_bg_flags_to_raid_index), in which a space
 /// info lists its profiles.
 fn raid_index(profile: u64) -> u8 {
@@ -61,37 +48,20 @@ fn raid_index(profile: u64) -> u8 {
 /// The space infos in the order the kernel's ioctl gives them: data, system,
 /// metadata, mixed; within each, profiles in raid index order.
 pub fn space_infos(fs: &Filesystem) -> Result<Vec<SpaceInfo>> {
-    let info = &fs.info;
-    let tree = if info.sb.compat_ro_flags & FEATURE_COMPAT_RO_BLOCK_GROUP_TREE != 0 {
-        BLOCK_GROUP_TREE_OBJECTID
-    } else {
-        EXTENT_TREE_OBJECTID
-    };
-    let ptr = info
-        .tree_ptr(tree)
-        .ok_or_else(|| Error::corrupt(format!("tree {tree} (block groups) not found")))?;
     let mut out: Vec<SpaceInfo> = Vec::new();
-    for e in info.chunk_map.iter() {
-        let key = Key::new(e.start, BLOCK_GROUP_ITEM_KEY, e.length);
-        let item = lookup_exact(info, &ptr, &key)?.ok_or_else(|| {
-            Error::corrupt(format!(
-                "chunk at logical {} has no block group item",
-                e.start
-            ))
-        })?;
-        let bg = BlockGroupItem::parse(item.data())
-            .map_err(|err| Error::corrupt(format!("block group item {key}: {err}")))?;
+    for (_, length, bg) in crate::alloc::block_group::block_group_items(&fs.info)? {
         let ty = bg.flags & BLOCK_GROUP_TYPE_MASK;
-        let profile = bg.flags & PROFILES;
+        let profile = bg.flags & BLOCK_GROUP_PROFILE_MASK;
         match out.iter_mut().find(|s| s.ty == ty && s.profile == profile) {
             Some(s) => {
-                s.total_bytes += e.length;
-                s.used_bytes += bg.used;
+                // Sums of on-disk numbers: a hostile image must not overflow them.
+                s.total_bytes = s.total_bytes.saturating_add(length);
+                s.used_bytes = s.used_bytes.saturating_add(bg.used);
             }
             None => out.push(SpaceInfo {
                 ty,
                 profile,
-                total_bytes: e.length,
+                total_bytes: length,
                 used_bytes: bg.used,
             }),
         }
@@ -151,17 +121,5 @@ pub fn names(ty: u64, profile: u64) -> (&'static str, &'static str) {
         t if t == BLOCK_GROUP_DATA | BLOCK_GROUP_METADATA => "Data+Metadata",
         _ => "unknown",
     };
-    let p = match profile {
-        0 => "single",
-        BLOCK_GROUP_DUP => "DUP",
-        BLOCK_GROUP_RAID0 => "RAID0",
-        BLOCK_GROUP_RAID1 => "RAID1",
-        BLOCK_GROUP_RAID10 => "RAID10",
-        BLOCK_GROUP_RAID5 => "RAID5",
-        BLOCK_GROUP_RAID6 => "RAID6",
-        BLOCK_GROUP_RAID1C3 => "RAID1C3",
-        BLOCK_GROUP_RAID1C4 => "RAID1C4",
-        _ => "unknown",
-    };
-    (t, p)
+    (t, profile_name(profile))
 }

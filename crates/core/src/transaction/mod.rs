@@ -76,6 +76,11 @@ pub struct Trans {
     /// The free-space tree is being created or rebuilt from the extent tree
     /// (`FreeSpaceTreeAction`): [`Trans::finish_free_space_tree`] completes it.
     pub(crate) fst_rebuild_pending: bool,
+    /// The UUID tree may be stale or missing as the filesystem was opened (its
+    /// superblock stamp behind the generation, no tree, or `rescan_uuid_tree`):
+    /// decided before anything commits, and until [`Trans::finish_uuid_tree`]
+    /// has checked it no commit stamps `uuid_tree_generation`.
+    pub(crate) uuid_tree_unchecked: bool,
     /// Generation being written.
     pub transid: u64,
     pub(crate) delayed: DelayedRefs,
@@ -277,6 +282,10 @@ impl Trans {
             t.alloc.load_all_from_extent_tree(&t.fs.info)?;
             t.fst_rebuild_pending = true;
         }
+        let sb = &t.fs.info.sb;
+        t.uuid_tree_unchecked = sb.uuid_tree_generation != sb.generation
+            || t.fs.info.opts.rescan_uuid_tree
+            || t.fs.info.tree_ptr(UUID_TREE_OBJECTID).is_none();
         Ok(t)
     }
 
@@ -320,6 +329,7 @@ impl Trans {
             squota: None,
             inflight: None,
             fst_rebuild_pending: false,
+            uuid_tree_unchecked: false,
         }
     }
 
@@ -423,9 +433,9 @@ impl Trans {
                 let mut r = RootItem::parse(&data)
                     .map_err(|e| Error::corrupt(format!("root tree item {k}: {e}")))?;
                 // A subvolume's item as the kernel holds it once loaded
-                // (btrfs_get_root_ref), which is what it writes back.
+                // (btrfs_init_fs_root; not the data reloc tree's), which is what
+                // it writes back.
                 if id == FS_TREE_OBJECTID
-                    || id == DATA_RELOC_TREE_OBJECTID
                     || (FIRST_FREE_OBJECTID..=LAST_FREE_OBJECTID).contains(&id)
                 {
                     r.check_and_init();
@@ -740,7 +750,7 @@ impl Trans {
         sb.generation = transid;
         sb.log_root = 0;
         sb.log_root_level = 0;
-        if sb.uuid_tree_generation != 0 {
+        if sb.uuid_tree_generation != 0 && !self.uuid_tree_unchecked {
             sb.uuid_tree_generation = transid;
         }
         // Rotate: the slot after the newest backup.
