@@ -214,3 +214,40 @@ pub fn dedupe(r: &DedupeReport, dry_run: bool) -> Value {
         "bytes_freed": r.bytes_freed(),
     })
 }
+
+/// `btrfs --format json filesystem df`: its rows (type, profile, total, used) in
+/// btrfs-progs's key order (structs, not `json!`, which would sort the keys).
+pub fn filesystem_df<'a>(rows: &[(&'a str, &'a str, u64, u64)]) -> impl Serialize + 'a {
+    #[derive(Serialize)]
+    struct Row<'a> {
+        #[serde(rename = "bg-type")]
+        ty: &'a str,
+        #[serde(rename = "bg-profile")]
+        profile: &'a str,
+        total: u64,
+        used: u64,
+    }
+    #[derive(Serialize)]
+    struct Header {
+        version: &'static str,
+    }
+    #[derive(Serialize)]
+    struct Df<'a> {
+        #[serde(rename = "__header")]
+        header: Header,
+        #[serde(rename = "filesystem-df")]
+        rows: Vec<Row<'a>>,
+    }
+    Df {
+        header: Header { version: "1" },
+        rows: rows
+            .iter()
+            .map(|&(ty, profile, total, used)| Row {
+                ty,
+                profile,
+                total,
+                used,
+            })
+            .collect(),
+    }
+}

@@ -1179,41 +1179,7 @@ fn cmd_fs_df(fs: &Filesystem, raw: bool, format: Format, out: &mut dyn Write) ->
     let g = global_reserve(fs)?;
     rows.push(("GlobalReserve", "single", g.total_bytes, g.used_bytes));
     if format == Format::Json {
-        // Structs, not json!: btrfs-progs's key order.
-        #[derive(serde::Serialize)]
-        struct Row<'a> {
-            #[serde(rename = "bg-type")]
-            ty: &'a str,
-            #[serde(rename = "bg-profile")]
-            profile: &'a str,
-            total: u64,
-            used: u64,
-        }
-        #[derive(serde::Serialize)]
-        struct Header {
-            version: &'static str,
-        }
-        #[derive(serde::Serialize)]
-        struct Df<'a> {
-            #[serde(rename = "__header")]
-            header: Header,
-            #[serde(rename = "filesystem-df")]
-            rows: Vec<Row<'a>>,
-        }
-        let rows = rows
-            .iter()
-            .map(|&(ty, profile, total, used)| Row {
-                ty,
-                profile,
-                total,
-                used,
-            })
-            .collect();
-        let df = Df {
-            header: Header { version: "1" },
-            rows,
-        };
-        return json::write(out, &df);
+        return json::write(out, &json::filesystem_df(&rows));
     }
     for (t, p, total, used) in rows {
         let size = |b: u64| fmt::progs_size(b, raw);

@@ -102,21 +102,26 @@ fn data_free_space(img: &Path) -> Vec<String> {
         .collect()
 }
 
-/// compat_ro_flags and cache_generation from the superblock.
-fn super_fields(img: &Path) -> (String, String) {
+/// Fields of `btrfs inspect-internal dump-super` by name (the line's first word),
+/// None where the dump has no such line.
+fn super_values<const N: usize>(img: &Path, names: [&str; N]) -> [Option<String>; N] {
     let out = bash_ok(
         Path::new("/"),
         &format!("btrfs inspect-internal dump-super {}", shell_quote(img)),
     )
     .expect("dump-super");
-    let field = |name: &str| {
+    names.map(|name| {
         out.lines()
-            .find(|l| l.starts_with(name))
+            .find(|l| l.split_whitespace().next() == Some(name))
             .and_then(|l| l.split_whitespace().nth(1))
-            .unwrap_or_default()
-            .to_string()
-    };
-    (field("compat_ro_flags"), field("cache_generation"))
+            .map(str::to_string)
+    })
+}
+
+/// compat_ro_flags and cache_generation from the superblock.
+fn super_fields(img: &Path) -> (String, String) {
+    let [flags, cache] = super_values(img, ["compat_ro_flags", "cache_generation"]);
+    (flags.unwrap_or_default(), cache.unwrap_or_default())
 }
 
 /// Copies an image, keeping it sparse.
@@ -726,19 +731,12 @@ fn uuid_entries(img: &Path) -> Vec<String> {
 
 /// `uuid_tree_generation` and `generation` from the superblock.
 fn uuid_generations(img: &Path) -> (u64, u64) {
-    let out = bash_ok(
-        Path::new("/"),
-        &format!("btrfs inspect-internal dump-super {}", shell_quote(img)),
-    )
-    .expect("dump-super");
-    let field = |name: &str| -> u64 {
-        out.lines()
-            .find(|l| l.split_whitespace().next() == Some(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in dump-super"))
-    };
-    (field("uuid_tree_generation"), field("generation"))
+    let names = ["uuid_tree_generation", "generation"];
+    let [ug, g] = super_values(img, names).map(|v| {
+        v.and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("dump-super lacks {names:?}"))
+    });
+    (ug, g)
 }
 
 /// Makes the UUID tree stale the way a writer that does not keep it would leave it:
