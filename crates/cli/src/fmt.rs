@@ -178,6 +178,16 @@ pub fn progs_size(bytes: u64, raw: bool) -> String {
     }
 }
 
+/// [`progs_size`] of a number btrfs-progs prints signed (UNITS_NEGATIVE: unallocated
+/// space, negative when chunks claim more than the devices hold).
+pub fn progs_size_signed(bytes: i64, raw: bool) -> String {
+    match (bytes < 0, raw) {
+        (false, _) => progs_size(bytes as u64, raw),
+        (true, true) => bytes.to_string(),
+        (true, false) => format!("-{}", progs_size(bytes.unsigned_abs(), false)),
+    }
+}
+
 /// A size as util-linux prints it (fstrim -v, lsblk): the largest binary unit the
 /// size reaches, one decimal rounded half up and dropped when it is 0, a space,
 /// then B, KiB, MiB, ... ("3.7 GiB", "4 GiB", "512 B").

@@ -18,6 +18,7 @@ use ubtrfs_core::tools::dedupe::DedupeReport;
 use ubtrfs_core::tools::du::{DuLine, Footprint, FootprintRow};
 use ubtrfs_core::tools::fiemap::FiemapExtent;
 use ubtrfs_core::tools::subvol_du::QgroupNumbers;
+use ubtrfs_core::tools::usage::Usage;
 use ubtrfs_core::{Stat, SubvolInfo};
 
 /// Pretty-prints `v` (two-space indent) and a newline.
@@ -250,4 +251,65 @@ pub fn filesystem_df<'a>(rows: &[(&'a str, &'a str, u64, u64)]) -> impl Serializ
             })
             .collect(),
     }
+}
+
+/// `filesystem usage --format json` (btrfs-progs has no JSON for it): the overall
+/// figures, each space with its bytes per device, and each device; `paths` are the
+/// devices' paths in [`Usage::devices`] order.
+pub fn filesystem_usage(u: &Usage, paths: &[String]) -> Value {
+    use ubtrfs_core::tools::space_info::names;
+    let spaces: Vec<Value> = u
+        .spaces
+        .iter()
+        .map(|s| {
+            let (t, p) = names(s.ty, s.profile);
+            let kind = s.ty | s.profile;
+            let devices: Vec<Value> = u
+                .devices
+                .iter()
+                .zip(paths)
+                .filter_map(|(d, path)| {
+                    let bytes = d
+                        .allocated
+                        .iter()
+                        .filter(|&&(k, _)| k == kind)
+                        .map(|&(_, b)| b)
+                        .sum::<u64>();
+                    (bytes > 0).then(|| json!({"devid": d.devid, "path": path, "bytes": bytes}))
+                })
+                .collect();
+            json!({"type": t, "profile": p, "size": s.total_bytes, "used": s.used_bytes,
+                   "devices": devices})
+        })
+        .collect();
+    let devices: Vec<Value> = u
+        .devices
+        .iter()
+        .zip(paths)
+        .map(|(d, path)| {
+            json!({"devid": d.devid, "path": path, "missing": d.path.is_none(),
+                   "size": d.size_bytes, "device_size": d.device_size_bytes,
+                   "unallocated": d.unallocated_bytes})
+        })
+        .collect();
+    json!({
+        "overall": {
+            "device_size": u.device_size_bytes,
+            "device_allocated": u.device_allocated_bytes,
+            "device_unallocated": u.device_unallocated_bytes,
+            "device_missing": u.device_missing_bytes,
+            "device_slack": u.device_slack_bytes,
+            "used": u.used_bytes,
+            "free_estimated": u.free_estimated_bytes,
+            "free_estimated_min": u.free_min_bytes,
+            "free_statfs": u.free_statfs_bytes,
+            "data_ratio": u.data_ratio,
+            "metadata_ratio": u.metadata_ratio,
+            "global_reserve": u.global_reserve.total_bytes,
+            "global_reserve_used": u.global_reserve.used_bytes,
+            "multiple_profiles": u.multiple_profiles,
+        },
+        "spaces": spaces,
+        "devices": devices,
+    })
 }

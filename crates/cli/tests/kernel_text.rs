@@ -2,12 +2,15 @@
 //! `ubtrfs inspect fiemap -v` vs `filefrag -v`, `ubtrfs filesystem du` vs
 //! `btrfs filesystem du`, `ubtrfs inspect dump-super` vs `btrfs inspect-internal
 //! dump-super`, `ubtrfs filesystem show` vs `btrfs filesystem show`, `ubtrfs
-//! filesystem df` of the image vs `btrfs filesystem df` of its kernel mount. The loop mount is undone on drop, also when an assertion fails. Needs
+//! filesystem df` of the image vs `btrfs filesystem df` of its kernel mount, `ubtrfs
+//! filesystem usage` of the image vs `btrfs filesystem usage` of its kernel mount, and
+//! statfs(2) of ubtrfs mounts vs the kernel's. The loop mount is undone on drop, also
+//! when an assertion fails. Needs
 //! root (`ubtrfs_sim::host::require_root`).
 
 use std::path::PathBuf;
 use ubtrfs_sim::host::{require_root, sh, Ubtrfs};
-use ubtrfs_sim::mount::{mkfs_btrfs, KernelMount};
+use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -99,6 +102,175 @@ for i in range(20000):
         df_on_kernel_mount(&img),
         "after ubtrfs wrote"
     );
+}
+
+/// statfs(2) of a mount as `stat -f` prints it: blocks, free, available, block
+/// size, name length (type and id are the mount's own).
+fn statfs_of(mnt: &std::path::Path) -> String {
+    sh(&format!("stat -f -c '%b %f %a %S %s %l' {}", mnt.display()))
+}
+
+/// One layout of devices for `filesystem_usage_and_statfs_match_the_kernel`.
+struct Layout {
+    what: &'static str,
+    devices: usize,
+    size: u64,
+    mkfs: &'static [&'static str],
+    /// Run in the kernel's mount (as `cd MNT; ...`).
+    workload: &'static str,
+    /// ubtrfs mounts it (RAID5/6 are not written by ubtrfs).
+    mount: bool,
+}
+
+/// `ubtrfs filesystem usage` (text and `-b`) against `btrfs filesystem usage` on a
+/// fresh read-write kernel mount of a copy of the same images, with the image paths
+/// where the kernel names its loop devices; and statfs of a read-write and a
+/// read-only ubtrfs mount against the kernel's read-write and read-only loop
+/// mounts: free space inside data block groups counts on a read-write mount only.
+/// Layouts: one device with free space left inside data chunks, two devices
+/// (RAID0 data, RAID1 metadata), four (RAID5 data, RAID10 metadata), mixed block
+/// groups, and data in two profiles.
+#[test]
+fn filesystem_usage_and_statfs_match_the_kernel() {
+    if !require_root("filesystem_usage_and_statfs_match_the_kernel") {
+        return;
+    }
+    let layouts = [
+        Layout {
+            what: "one device, a freed 700 MB file",
+            devices: 1,
+            size: 2 << 30,
+            mkfs: &[],
+            workload: "dd if=/dev/urandom of=big bs=1M count=700 status=none; mkdir d
+                       for i in $(seq 200); do head -c 10000 /dev/urandom > d/f$i; done
+                       sync; rm big",
+            mount: true,
+        },
+        Layout {
+            what: "RAID0 data, RAID1 metadata",
+            devices: 2,
+            size: 1 << 30,
+            mkfs: &["-d", "raid0", "-m", "raid1"],
+            workload: "head -c 50000000 /dev/urandom > f; echo small > s",
+            mount: true,
+        },
+        Layout {
+            what: "RAID5 data, RAID10 metadata",
+            devices: 4,
+            size: 1 << 30,
+            mkfs: &["-d", "raid5", "-m", "raid10"],
+            workload: "head -c 30000000 /dev/urandom > f",
+            mount: false,
+        },
+        Layout {
+            what: "mixed block groups",
+            devices: 1,
+            size: 512 << 20,
+            mkfs: &["--mixed"],
+            workload: "head -c 20000000 /dev/urandom > f; mkdir d; echo x > d/x",
+            mount: true,
+        },
+        Layout {
+            what: "data single and DUP",
+            devices: 1,
+            size: 1 << 30,
+            mkfs: &[],
+            workload: "head -c 150000000 /dev/urandom > f; sync
+                       btrfs -q balance start -dconvert=dup,limit=1 . >/dev/null",
+            mount: true,
+        },
+    ];
+    for l in &layouts {
+        let dir = tempfile::tempdir().unwrap();
+        let imgs: Vec<PathBuf> = (0..l.devices)
+            .map(|i| dir.path().join(format!("k{i}.img")))
+            .collect();
+        for i in &imgs {
+            std::fs::File::create(i)
+                .and_then(|f| f.set_len(l.size))
+                .unwrap();
+        }
+        let names: Vec<String> = imgs.iter().map(|p| p.display().to_string()).collect();
+        sh(&format!(
+            "mkfs.btrfs -q -f {} {}",
+            l.mkfs.join(" "),
+            names.join(" ")
+        ));
+        let m = KernelMount::try_new(&imgs, "").unwrap_or_else(|e| panic!("{}: {e}", l.what));
+        sh(&format!("set -e; cd {}; {}; sync", m.q(), l.workload));
+        m.umount();
+        // ubtrfs reads copies: the kernel's mount below may write to its images.
+        let copies: Vec<PathBuf> = (0..l.devices)
+            .map(|i| dir.path().join(format!("u{i}.img")))
+            .collect();
+        for (k, u) in imgs.iter().zip(&copies) {
+            sh(&format!(
+                "cp --sparse=always {} {}",
+                k.display(),
+                u.display()
+            ));
+        }
+        let ulist: Vec<String> = copies.iter().map(|p| p.display().to_string()).collect();
+        let arg = ulist.join(",");
+
+        let m = KernelMount::try_new(&imgs, "").unwrap_or_else(|e| panic!("{}: {e}", l.what));
+        let d = m.q();
+        let mut want = sh(&format!(
+            "btrfs filesystem usage {d}; btrfs filesystem usage -b {d}"
+        ));
+        let want_statfs = statfs_of(&m.mnt);
+        // `filesystem df` too (profiles in the kernel's order), with btrfs-progs's
+        // warning on stderr when a type has block groups of several profiles.
+        let want_df = sh(&format!(
+            "btrfs filesystem df {d} 2>{e}; cat {e}; btrfs filesystem df -b {d} 2>/dev/null",
+            e = dir.path().join("err").display()
+        ));
+        // The kernel names loop devices; ubtrfs the images (the same device order).
+        for (loopdev, img) in m.devs().iter().zip(&ulist) {
+            want = want.replace(&format!("   {loopdev}\t"), &format!("   {img}\t"));
+        }
+        m.umount();
+        let got = [
+            UBTRFS.stdout(&["filesystem", "usage", &arg]),
+            UBTRFS.stdout(&["filesystem", "usage", "-b", &arg]),
+        ]
+        .concat();
+        assert_eq!(got, want, "filesystem usage, {}", l.what);
+        let got_df = sh(&format!(
+            "{u} filesystem df {arg} 2>{e}; cat {e}; {u} filesystem df -b {arg} 2>/dev/null",
+            u = env!("CARGO_BIN_EXE_ubtrfs"),
+            e = dir.path().join("err").display()
+        ));
+        assert_eq!(got_df, want_df, "filesystem df, {}", l.what);
+        let json: serde_json::Value = serde_json::from_str(&UBTRFS.stdout(&[
+            "filesystem",
+            "usage",
+            "--format",
+            "json",
+            &arg,
+        ]))
+        .unwrap();
+        assert_eq!(
+            json["devices"].as_array().map(|d| d.len()),
+            Some(l.devices),
+            "{}: {json}",
+            l.what
+        );
+        if !l.mount {
+            continue;
+        }
+        let mut u = FuseMount::start(&UBTRFS, &copies, &["rw"]);
+        let got_statfs = statfs_of(&u.mnt);
+        assert!(u.unmount().success(), "{}", u.log());
+        assert_eq!(got_statfs, want_statfs, "statfs, read-write, {}", l.what);
+        let m = KernelMount::try_new(&imgs, "ro").unwrap_or_else(|e| panic!("{}: {e}", l.what));
+        let want_ro = statfs_of(&m.mnt);
+        m.umount();
+        let mut u = FuseMount::start(&UBTRFS, &copies, &["ro"]);
+        let got_ro = statfs_of(&u.mnt);
+        assert!(u.unmount().success(), "{}", u.log());
+        assert_eq!(got_ro, want_ro, "statfs, read-only, {}", l.what);
+    }
 }
 
 #[test]

@@ -221,6 +221,9 @@ pub const BLOCK_GROUP_PROFILE_MASK: u64 = BLOCK_GROUP_RAID0
     | BLOCK_GROUP_RAID6
     | BLOCK_GROUP_RAID1C3
     | BLOCK_GROUP_RAID1C4;
+/// The bit that stands for "single" where profiles are a set (the kernel's
+/// BTRFS_AVAIL_ALLOC_BIT_SINGLE; in no block group item).
+pub const AVAIL_ALLOC_BIT_SINGLE: u64 = 1 << 48;
 
 // Tree block header flags.
 /// Tree block header flag: written in its transaction.

@@ -16,7 +16,6 @@
 //! * `ino`: st_ino and d_ino, unique on the mount although it has one st_dev.
 //! * `writer`: the [`Engine`] behind a mount; read-write, a running transaction
 //!   committed on a timer, on sync and at unmount.
-//! * `statfs`: the kernel's df numbers from block groups and device items.
 //! * `subvol_ops`: the btrfs subvolume create/snapshot/delete ioctls.
 
 #![deny(missing_docs)]
@@ -36,7 +35,6 @@ pub mod quota_ops;
 mod reply;
 mod session;
 pub mod settings;
-mod statfs;
 pub mod subvol_ops;
 mod uring;
 mod write_ops;

@@ -11,11 +11,11 @@ use crate::atime::{Atime, AtimeMode, AtimeOptions};
 use crate::ino::{InoMap, InoMode};
 use crate::nodes::{NodeKey, Nodes};
 use crate::reply::Reply;
-use crate::statfs::StatFs;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+use ubtrfs_core::tools::statfs::{statfs, StatFs};
 use ubtrfs_core::Stat;
 use ubtrfs_core::{fsflags_to_xflags, inode_flags_to_fsflags};
 use ubtrfs_core::{now, Error, Node};
@@ -175,7 +175,7 @@ pub(crate) const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
 
 impl Ops {
     pub fn new(engine: Engine, cfg: OpsConfig) -> Ops {
-        let statfs = engine.read(crate::statfs::compute).unwrap_or_else(|e| {
+        let statfs = engine.read(|fs| statfs(fs, 0)).unwrap_or_else(|e| {
             eprintln!("ubtrfs: warning: statfs numbers unavailable: {e}");
             let sectorsize = engine.read(|fs| fs.info.sectorsize);
             StatFs {
@@ -253,10 +253,6 @@ impl Ops {
         );
         self.setxattr_ext
             .store(flags & abi::init::SETXATTR_EXT != 0, Ordering::Relaxed);
-    }
-
-    pub fn statfs_numbers(&self) -> StatFs {
-        self.statfs
     }
 
     /// Answers one request.
@@ -992,11 +988,13 @@ impl Ops {
     }
 
     fn statfs(&self, reply: Reply<'_>) {
-        // Read-write, space changes: count it now (a few dozen items).
+        // Read-write, space changes: count it now (a few dozen items), with every
+        // device writable, as the kernel's read-write mount counts (free space inside
+        // data block groups too). Read-only: as a read-only loop mount, counted once.
         let s = match &self.engine {
             Engine::ReadWrite(_) => self
                 .engine
-                .read(crate::statfs::compute)
+                .read(|fs| statfs(fs, fs.info.devices.len()))
                 .unwrap_or(self.statfs),
             Engine::ReadOnly(_) => self.statfs,
         };

@@ -131,6 +131,11 @@ impl KernelMount {
         &self.loops[0]
     }
 
+    /// Every loop device, in the order of the images given.
+    pub fn devs(&self) -> &[String] {
+        &self.loops
+    }
+
     /// Unmounts now, which must succeed (panics otherwise), and detaches the loop
     /// devices.
     pub fn umount(self) {

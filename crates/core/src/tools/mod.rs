@@ -1,5 +1,5 @@
 //! Tools built on the engine, as btrfs-progs builds its commands on kernel-shared/:
-//! the dump-super/dump-tree printer, fiemap, find-root, dedupe, `filesystem du`, `filesystem df` (space_info), `subvolume du` and mkfs.
+//! the dump-super/dump-tree printer, fiemap, find-root, dedupe, `filesystem du`, `filesystem df` (space_info), statfs (`df`, `filesystem usage`), `subvolume du` and mkfs.
 //!
 //! Architecture invariant: nothing outside `tools/` imports from it; the engine does not
 //! know its tools exist.
@@ -11,4 +11,6 @@ pub mod find_root;
 pub mod mkfs;
 pub mod print_tree;
 pub mod space_info;
+pub mod statfs;
 pub mod subvol_du;
+pub mod usage;
