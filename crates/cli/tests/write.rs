@@ -1593,3 +1593,79 @@ fn mkfs_reflink_shares_source_data() {
     check(&img2, "mkfs --reflink fallback");
     host.umount();
 }
+
+/// Data used in the `Data, PROFILE` line of `filesystem df -b` output.
+fn df_data_used(df: &str, profile: &str) -> u64 {
+    let prefix = format!("Data, {profile}: ");
+    df.lines()
+        .find(|l| l.starts_with(&prefix))
+        .and_then(|l| l.split("used=").nth(1))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Data, {profile} line in:\n{df}"))
+}
+
+/// A conversion to DUP stopped half-way leaves data in SINGLE and DUP block groups.
+/// The kernel then puts new data only in DUP ones (its mount makes the SINGLE
+/// groups read-only), so the redundancy asked for holds for everything new; ubtrfs
+/// must too, offline and on its mount. Both write the same files into copies of
+/// one image; each keeps the SINGLE groups' use as it was and grows DUP's.
+#[test]
+fn new_data_is_mirrored_after_a_half_done_conversion() {
+    if !require_root("new_data_is_mirrored_after_a_half_done_conversion") {
+        return;
+    }
+    let dir = tmpdir("half-convert");
+    let k = dir.path().join("k.img");
+    mkfs_btrfs(&k, 1 << 30, &[]);
+    let m = KernelMount::new(&k, "");
+    sh(&format!(
+        "set -e; cd {}; head -c 150000000 /dev/urandom > f; sync
+         btrfs -q balance start -dconvert=dup,limit=1 . >/dev/null",
+        m.q()
+    ));
+    m.umount();
+    let u = dir.path().join("u.img");
+    let v = dir.path().join("v.img");
+    for c in [&u, &v] {
+        sh(&format!(
+            "cp --sparse=always {} {}",
+            k.display(),
+            c.display()
+        ));
+    }
+    let before = ubtrfs(&["filesystem", "df", "-b", k.to_str().unwrap()]);
+    let single = df_data_used(&before, "single");
+    let dup = df_data_used(&before, "DUP");
+    assert!(
+        single > 0,
+        "the half-done conversion left data in SINGLE:\n{before}"
+    );
+    let src = dir.path().join("new");
+    sh(&format!(
+        "head -c 30000000 /dev/urandom > {}",
+        src.display()
+    ));
+
+    let m = KernelMount::new(&k, "");
+    sh(&format!("cp {} {}/new; sync", src.display(), m.q()));
+    m.umount();
+    ubtrfs(&["put", u.to_str().unwrap(), src.to_str().unwrap(), "/new"]);
+    let mut fm = ubtrfs_sim::mount::FuseMount::start(&bin(), &[&v], &["rw"]);
+    sh(&format!("cp {} {}/new", src.display(), fm.mnt.display()));
+    assert!(fm.unmount().success(), "{}", fm.log());
+    for (who, img) in [("kernel", &k), ("ubtrfs put", &u), ("ubtrfs mount", &v)] {
+        let after = ubtrfs(&["filesystem", "df", "-b", img.to_str().unwrap()]);
+        assert_eq!(
+            df_data_used(&after, "single"),
+            single,
+            "{who} wrote into SINGLE block groups:\n{after}"
+        );
+        assert!(
+            df_data_used(&after, "DUP") >= dup + 30_000_000,
+            "{who}: the new data is not in DUP block groups:\n{after}"
+        );
+        if who != "kernel" {
+            check(img, who);
+        }
+    }
+}

@@ -41,6 +41,12 @@ pub(crate) struct BlockGroup {
     /// Being relocated: nothing is allocated in it (the kernel's read-only block
     /// group, btrfs_inc_block_group_ro).
     pub ro: bool,
+    /// A SINGLE or RAID0 group of a type whose new chunks are mirrored (a
+    /// conversion stopped half-way): nothing new is allocated in it, as the kernel
+    /// makes such groups read-only when it mounts (btrfs_read_block_groups), so that
+    /// new data and metadata get the redundancy asked for. Balance may still move
+    /// what it holds.
+    pub unmirrored: bool,
 }
 
 impl BlockGroup {
@@ -260,8 +266,21 @@ impl Allocator {
                     dirty: false,
                     new: false,
                     ro: false,
+                    unmirrored: false,
                 },
             );
+        }
+        for ty in [BLOCK_GROUP_DATA, BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM] {
+            if self.profile_for(ty) & MIRRORED == 0 {
+                continue;
+            }
+            for b in self.bgs.values_mut() {
+                if b.flags & BLOCK_GROUP_TYPE_MASK == ty
+                    && b.flags & BLOCK_GROUP_PROFILE_MASK & !BLOCK_GROUP_RAID0 == 0
+                {
+                    b.unmirrored = true;
+                }
+            }
         }
         Ok(())
     }
@@ -375,20 +394,24 @@ impl Allocator {
         }
     }
 
+    /// The profile of new chunks of type `ty`: mkfs's choice, else the kernel's
+    /// (btrfs_reduce_alloc_profile): the most redundant profile among the type's
+    /// block groups that the devices allow.
     pub(crate) fn profile_for(&self, ty: u64) -> u64 {
         if let Some(p) = self.profiles.get(&ty) {
             return *p;
         }
-        self.bgs
-            .values()
-            .rev()
-            .find(|b| b.flags & BLOCK_GROUP_TYPE_MASK == ty)
-            .map(|b| b.flags & BLOCK_GROUP_PROFILE_MASK)
-            .unwrap_or(if ty == BLOCK_GROUP_DATA {
-                0
-            } else {
-                BLOCK_GROUP_DUP
-            })
+        let mut present = None;
+        for b in self.bgs.values() {
+            if b.flags & BLOCK_GROUP_TYPE_MASK == ty {
+                present = Some(present.unwrap_or(0) | b.flags & BLOCK_GROUP_PROFILE_MASK);
+            }
+        }
+        match present {
+            Some(profiles) => reduce_profile(profiles, self.dev_space.len()),
+            None if ty == BLOCK_GROUP_DATA => 0,
+            None => BLOCK_GROUP_DUP,
+        }
     }
 
     /// Creates a new chunk and block group of type `ty` (DATA, METADATA or SYSTEM).
@@ -584,6 +607,7 @@ impl Allocator {
                 dirty: true,
                 new: true,
                 ro: false,
+                unmirrored: false,
             },
         );
         Ok(())
@@ -600,6 +624,87 @@ pub(crate) fn profile_copies(profile: u64) -> Option<u64> {
         BLOCK_GROUP_RAID1C4 => Some(4),
         _ => None,
     }
+}
+
+/// Per-profile facts (the kernel's btrfs_raid_array, as far as space is concerned).
+pub(crate) struct Raid {
+    /// The kernel's raid index (btrfs_bg_flags_to_raid_index): SINGLE 0, then the
+    /// profile bits in their order (RAID0 1, RAID1 2, DUP 3, RAID10 4, RAID5 5,
+    /// RAID6 6, RAID1C3 7, RAID1C4 8; older kernels ordered them otherwise).
+    /// The order in which a space info lists its profiles, and the last one present
+    /// gives statfs its factor.
+    pub(crate) index: u8,
+    /// Copies of every byte (ncopies).
+    pub(crate) ncopies: u64,
+    /// Fewest devices a chunk of the profile needs.
+    pub(crate) devs_min: usize,
+    /// Stripes per device (2 for DUP).
+    pub(crate) dev_stripes: u64,
+}
+
+/// The facts of one profile bit (0: single).
+pub(crate) fn raid(profile: u64) -> Raid {
+    let r = |index, ncopies, devs_min, dev_stripes| Raid {
+        index,
+        ncopies,
+        devs_min,
+        dev_stripes,
+    };
+    match profile {
+        BLOCK_GROUP_RAID0 => r(1, 1, 1, 1),
+        BLOCK_GROUP_RAID1 => r(2, 2, 2, 1),
+        BLOCK_GROUP_DUP => r(3, 2, 1, 2),
+        BLOCK_GROUP_RAID10 => r(4, 2, 2, 1),
+        BLOCK_GROUP_RAID5 => r(5, 1, 2, 1),
+        BLOCK_GROUP_RAID6 => r(6, 1, 3, 1),
+        BLOCK_GROUP_RAID1C3 => r(7, 3, 3, 1),
+        BLOCK_GROUP_RAID1C4 => r(8, 4, 4, 1),
+        _ => r(0, 1, 1, 1),
+    }
+}
+
+/// Profiles that keep more than one copy (or parity).
+pub(crate) const MIRRORED: u64 = BLOCK_GROUP_RAID10
+    | BLOCK_GROUP_RAID1
+    | BLOCK_GROUP_RAID1C3
+    | BLOCK_GROUP_RAID1C4
+    | BLOCK_GROUP_RAID5
+    | BLOCK_GROUP_RAID6
+    | BLOCK_GROUP_DUP;
+
+/// The profile new chunks get: the most redundant of those present that the number
+/// of writable devices allows (SINGLE when none does).
+pub(crate) fn reduce_profile(profiles: u64, devices: usize) -> u64 {
+    let all = [
+        BLOCK_GROUP_RAID10,
+        BLOCK_GROUP_RAID1,
+        BLOCK_GROUP_DUP,
+        BLOCK_GROUP_RAID0,
+        BLOCK_GROUP_RAID5,
+        BLOCK_GROUP_RAID6,
+        BLOCK_GROUP_RAID1C3,
+        BLOCK_GROUP_RAID1C4,
+    ];
+    let allowed: u64 = all
+        .iter()
+        .filter(|&&p| devices >= raid(p).devs_min)
+        .fold(0, |a, p| a | p)
+        & profiles;
+    for p in [
+        BLOCK_GROUP_RAID1C4,
+        BLOCK_GROUP_RAID6,
+        BLOCK_GROUP_RAID1C3,
+        BLOCK_GROUP_RAID5,
+        BLOCK_GROUP_RAID10,
+        BLOCK_GROUP_RAID1,
+        BLOCK_GROUP_DUP,
+        BLOCK_GROUP_RAID0,
+    ] {
+        if allowed & p != 0 {
+            return p;
+        }
+    }
+    0
 }
 
 #[cfg(test)]
@@ -694,5 +799,16 @@ mod tests {
             taken += 1;
         }
         assert!(taken > 0);
+    }
+
+    #[test]
+    fn profile_reduction() {
+        assert_eq!(reduce_profile(BLOCK_GROUP_RAID1, 0), 0);
+        assert_eq!(reduce_profile(BLOCK_GROUP_RAID1, 2), BLOCK_GROUP_RAID1);
+        assert_eq!(
+            reduce_profile(BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID6, 4),
+            BLOCK_GROUP_RAID6
+        );
+        assert_eq!(reduce_profile(BLOCK_GROUP_DUP, 1), BLOCK_GROUP_DUP);
     }
 }

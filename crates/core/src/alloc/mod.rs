@@ -163,10 +163,12 @@ impl Allocator {
     }
 
     /// Whether new extents of type `ty` may go into group `b`: not one being
-    /// relocated, and of the target profile while converting.
+    /// relocated, not an unmirrored one where the type is mirrored (unless a
+    /// conversion names the profile), and of the target profile while converting.
     fn open_for(&self, b: &BlockGroup, ty: u64) -> bool {
         Self::serves(b.flags, ty)
             && !b.ro
+            && (!b.unmirrored || self.convert_to.contains_key(&ty))
             && self
                 .convert_to
                 .get(&ty)

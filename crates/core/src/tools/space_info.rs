@@ -3,6 +3,7 @@
 //! groups and the bytes used in them, and the size of the kernel's global block
 //! reserve as it sizes it at mount (block-rsv.c btrfs_update_global_block_rsv).
 
+use crate::alloc::block_group::raid;
 use crate::error::Result;
 use crate::fs::Filesystem;
 use ubtrfs_format::consts::*;
@@ -27,43 +28,6 @@ pub struct GlobalReserve {
     pub total_bytes: u64,
     /// Used: 0 on a filesystem at rest (the kernel fills it at mount).
     pub used_bytes: u64,
-}
-
-/// Per-profile facts (the kernel's btrfs_raid_array, as far as space is concerned).
-pub(crate) struct Raid {
-    /// The kernel's raid index (btrfs_bg_flags_to_raid_index): SINGLE 0, then the
-    /// profile bits in their order (RAID0 1, RAID1 2, DUP 3, RAID10 4, RAID5 5,
-    /// RAID6 6, RAID1C3 7, RAID1C4 8; older kernels ordered them otherwise).
-    /// The order in which a space info lists its profiles, and the last one present
-    /// gives statfs its factor.
-    pub(crate) index: u8,
-    /// Copies of every byte (ncopies).
-    pub(crate) ncopies: u64,
-    /// Fewest devices a chunk of the profile needs.
-    pub(crate) devs_min: usize,
-    /// Stripes per device (2 for DUP).
-    pub(crate) dev_stripes: u64,
-}
-
-/// The facts of one profile bit (0: single).
-pub(crate) fn raid(profile: u64) -> Raid {
-    let r = |index, ncopies, devs_min, dev_stripes| Raid {
-        index,
-        ncopies,
-        devs_min,
-        dev_stripes,
-    };
-    match profile {
-        BLOCK_GROUP_RAID0 => r(1, 1, 1, 1),
-        BLOCK_GROUP_RAID1 => r(2, 2, 2, 1),
-        BLOCK_GROUP_DUP => r(3, 2, 1, 2),
-        BLOCK_GROUP_RAID10 => r(4, 2, 2, 1),
-        BLOCK_GROUP_RAID5 => r(5, 1, 2, 1),
-        BLOCK_GROUP_RAID6 => r(6, 1, 3, 1),
-        BLOCK_GROUP_RAID1C3 => r(7, 3, 3, 1),
-        BLOCK_GROUP_RAID1C4 => r(8, 4, 4, 1),
-        _ => r(0, 1, 1, 1),
-    }
 }
 
 /// The space infos in the order the kernel's ioctl gives them: data, system,

@@ -25,7 +25,8 @@
 //! can be allocated) is not modelled, nor block groups the kernel holds read-only
 //! in the middle of a balance.
 
-use super::space_info::{global_reserve, raid, space_infos, Raid};
+use super::space_info::{global_reserve, space_infos};
+use crate::alloc::block_group::{raid, reduce_profile, Raid, MIRRORED};
 use crate::error::Result;
 use crate::fs::Filesystem;
 use ubtrfs_format::consts::*;
@@ -67,15 +68,6 @@ struct Space {
     /// allocates mirrored chunks, see below).
     unmirrored_free: u64,
 }
-
-/// Profiles that keep more than one copy (or parity).
-const MIRRORED: u64 = BLOCK_GROUP_RAID10
-    | BLOCK_GROUP_RAID1
-    | BLOCK_GROUP_RAID1C3
-    | BLOCK_GROUP_RAID1C4
-    | BLOCK_GROUP_RAID5
-    | BLOCK_GROUP_RAID6
-    | BLOCK_GROUP_DUP;
 
 /// The numbers a fresh mount shows whose `writable_devices` devices are writable:
 /// 0 for a read-only loop mount, every open device for a read-write mount.
@@ -206,55 +198,4 @@ fn avail_data_space(fs: &Filesystem, data_profiles: u64, writable_devices: usize
         n -= 1;
     }
     Ok(total)
-}
-
-/// The profile new chunks get: the most redundant of those present that the number
-/// of writable devices allows (SINGLE when none does).
-fn reduce_profile(profiles: u64, devices: usize) -> u64 {
-    let all = [
-        BLOCK_GROUP_RAID10,
-        BLOCK_GROUP_RAID1,
-        BLOCK_GROUP_DUP,
-        BLOCK_GROUP_RAID0,
-        BLOCK_GROUP_RAID5,
-        BLOCK_GROUP_RAID6,
-        BLOCK_GROUP_RAID1C3,
-        BLOCK_GROUP_RAID1C4,
-    ];
-    let allowed: u64 = all
-        .iter()
-        .filter(|&&p| devices >= raid(p).devs_min)
-        .fold(0, |a, p| a | p)
-        & profiles;
-    for p in [
-        BLOCK_GROUP_RAID1C4,
-        BLOCK_GROUP_RAID6,
-        BLOCK_GROUP_RAID1C3,
-        BLOCK_GROUP_RAID5,
-        BLOCK_GROUP_RAID10,
-        BLOCK_GROUP_RAID1,
-        BLOCK_GROUP_DUP,
-        BLOCK_GROUP_RAID0,
-    ] {
-        if allowed & p != 0 {
-            return p;
-        }
-    }
-    0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn profile_reduction() {
-        assert_eq!(reduce_profile(BLOCK_GROUP_RAID1, 0), 0);
-        assert_eq!(reduce_profile(BLOCK_GROUP_RAID1, 2), BLOCK_GROUP_RAID1);
-        assert_eq!(
-            reduce_profile(BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID6, 4),
-            BLOCK_GROUP_RAID6
-        );
-        assert_eq!(reduce_profile(BLOCK_GROUP_DUP, 1), BLOCK_GROUP_DUP);
-    }
 }

@@ -11,8 +11,9 @@
 //! with its types, so that the rounding is the same: ratios and free-space
 //! estimates in double precision, the percentage in single precision.
 
-use super::space_info::{global_reserve, raid, space_infos, GlobalReserve, SpaceInfo};
+use super::space_info::{global_reserve, space_infos, GlobalReserve, SpaceInfo};
 use super::statfs::statfs;
+use crate::alloc::block_group::raid;
 use crate::error::Result;
 use crate::fs::Filesystem;
 use ubtrfs_format::consts::*;
