@@ -6,6 +6,7 @@
 #   tests/fstests/run.sh --quick        the generic tests of the `quick` group
 #   tests/fstests/run.sh --subset       the fast tests listed in tests/fstests/subset.txt
 #   tests/fstests/run.sh generic/001 generic/013 ...
+#   tests/fstests/run.sh --build-only   install and build fstests, print its directory
 #
 # Exit status: non-zero when a test passes on the kernel but not on ubtrfs and is not
 # listed in tests/fstests/known-failures.txt (or when the run itself breaks).
@@ -43,12 +44,14 @@ img_gb=${FSTESTS_IMG_GB:-8}
 helper=/sbin/mount.fuse.ubtrfs
 
 usage() {
-    sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
 }
 
 tests=()
+build_only=
 case "${1:-}" in
+--build-only) build_only=1 ;;
 --quick) tests=(-g generic/quick) ;;
 --subset) mapfile -t tests < <(sed 's/#.*//; /^[[:space:]]*$/d' "$here/subset.txt" | awk '{print $1}') ;;
 -h | --help | "") usage ;;
@@ -82,6 +85,10 @@ done
 
 # --- fstests, built once into the cache ---------------------------------------------
 src=$cache/fstests-${commit:0:7}
+# Tests may ask for the build at the same time (crates/cli/tests): one builds.
+mkdir -p "$cache"
+exec 9>"$cache/.build.lock"
+flock 9
 if [ ! -f "$src/.ubtrfs-built" ]; then
     rm -rf "$src" "$src.tmp"
     mkdir -p "$src.tmp"
@@ -103,6 +110,11 @@ if [ ! -f "$src/.ubtrfs-built" ]; then
         { tail -30 "$src/build.log" >&2; log "fstests build failed"; exit 1; }
     log "fstests built in $(($(date +%s) - start)) s"
     touch "$src/.ubtrfs-built"
+fi
+flock -u 9
+if [ -n "$build_only" ]; then
+    echo "$src"
+    exit 0
 fi
 
 # --- ubtrfs -------------------------------------------------------------------------

@@ -343,6 +343,20 @@ impl Trans {
         name: &[u8],
         t: Timespec,
     ) -> Result<u64> {
+        self.remove_link_at(root, dir, name, Some(t))
+    }
+
+    /// [`Trans::remove_link`], setting the directory's mtime and ctime to `dir_time`,
+    /// or leaving them when `None` (a log replay: the kernel's btrfs_unlink_inode
+    /// keeps a directory's times while BTRFS_FS_LOG_RECOVERING, since the replay
+    /// sets them to what they were at the fsync).
+    pub(crate) fn remove_link_at(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        dir_time: Option<Timespec>,
+    ) -> Result<u64> {
         let (ino, _, loc) = self
             .lookup(root, dir, name)?
             .ok_or_else(|| Error::NotFound(String::from_utf8_lossy(name).into_owned()))?;
@@ -360,7 +374,13 @@ impl Trans {
         self.dir_index_freed(root, dir, index);
         let mut d = self.read_inode(root, dir)?;
         d.size = d.size.saturating_sub(name.len() as u64 * 2);
-        self.touch(&mut d, t, true);
+        match dir_time {
+            Some(t) => self.touch(&mut d, t, true),
+            None => {
+                d.transid = self.transid;
+                d.sequence += 1;
+            }
+        }
         self.write_inode(root, dir, &d)?;
         Ok(ino)
     }

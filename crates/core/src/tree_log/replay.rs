@@ -479,11 +479,13 @@ impl Trans {
     }
 
     /// Removes a name (both entries and the back reference) as the kernel's
-    /// btrfs_unlink_inode does during replay, and queues its inode for the link count
-    /// recount.
+    /// btrfs_unlink_inode does during replay: the inode's ctime becomes now, the
+    /// directory's times stay (the kernel leaves them while recovering a log; a
+    /// logged directory gets its logged times anyway). Queues the inode for the link
+    /// count recount.
     fn unlink_name(&mut self, root: u64, dir: u64, name: &[u8], st: &mut Replay) -> Result<()> {
         let t = now();
-        let ino = self.remove_link(root, dir, name, t)?;
+        let ino = self.remove_link_at(root, dir, name, None)?;
         let mut i = self.read_inode(root, ino)?;
         i.nlink = i.nlink.saturating_sub(1);
         self.touch(&mut i, t, false);

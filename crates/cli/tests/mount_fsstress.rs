@@ -1,0 +1,194 @@
+//! fsstress (fstests' random operation generator: creates, writes, fsyncs, renames,
+//! links, xattrs, fallocate, punch/zero/collapse/insert ranges, copy_file_range,
+//! truncates, mmap and direct I/O, from four processes) on a read-write `ubtrfs
+//! mount`, then the server is killed (SIGKILL: no commit, no unmount) in the middle
+//! of the run. What the fsyncs left in the tree log must come back the same way
+//! whoever replays it:
+//! - the kernel (a mount),
+//! - ubtrfs, by a writing command (which replays, commits, then writes),
+//! - ubtrfs read-only (`ubtrfs mount -o ro` replays in memory, writes nothing);
+//!
+//! the three views must be equal (names, types, modes, sizes, links, owners, st_ino,
+//! times, contents, xattrs; a ctime only where each replay set it to its own "now"),
+//! and `btrfs check --readonly --check-data-csum` clean after both replays. Each round also runs once to the end with a clean unmount,
+//! and the kernel must then show exactly what the mount showed.
+//!
+//! fsstress is built from the fstests source snapshot by tests/fstests/run.sh
+//! (`--build-only`, shared with the fstests test and cached). Needs root.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use ubtrfs_sim::golden::{compare_walks_except, report, walk_mounted, STAT_FIELDS};
+use ubtrfs_sim::host::{btrfs_check, require_fuse, sh, Ubtrfs};
+use ubtrfs_sim::mount::{kernel_round_trip, mkfs_btrfs, FuseMount, KernelMount};
+
+const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
+
+/// fsstress from the fstests build (built on first use).
+fn fsstress() -> PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let src = sh(&format!(
+        "bash {} --build-only",
+        repo.join("tests/fstests/run.sh").display()
+    ));
+    let bin = Path::new(src.trim()).join("ltp/fsstress");
+    assert!(bin.is_file(), "no fsstress at {}", bin.display());
+    bin
+}
+
+/// Runs fsstress with `seed` in `dir` (four processes, up to `ops` operations each).
+fn start_fsstress(bin: &Path, dir: &Path, seed: u32, ops: u32) -> std::process::Child {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    Command::new(bin)
+        .arg("-d")
+        .arg(dir)
+        .args(["-p", "4", "-n", &ops.to_string(), "-s", &seed.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn fsstress")
+}
+
+/// The superblock's log_root.
+fn log_root(img: &Path) -> u64 {
+    UBTRFS
+        .stdout(&["inspect", "dump-super", img.to_str().unwrap()])
+        .lines()
+        .find_map(|l| l.strip_prefix("log_root\t"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("log_root in dump-super")
+}
+
+/// Seconds since the epoch.
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// Whole seconds of a walk's time ("SECS.NANOS").
+fn secs(v: &serde_json::Value) -> u64 {
+    v.as_str()
+        .and_then(|s| s.split('.').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(u64::MAX)
+}
+
+/// Differences between two replays of one log, done at different times. Both set
+/// the ctime of some inodes to "now" (a replayed link or unlink, as the kernel's
+/// btrfs_unlink_inode and btrfs_add_link do): a ctime may differ only where each
+/// side's value falls within its own replay's time span.
+fn compare_replays(
+    what: &str,
+    want: &std::collections::BTreeMap<String, serde_json::Value>,
+    want_span: (u64, u64),
+    got: &std::collections::BTreeMap<String, serde_json::Value>,
+    got_span: (u64, u64),
+) {
+    let within = |v: &serde_json::Value, (a, b): (u64, u64)| (a..=b).contains(&secs(v));
+    report(compare_walks_except(
+        what,
+        want,
+        got,
+        STAT_FIELDS,
+        |f, w, g| f == "ctime" && within(w, want_span) && within(g, got_span),
+    ));
+}
+
+fn copy(from: &Path, to: &Path) {
+    sh(&format!(
+        "cp --sparse=always {} {}",
+        from.display(),
+        to.display()
+    ));
+}
+
+#[test]
+fn fsstress_then_kill_replays_alike_everywhere() {
+    if !require_fuse("fsstress_then_kill_replays_alike_everywhere") {
+        return;
+    }
+    let bin = fsstress();
+    for (seed, opts) in [(1u32, "rw"), (2, "rw,compress=zstd")] {
+        let what = format!("seed {seed}, -o {opts}");
+        let dir = tempfile::tempdir().unwrap();
+
+        // To the end, then a clean unmount: the kernel shows what the mount showed.
+        let img = dir.path().join("whole.img");
+        mkfs_btrfs(&img, 2 << 30, &[]);
+        let m = FuseMount::start(&UBTRFS, &[&img], &[opts]);
+        let mut f = start_fsstress(&bin, &m.mnt.join("t"), seed, 1000);
+        assert!(f.wait().expect("fsstress").success(), "fsstress, {what}");
+        let seen = m.walk_and_unmount();
+        kernel_round_trip(&img, &seen, &format!("fsstress to the end, {what}"));
+
+        // Killed in the middle: the tree log is all that holds the fsyncs since the
+        // last commit.
+        let img = dir.path().join("cut.img");
+        mkfs_btrfs(&img, 2 << 30, &[]);
+        let mut m = FuseMount::start(&UBTRFS, &[&img], &[opts]);
+        let mut f = start_fsstress(&bin, &m.mnt.join("t"), seed + 100, 1_000_000);
+        std::thread::sleep(Duration::from_secs(4));
+        m.child.kill().expect("kill the server");
+        let _ = m.child.wait();
+        let _ = f.kill();
+        let _ = f.wait();
+        // The connection is gone with the server: detach the dead mountpoint.
+        let _ = Command::new("umount").arg("-l").arg(&m.mnt).status();
+        drop(m);
+        assert_ne!(log_root(&img), 0, "{what}: no tree log to replay");
+        let by_kernel = dir.path().join("kernel.img");
+        let by_ubtrfs = dir.path().join("ubtrfs.img");
+        copy(&img, &by_kernel);
+        copy(&img, &by_ubtrfs);
+
+        // The kernel replays at a read-write mount (a read-only loop device is
+        // refused); it is looked at read-only, so that reads leave atime alone.
+        let t0 = now_secs();
+        KernelMount::new(&by_kernel, "").umount();
+        let kernel_span = (t0, now_secs());
+        let k = KernelMount::new(&by_kernel, "ro");
+        let kernel = walk_mounted(&k.mnt);
+        k.umount();
+        btrfs_check(&by_kernel, None)
+            .unwrap_or_else(|e| panic!("{what}: after the kernel's replay: {e}"));
+
+        // Read-only, in memory: the image is not written.
+        let before = std::fs::read(&img).expect("read image");
+        let t0 = now_secs();
+        let ro = FuseMount::start(&UBTRFS, &[&img], &["ro"]);
+        let ro_span = (t0, now_secs());
+        let in_memory = ro.walk_and_unmount();
+        assert!(
+            std::fs::read(&img).expect("read image") == before,
+            "{what}: the read-only mount wrote to the image"
+        );
+        compare_replays(
+            &format!("{what}: ubtrfs -o ro (replayed in memory) vs the kernel's replay"),
+            &kernel,
+            kernel_span,
+            &in_memory,
+            ro_span,
+        );
+
+        // A writing command replays first (the label changes nothing in the trees).
+        let t0 = now_secs();
+        UBTRFS.stdout(&["filesystem", "label", by_ubtrfs.to_str().unwrap(), "x"]);
+        let ubtrfs_span = (t0, now_secs());
+        assert_eq!(log_root(&by_ubtrfs), 0, "{what}: ubtrfs left the log");
+        btrfs_check(&by_ubtrfs, None)
+            .unwrap_or_else(|e| panic!("{what}: after ubtrfs's replay: {e}"));
+        let k = KernelMount::new(&by_ubtrfs, "ro");
+        let replayed = walk_mounted(&k.mnt);
+        k.umount();
+        compare_replays(
+            &format!("{what}: ubtrfs's replay vs the kernel's"),
+            &kernel,
+            kernel_span,
+            &replayed,
+            ubtrfs_span,
+        );
+    }
+}
