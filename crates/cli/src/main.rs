@@ -285,27 +285,11 @@ enum FsCmd {
     /// Space per block-group type and profile, and the kernel's global reserve, like
     /// `btrfs filesystem df` on a mount of the filesystem (same text; `--format json`
     /// as `btrfs --format json filesystem df`).
-    Df {
-        #[command(flatten)]
-        img: Image,
-        /// Sizes in bytes (`-b`, `--raw`).
-        #[arg(short = 'b', long)]
-        raw: bool,
-        #[arg(long, value_enum, default_value = "text")]
-        format: Format,
-    },
+    Df(SpaceArgs),
     /// Space of the devices, per block-group type and profile and per device, like
     /// `btrfs filesystem usage` on a fresh read-write mount of the filesystem (same
     /// text, the image's path where the kernel names its device).
-    Usage {
-        #[command(flatten)]
-        img: Image,
-        /// Sizes in bytes (`-b`, `--raw`).
-        #[arg(short = 'b', long)]
-        raw: bool,
-        #[arg(long, value_enum, default_value = "text")]
-        format: Format,
-    },
+    Usage(SpaceArgs),
     /// The filesystem's label, uuid, size and devices, like `btrfs filesystem show`
     /// of an unmounted device.
     Show {
@@ -332,6 +316,18 @@ enum FsCmd {
         #[arg(allow_hyphen_values = true)]
         size: String,
     },
+}
+
+/// The image and units of `filesystem df` and `filesystem usage`.
+#[derive(Args)]
+struct SpaceArgs {
+    #[command(flatten)]
+    img: Image,
+    /// Sizes in bytes (`-b`, `--raw`).
+    #[arg(short = 'b', long)]
+    raw: bool,
+    #[arg(long, value_enum, default_value = "text")]
+    format: Format,
 }
 
 #[derive(Subcommand)]
@@ -918,17 +914,15 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Filesystem {
             cmd: FsCmd::Label { target, new_label },
         } => edit::label(&target, new_label.as_deref(), &mut out)?,
-        Cmd::Filesystem {
-            cmd: FsCmd::Df { img, raw, format },
-        } => {
-            let fs = open(&img)?;
-            cmd_fs_df(&fs, raw, format, &mut out)?;
+        Cmd::Filesystem { cmd: FsCmd::Df(a) } => {
+            let fs = open(&a.img)?;
+            cmd_fs_df(&fs, a.raw, a.format, &mut out)?;
         }
         Cmd::Filesystem {
-            cmd: FsCmd::Usage { img, raw, format },
+            cmd: FsCmd::Usage(a),
         } => {
-            let fs = open(&img)?;
-            cmd_fs_usage(&fs, raw, format, &mut out)?;
+            let fs = open(&a.img)?;
+            cmd_fs_usage(&fs, a.raw, a.format, &mut out)?;
         }
         Cmd::Filesystem {
             cmd: FsCmd::Show { img, raw },
