@@ -11,6 +11,7 @@ mod mount;
 mod quota;
 mod share;
 mod share_edit;
+mod space;
 mod subvol_edit;
 
 use anyhow::{bail, Context, Result};
@@ -326,6 +327,9 @@ struct SpaceArgs {
     /// Sizes in bytes (`-b`, `--raw`).
     #[arg(short = 'b', long)]
     raw: bool,
+    /// `usage` only: the per-device part as a table (btrfs-progs' `-T`).
+    #[arg(short = 'T')]
+    tabular: bool,
     #[arg(long, value_enum, default_value = "text")]
     format: Format,
 }
@@ -916,13 +920,13 @@ fn run(cli: Cli) -> Result<()> {
         } => edit::label(&target, new_label.as_deref(), &mut out)?,
         Cmd::Filesystem { cmd: FsCmd::Df(a) } => {
             let fs = open(&a.img)?;
-            cmd_fs_df(&fs, a.raw, a.format, &mut out)?;
+            space::cmd_fs_df(&fs, a.raw, a.format, &mut out)?;
         }
         Cmd::Filesystem {
             cmd: FsCmd::Usage(a),
         } => {
             let fs = open(&a.img)?;
-            cmd_fs_usage(&fs, a.raw, a.format, &mut out)?;
+            space::cmd_fs_usage(&fs, a.raw, a.format, a.tabular, &mut out)?;
         }
         Cmd::Filesystem {
             cmd: FsCmd::Show { img, raw },
@@ -1175,153 +1179,6 @@ fn cmd_stat(fs: &Filesystem, path: &str, format: Format, out: &mut dyn Write) ->
     writeln!(out, "Modify: {}", fmt::stat_time(&st.mtime))?;
     writeln!(out, "Change: {}", fmt::stat_time(&st.ctime))?;
     writeln!(out, " Birth: {}", fmt::stat_time(&st.crtime))?;
-    Ok(())
-}
-
-/// `btrfs filesystem df` of the filesystem as the kernel would answer it mounted.
-fn cmd_fs_df(fs: &Filesystem, raw: bool, format: Format, out: &mut dyn Write) -> Result<()> {
-    use ubtrfs_core::tools::space_info::{names, space_infos};
-    let spaces = space_infos(fs)?;
-    let several = ubtrfs_core::tools::usage::multiple_profiles(&spaces);
-    if !several.is_empty() {
-        // After the table, as btrfs-progs warns (on stderr, which is not buffered).
-        let mut text =
-            "WARNING: Multiple block group profiles detected, see 'man btrfs(5)'\n".to_string();
-        for (ty, profiles) in &several {
-            let (name, _) = names(*ty, 0);
-            text.push_str(&format!("WARNING:    {name}: {profiles}\n"));
-        }
-        let r = cmd_fs_df_rows(fs, &spaces, raw, format, out);
-        out.flush()?;
-        eprint!("{text}");
-        return r;
-    }
-    cmd_fs_df_rows(fs, &spaces, raw, format, out)
-}
-
-fn cmd_fs_df_rows(
-    fs: &Filesystem,
-    spaces: &[ubtrfs_core::tools::space_info::SpaceInfo],
-    raw: bool,
-    format: Format,
-    out: &mut dyn Write,
-) -> Result<()> {
-    use ubtrfs_core::tools::space_info::{global_reserve, names};
-    let mut rows: Vec<(&str, &str, u64, u64)> = spaces
-        .iter()
-        .map(|s| {
-            let (t, p) = names(s.ty, s.profile);
-            (t, p, s.total_bytes, s.used_bytes)
-        })
-        .collect();
-    let g = global_reserve(fs)?;
-    rows.push(("GlobalReserve", "single", g.total_bytes, g.used_bytes));
-    if format == Format::Json {
-        return json::write(out, &json::filesystem_df(&rows));
-    }
-    for (t, p, total, used) in rows {
-        let size = |b: u64| fmt::progs_size(b, raw);
-        writeln!(out, "{t}, {p}: total={}, used={}", size(total), size(used))?;
-    }
-    Ok(())
-}
-
-/// `btrfs filesystem usage` of the filesystem as a fresh read-write mount of it would
-/// print it (cmds/filesystem-usage.c's linear layout).
-fn cmd_fs_usage(fs: &Filesystem, raw: bool, format: Format, out: &mut dyn Write) -> Result<()> {
-    use ubtrfs_core::tools::space_info::names;
-    use ubtrfs_core::tools::usage::{usage, used_percent};
-    let u = usage(fs)?;
-    let path = |p: &Option<String>| match p {
-        Some(name) => std::fs::canonicalize(name)
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|_| name.clone()),
-        None => "missing".to_string(),
-    };
-    let paths: Vec<String> = u.devices.iter().map(|d| path(&d.path)).collect();
-    if format == Format::Json {
-        return json::write(out, &json::filesystem_usage(&u, &paths));
-    }
-    let size = |b: u64| fmt::progs_size(b, raw);
-    let signed = |b: i64| fmt::progs_size_signed(b, raw);
-    let w = if raw { 18 } else { 10 };
-    writeln!(out, "Overall:")?;
-    writeln!(out, "    Device size:\t\t{:>w$}", size(u.device_size_bytes))?;
-    writeln!(
-        out,
-        "    Device allocated:\t\t{:>w$}",
-        size(u.device_allocated_bytes)
-    )?;
-    writeln!(
-        out,
-        "    Device unallocated:\t\t{:>w$}",
-        signed(u.device_unallocated_bytes)
-    )?;
-    writeln!(
-        out,
-        "    Device missing:\t\t{:>w$}",
-        size(u.device_missing_bytes)
-    )?;
-    writeln!(
-        out,
-        "    Device slack:\t\t{:>w$}",
-        size(u.device_slack_bytes)
-    )?;
-    writeln!(out, "    Used:\t\t\t{:>w$}", size(u.used_bytes))?;
-    writeln!(
-        out,
-        "    Free (estimated):\t\t{:>w$}\t(min: {})",
-        size(u.free_estimated_bytes),
-        size(u.free_min_bytes)
-    )?;
-    writeln!(
-        out,
-        "    Free (statfs, df):\t\t{:>w$}",
-        size(u.free_statfs_bytes)
-    )?;
-    writeln!(out, "    Data ratio:\t\t\t{:>w$.2}", u.data_ratio)?;
-    writeln!(out, "    Metadata ratio:\t\t{:>w$.2}", u.metadata_ratio)?;
-    writeln!(
-        out,
-        "    Global reserve:\t\t{:>w$}\t(used: {})",
-        size(u.global_reserve.total_bytes),
-        size(u.global_reserve.used_bytes)
-    )?;
-    if u.multiple_profiles.is_empty() {
-        writeln!(out, "    Multiple profiles:\t\t{:>w$}", "no")?;
-    } else {
-        writeln!(
-            out,
-            "    Multiple profiles:\t\t{:>w$}\t({})",
-            "yes", u.multiple_profiles
-        )?;
-    }
-    writeln!(out)?;
-    for s in &u.spaces {
-        let (t, p) = names(s.ty, s.profile);
-        writeln!(
-            out,
-            "{t},{p}: Size:{}, Used:{} ({:.2}%)",
-            size(s.total_bytes),
-            size(s.used_bytes),
-            used_percent(s) as f64
-        )?;
-        let kind = s.ty | s.profile;
-        for (d, p) in u.devices.iter().zip(&paths) {
-            for &(k, bytes) in &d.allocated {
-                if k == kind && bytes > 0 {
-                    writeln!(out, "   {p}\t{:>10}", size(bytes))?;
-                }
-            }
-        }
-        writeln!(out)?;
-    }
-    if !u.devices.is_empty() {
-        writeln!(out, "Unallocated:")?;
-        for (d, p) in u.devices.iter().zip(&paths) {
-            writeln!(out, "   {p}\t{:>10}", signed(d.unallocated_bytes))?;
-        }
-    }
     Ok(())
 }
 

@@ -218,6 +218,9 @@ fn filesystem_usage_and_statfs_match_the_kernel() {
         let mut want = sh(&format!(
             "btrfs filesystem usage {d}; btrfs filesystem usage -b {d}"
         ));
+        let want_table = sh(&format!(
+            "btrfs filesystem usage -T {d}; btrfs filesystem usage -T -b {d}"
+        ));
         let want_statfs = statfs_of(&m.mnt);
         // `filesystem df` too (profiles in the kernel's order), with btrfs-progs's
         // warning on stderr when a type has block groups of several profiles.
@@ -229,7 +232,42 @@ fn filesystem_usage_and_statfs_match_the_kernel() {
         for (loopdev, img) in m.devs().iter().zip(&ulist) {
             want = want.replace(&format!("   {loopdev}\t"), &format!("   {img}\t"));
         }
+        // The table pads the path column to its longest path: compare it cell by
+        // cell with the paths mapped (the linear form above is compared exactly).
+        let mut want_table = want_table;
+        for (loopdev, img) in m.devs().iter().zip(&ulist) {
+            want_table = want_table.replace(&format!(" {loopdev} "), &format!(" {img} "));
+        }
         m.umount();
+        let cells = |t: &str| -> Vec<Vec<String>> {
+            t.lines()
+                .map(|l| {
+                    // Rules are as wide as their column: one dash stands for each.
+                    l.split_whitespace()
+                        .map(|c| {
+                            if c.chars().all(|ch| ch == '-') {
+                                "-"
+                            } else {
+                                c
+                            }
+                        })
+                        .map(str::to_string)
+                        .collect()
+                })
+                .collect()
+        };
+        let got_table = [
+            UBTRFS.stdout(&["filesystem", "usage", "-T", &arg]),
+            UBTRFS.stdout(&["filesystem", "usage", "-T", "-b", &arg]),
+        ]
+        .concat();
+        let (g, w) = (cells(&got_table), cells(&want_table));
+        let first = (0..g.len().max(w.len())).find(|&i| g.get(i) != w.get(i));
+        assert!(
+            first.is_none(),
+            "filesystem usage -T, {}: line {first:?} differs:\n{got_table}\n{want_table}",
+            l.what
+        );
         let got = [
             UBTRFS.stdout(&["filesystem", "usage", &arg]),
             UBTRFS.stdout(&["filesystem", "usage", "-b", &arg]),

@@ -1,17 +1,18 @@
 //! fsstress (fstests' random operation generator: creates, writes, fsyncs, renames,
 //! links, xattrs, fallocate, punch/zero/collapse/insert ranges, copy_file_range,
 //! truncates, mmap and direct I/O, from four processes) on a read-write `ubtrfs
-//! mount`, then the server is killed (SIGKILL: no commit, no unmount) in the middle
-//! of the run. What the fsyncs left in the tree log must come back the same way
-//! whoever replays it:
+//! mount`, plain and with `compress=zstd`, each once to the end with a clean
+//! unmount: the kernel must then show exactly what the mount showed. The compressed
+//! one runs again and its server is killed (SIGKILL: no commit, no unmount) in the
+//! middle. What the fsyncs left in the tree log must come back the same whoever
+//! replays it:
 //! - the kernel (a mount),
 //! - ubtrfs, by a writing command (which replays, commits, then writes),
-//! - ubtrfs read-only (`ubtrfs mount -o ro` replays in memory, writes nothing);
+//! - ubtrfs read-only (`ubtrfs mount -o ro` replays in memory, writes nothing):
 //!
 //! the three views must be equal (names, types, modes, sizes, links, owners, st_ino,
 //! times, contents, xattrs; a ctime only where each replay set it to its own "now"),
-//! and `btrfs check --readonly --check-data-csum` clean after both replays. Each round also runs once to the end with a clean unmount,
-//! and the kernel must then show exactly what the mount showed.
+//! and `btrfs check --readonly --check-data-csum` clean after both writing replays.
 //!
 //! fsstress is built from the fstests source snapshot by tests/fstests/run.sh
 //! (`--build-only`, shared with the fstests test and cached). Needs root.
@@ -111,7 +112,8 @@ fn fsstress_then_kill_replays_alike_everywhere() {
         return;
     }
     let bin = fsstress();
-    for (seed, opts) in [(1u32, "rw"), (2, "rw,compress=zstd")] {
+    // Both run to the end; the compressed one is also cut (CI's time: one cut).
+    for (seed, opts, cut) in [(1u32, "rw", false), (2, "rw,compress=zstd", true)] {
         let what = format!("seed {seed}, -o {opts}");
         let dir = tempfile::tempdir().unwrap();
 
@@ -124,6 +126,9 @@ fn fsstress_then_kill_replays_alike_everywhere() {
         let seen = m.walk_and_unmount();
         kernel_round_trip(&img, &seen, &format!("fsstress to the end, {what}"));
 
+        if !cut {
+            continue;
+        }
         // Killed in the middle: the tree log is all that holds the fsyncs since the
         // last commit.
         let img = dir.path().join("cut.img");
