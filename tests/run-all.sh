@@ -37,14 +37,10 @@ for tool in mkfs.btrfs btrfs zstd python3 losetup; do
 done
 
 # The fuzzing feature adds the fuzz regression test (crates/core/tests/fuzz_regress.rs).
-cargo test --workspace --features ubtrfs-core/fuzzing
-
-fresh=$(mktemp -d /tmp/ubtrfs-fresh-golden.XXXXXX)
-trap 'rm -rf "$fresh"' EXIT
-echo "run-all: making a fresh golden set with kernel $(uname -r) in $fresh"
-bash tests/golden/make-golden.sh "$fresh" >"$fresh/make.log" 2>&1 || {
-    tail -50 "$fresh/make.log" >&2
-    echo "run-all: make-golden.sh failed" >&2
-    exit 1
-}
-UBTRFS_GOLDEN_DIR="$fresh" cargo test -p ubtrfs-cli --test golden --test mount
+# run-tests.py builds what `cargo test` would and runs the test binaries a few at a
+# time (most of their time is spent waiting on the kernel), never two that share a
+# host-wide resource; --fresh-golden also makes a golden set with this kernel
+# (make-golden.sh) and runs the golden and mount tests on it, so drift in the
+# kernel's format is caught.
+python3 tests/run-tests.py --fresh-golden -- --workspace --features ubtrfs-core/fuzzing
+cargo test -q --workspace --doc --features ubtrfs-core/fuzzing

@@ -18,7 +18,7 @@
 //! Needs root (loop devices, /dev/fuse); skipped with a line outside CI.
 
 use std::path::Path;
-use ubtrfs_sim::host::{btrfs_check, require_fuse, require_root, serial, sh, Ubtrfs};
+use ubtrfs_sim::host::{btrfs_check, progs_errors, require_fuse, require_root, serial, sh, Ubtrfs};
 use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
 
 fn bin() -> Ubtrfs {
@@ -81,7 +81,7 @@ fn assert_squota(img: &Path, after: &str) {
     );
     let bad = qgroup_report_mismatches(&text);
     assert!(
-        out.status.success() && bad.is_empty() && !text.contains("ERROR"),
+        out.status.success() && bad.is_empty() && progs_errors(&text).is_empty(),
         "after {after}: btrfs check --qgroup-report: {bad:?}\n{text}"
     );
     assert!(

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Runs the workspace's test binaries several at a time (tests/run-all.sh calls it).
+
+`cargo test` runs one test binary after another; most of ubtrfs's binaries spend
+their time waiting on the kernel (loop mounts, btrfs check, sync, FUSE round trips),
+so on a 2-core machine running a few of them at once takes far less wall time.
+
+Binaries that touch the same host-wide thing never overlap: they share a group.
+  golden-images  the golden images (and the fresh set made by make-golden.sh) have
+                 fixed filesystem UUIDs: two kernel mounts of one fsid clash;
+  mount-helper   /sbin/mount.fuse.ubtrfs is linked for a test and removed after it
+                 (HelperLink, fstests/run.sh), and mount_rw flips the fuse module's
+                 enable_uring parameter.
+Inside one binary, `ubtrfs_sim::host::serial()` keeps serialising the kernel tests.
+
+Usage: run-tests.py [--jobs N] [--fresh-golden] -- CARGO_TEST_ARGS...
+The cargo arguments select what is built (e.g. --workspace --features F). Each
+binary's output goes to a log that is printed when it fails; a summary line per
+binary is printed as it finishes. Exit status 1 if any binary failed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# Wall seconds in CI (2 cores), to start the longest first; others count as 5 s.
+EXPECTED_S = {
+    "balance": 172, "mount_enospc": 144, "suites": 115, "log_crash": 93,
+    "balance_crash": 78, "fuzz_regress": 68, "fstests": 66, "quota": 64,
+    "subvol_edit": 62, "log_replay": 57, "write": 53, "mount_fsstress": 45,
+    "model": 42, "mount_tools": 41, "golden": 41, "squota": 40, "subvol_crash": 38,
+    "resize": 24, "mount": 23, "check": 19, "salvage": 18, "ctree_model": 14,
+    "crash": 12, "mount_options": 10, "kernel_text": 10, "fresh-golden": 150,
+}
+
+GROUPS = {
+    "golden-images": {"golden", "mount", "check", "corrupt", "mount_tools", "fresh-golden"},
+    "mount-helper": {"mount_rw", "mount_atime", "fstests"},
+}
+
+
+def group_of(name):
+    for g, members in GROUPS.items():
+        if name in members:
+            return g
+    return None
+
+
+def build(cargo_args):
+    """Builds the test binaries; returns [(name, executable, cwd)]."""
+    cmd = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"]
+    cmd += cargo_args
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"run-tests: {' '.join(cmd)} failed")
+    out = []
+    for line in proc.stdout.splitlines():
+        msg = json.loads(line)
+        if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+            continue
+        if not msg["profile"]["test"]:
+            continue
+        target = msg["target"]
+        kind = target["kind"][0]
+        name = target["name"] if kind == "test" else f"{target['name']} ({kind} unit tests)"
+        cwd = os.path.dirname(msg["manifest_path"])
+        out.append((name, [msg["executable"]], cwd, {}))
+    return out
+
+
+class Pool:
+    """Runs jobs `jobs` at a time, longest expected first, never two of one group."""
+
+    def __init__(self, jobs, logdir):
+        self.jobs = jobs
+        self.logdir = logdir
+        self.lock = threading.Condition()
+        self.busy_groups = set()
+        self.failed = []
+        self.done = 0
+        self.running = 0
+
+    def run_all(self, items):
+        pending = sorted(items, key=lambda it: -EXPECTED_S.get(it[0], 5))
+        total = len(pending)
+        t0 = time.monotonic()
+        with self.lock:
+            while pending or self.running:
+                pick = None
+                if self.running < self.jobs:
+                    for i, it in enumerate(pending):
+                        g = group_of(it[0])
+                        if g is None or g not in self.busy_groups:
+                            pick = pending.pop(i)
+                            break
+                if pick is None:
+                    self.lock.wait()
+                    continue
+                g = group_of(pick[0])
+                if g:
+                    self.busy_groups.add(g)
+                self.running += 1
+                threading.Thread(target=self._run, args=(pick, g, total), daemon=True).start()
+        print(f"run-tests: {total} binaries in {time.monotonic() - t0:.0f} s, "
+              f"{len(self.failed)} failed", flush=True)
+        return self.failed
+
+    def _run(self, item, group, total):
+        name, argv, cwd, env = item
+        log = os.path.join(self.logdir, name.replace(" ", "_").replace("/", "_") + ".log")
+        t = time.monotonic()
+        with open(log, "w") as f:
+            rc = subprocess.run(argv, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, **env}).returncode
+        secs = time.monotonic() - t
+        with open(log, errors="replace") as f:
+            text = f.read()
+        results = [l for l in text.splitlines() if l.startswith("test result:")]
+        with self.lock:
+            self.done += 1
+            status = "ok" if rc == 0 else f"FAILED (exit {rc})"
+            summary = results[-1] if results else ""
+            print(f"[{self.done}/{total}] {name}: {status} in {secs:.0f} s  {summary}",
+                  flush=True)
+            if rc != 0:
+                self.failed.append(name)
+                print(f"----- output of {name} -----\n{text}\n----- end of {name} -----",
+                      flush=True)
+            if group:
+                self.busy_groups.discard(group)
+            self.running -= 1
+            self.lock.notify_all()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=int(os.environ.get("UBTRFS_TEST_JOBS", "3")))
+    p.add_argument("--fresh-golden", action="store_true",
+                   help="also make a golden set with this kernel (make-golden.sh) and "
+                        "run the golden and mount tests on it")
+    p.add_argument("cargo_args", nargs="*")
+    a = p.parse_args()
+    items = build(a.cargo_args)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory(prefix="ubtrfs-tests.") as logdir:
+        if a.fresh_golden:
+            fresh = os.path.join(logdir, "fresh-golden")
+            os.mkdir(fresh)
+            by_name = {it[0]: it for it in items}
+            steps = [f'echo "making a fresh golden set with kernel $(uname -r)"',
+                     f'bash {root}/tests/golden/make-golden.sh {fresh} > {fresh}/make.log 2>&1'
+                     f' || {{ tail -50 {fresh}/make.log; echo "make-golden.sh failed"; exit 1; }}']
+            for t in ("golden", "mount"):
+                _, argv, cwd, _ = by_name[t]
+                steps.append(f'(cd {cwd} && UBTRFS_GOLDEN_DIR={fresh} {argv[0]})')
+            items.append(("fresh-golden", ["bash", "-c", "set -e\n" + "\n".join(steps)],
+                          root, {}))
+        failed = Pool(max(1, a.jobs), logdir).run_all(items)
+    if failed:
+        print("run-tests: failed: " + ", ".join(failed), file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
