@@ -168,11 +168,38 @@ pub(crate) fn notify(ch: &Channel, code: i32, parts: &[&[u8]]) {
 /// which takes no inode lock in the kernel, so it is safe while a request of that
 /// inode is being answered).
 pub(crate) fn inval_inode(ch: &Channel, nodeid: u64, offset: i64) {
+    inval_inode_range(ch, nodeid, offset, 0);
+}
+
+/// [`inval_inode`] of the cached data in `offset..offset + len` only (`len` 0: to
+/// the end).
+fn inval_inode_range(ch: &Channel, nodeid: u64, offset: i64, len: i64) {
     let mut i = Vec::with_capacity(24);
     i.extend_from_slice(&nodeid.to_ne_bytes());
     i.extend_from_slice(&offset.to_ne_bytes());
-    i.extend_from_slice(&0i64.to_ne_bytes());
+    i.extend_from_slice(&len.to_ne_bytes());
     notify(ch, NOTIFY_INVAL_INODE, &[&i]);
+}
+
+/// Tells the kernel, from a thread of its own, to drop its cached data of `nodeid`
+/// in `offset..offset + len`. The kernel locks those pages and waits for their
+/// write-back to end, which may be the very WRITE being answered: through io_uring
+/// an answer is committed only after its handler returns, so the handler must not
+/// wait for this.
+pub(crate) fn inval_data_later(ch: &Channel, nodeid: u64, offset: u64, len: u64) {
+    let (Ok(offset), Ok(len)) = (i64::try_from(offset), i64::try_from(len)) else {
+        return;
+    };
+    let Ok(own) = ch.try_clone() else {
+        eprintln!("ubtrfs: cannot drop the kernel's cached data of node {nodeid}");
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("ubtrfs-notify".into())
+        .spawn(move || inval_inode_range(&own, nodeid, offset, len));
+    if let Err(e) = spawned {
+        eprintln!("ubtrfs: cannot drop the kernel's cached data of node {nodeid}: {e}");
+    }
 }
 
 impl Drop for Reply<'_> {

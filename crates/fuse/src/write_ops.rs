@@ -9,7 +9,7 @@ use crate::channel::Channel;
 use crate::killpriv::{killed_mode, Cause};
 use crate::nodes::NodeKey;
 use crate::ops::{errno, Ops, NAME_MAX};
-use crate::reply::inval_inode;
+use crate::reply::{inval_data_later, inval_inode};
 use crate::reply::{AttrsCheck, Reply, RingAnswer};
 use crate::writer::Writer;
 use crate::writer::DEFAULT_ITEMS;
@@ -39,6 +39,12 @@ const FATTR_KILL_SUIDGID: u32 = 1 << 11;
 
 // fuse_write_in.write_flags
 const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;
+/// The (offset, length) of a write-back from the page cache that failed.
+type FailedWriteBack = Option<(u64, u64)>;
+
+/// WRITE flag: the data comes from the page cache (delayed write-back of a shared
+/// mmap; this mount keeps no writeback cache for write(2)).
+const FUSE_WRITE_CACHE: u32 = 1;
 
 // fallocate(2) modes
 const FALLOC_FL_KEEP_SIZE: u32 = 0x01;
@@ -194,7 +200,22 @@ impl Ops {
             op::UNLINK | op::RMDIR => self.remove(w, h, a, h.opcode == op::RMDIR),
             op::RENAME => self.rename(w, h, a, false),
             op::RENAME2 => self.rename(w, h, a, true),
-            op::WRITE => self.write(w, h, a, reply.channel()),
+            op::WRITE => {
+                let ch = reply.channel();
+                return match self.write(w, h, a, ch) {
+                    Ok(body) => reply.ok(&body),
+                    Err((e, failed_write_back)) => {
+                        reply.error(e);
+                        // The pages stay in the kernel's cache, clean, showing data
+                        // the filesystem does not have (the program that stored
+                        // them learns of it at msync or fsync): drop them, so that
+                        // reads show what is on disk.
+                        if let Some((offset, len)) = failed_write_back {
+                            inval_data_later(ch, h.nodeid, offset, len);
+                        }
+                    }
+                };
+            }
             op::SETXATTR => self.setxattr(w, h, a),
             op::REMOVEXATTR => self.removexattr(w, h, a),
             op::FALLOCATE => self.fallocate(w, h, a, reply.channel()),
@@ -732,24 +753,29 @@ impl Ops {
         Ok(Vec::new())
     }
 
+    /// WRITE. Its error comes with the range when the data came from the kernel's
+    /// page cache (FUSE_WRITE_CACHE: a shared mmap written back) and was not taken.
     fn write(
         &self,
         w: &Writer,
         h: &InHeader,
         mut a: Args<'_>,
         ch: &Channel,
-    ) -> Result<Vec<u8>, i32> {
-        let _fh = a.u64().ok_or(errno::EINVAL)?;
-        let offset = a.u64().ok_or(errno::EINVAL)?;
-        let size = a.u32().ok_or(errno::EINVAL)?;
-        let write_flags = a.u32().ok_or(errno::EINVAL)?;
-        a.skip(8 + 4 + 4).ok_or(errno::EINVAL)?; // lock_owner, flags, padding
+    ) -> Result<Vec<u8>, (i32, FailedWriteBack)> {
+        let bad = (errno::EINVAL, None);
+        let _fh = a.u64().ok_or(bad)?;
+        let offset = a.u64().ok_or(bad)?;
+        let size = a.u32().ok_or(bad)?;
+        let write_flags = a.u32().ok_or(bad)?;
+        a.skip(8 + 4 + 4).ok_or(bad)?; // lock_owner, flags, padding
         let data = a.rest();
-        let data = data.get(..size as usize).ok_or(errno::EINVAL)?;
-        let node = self.changeable(h.nodeid)?;
+        let data = data.get(..size as usize).ok_or(bad)?;
+        let page_cache = write_flags & FUSE_WRITE_CACHE != 0;
+        let range = page_cache.then_some((offset, size as u64));
+        let node = self.changeable(h.nodeid).map_err(|e| (e, range))?;
         // Writers were checked at OPEN; as on the kernel, a file made immutable or
         // append-only while open can still be written through that descriptor.
-        let i = self.inode_item(w, node)?;
+        let i = self.inode_item(w, node).map_err(|e| (e, range))?;
         let iflags = i.flags;
         if write_flags & FUSE_WRITE_KILL_SUIDGID != 0 {
             let k = Killing {
@@ -759,10 +785,12 @@ impl Ops {
                 node,
                 cause: Cause::Marked,
             };
-            self.kill_suidgid(w, k, &i)?;
+            self.kill_suidgid(w, k, &i).map_err(|e| (e, range))?;
         }
-        w.write_data(node.root, node.ino, offset, data)?;
-        self.sync_if(w, iflags, INODE_SYNC)?;
+        w.write_data(node.root, node.ino, offset, data, page_cache)
+            .map_err(|e| (e, range))?;
+        // The data is in; a failed sync after it does not make it unwritten.
+        self.sync_if(w, iflags, INODE_SYNC).map_err(|e| (e, None))?;
         let mut o = Out::with_capacity(8);
         o.u32(size).u32(0);
         Ok(o.buf)

@@ -331,8 +331,24 @@ impl Writer {
     /// A WRITE request: `data` at `offset` of regular file `ino`, gathered with the
     /// file's pending run when it continues it (delayed allocation), else after that
     /// run is written. ENOSPC, with nothing changed, when the data could not get
-    /// extents later.
-    pub fn write_data(&self, root: u64, ino: u64, offset: u64, data: &[u8]) -> Result<(), i32> {
+    /// extents later. `page_cache`: the kernel writes back pages a program already
+    /// stored into (a shared mmap), which may use the data reserve kept for that
+    /// ([`Reservation::page_cache`]).
+    pub fn write_data(
+        &self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        page_cache: bool,
+    ) -> Result<(), i32> {
+        let reservation = |len| {
+            if page_cache {
+                Reservation::page_cache_write(len)
+            } else {
+                Reservation::write(len)
+            }
+        };
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EROFS);
         }
@@ -373,7 +389,7 @@ impl Writer {
         if t.data_available_bytes() < DELALLOC_LOW_SPACE_BYTES + 2 * (d.bytes + len) {
             drop(d);
             self.flush(&mut t)?;
-            match t.reserve(Reservation::write(len)) {
+            match t.reserve(reservation(len)) {
                 Ok(()) => {}
                 Err(Error::NoSpace(_)) => return Err(errno::ENOSPC),
                 Err(e) => {
@@ -390,7 +406,7 @@ impl Writer {
             });
         }
         // Room for this run and every other pending one, as when they are written.
-        match t.reserve(Reservation::write(d.bytes + len)) {
+        match t.reserve(reservation(d.bytes + len)) {
             Ok(()) => {}
             Err(Error::NoSpace(_)) => return Err(errno::ENOSPC),
             Err(e) => {
@@ -829,7 +845,7 @@ mod tests {
             .expect("mkfs");
         let w = Writer::new(t);
         w.change("create a", |t| file(t, b"a")).expect("create a");
-        w.write_data(FS_TREE_OBJECTID, 257, 0, &[7u8; 100_000])
+        w.write_data(FS_TREE_OBJECTID, 257, 0, &[7u8; 100_000], false)
             .expect("write a");
         gate.set(true);
         let committer = {
@@ -903,7 +919,7 @@ mod tests {
         let mut off = 0u64;
         while !w.read(|_| w.kicked.load(Ordering::Acquire)) {
             assert!(off < 400 << 20, "400 MiB written without a new chunk");
-            w.write_data(FS_TREE_OBJECTID, 257, off, &chunk)
+            w.write_data(FS_TREE_OBJECTID, 257, off, &chunk, false)
                 .expect("write");
             off += chunk.len() as u64;
         }

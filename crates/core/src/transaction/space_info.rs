@@ -28,6 +28,12 @@ const GLOBAL_RESERVE_MIN_BYTES: u64 = 1 << 20;
 /// Ceiling of the global reserve (the kernel's is 512 MiB).
 const GLOBAL_RESERVE_MAX_BYTES: u64 = 512 << 20;
 
+/// Floor of the page-cache writeback reserve ([`Reservation::page_cache`]).
+const WRITEBACK_RESERVE_MIN_BYTES: u64 = 1 << 20;
+
+/// Ceiling of the page-cache writeback reserve.
+const WRITEBACK_RESERVE_MAX_BYTES: u64 = 64 << 20;
+
 /// What one operation may need, asked for before it starts (the kernel's
 /// btrfs_start_transaction(root, num_items) and btrfs_check_data_free_space).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,6 +47,14 @@ pub struct Reservation {
     /// The operation frees space (unlink, rmdir, truncate, punch hole): it may use
     /// the global reserve, as the kernel's deletions do.
     pub frees_space: bool,
+    /// The data is already accepted by a page cache: a FUSE write-back of pages a
+    /// program stored into through a shared mmap. The kernel's btrfs reserves data
+    /// space when such a page is first dirtied (btrfs_page_mkwrite, SIGBUS when
+    /// full); the FUSE module never asks the server then, so refusing the write-back
+    /// loses data the program believes written. Such writes may use a data reserve
+    /// (a 64th of the filesystem, 1-64 MiB) that every other data allocation leaves
+    /// alone, so they fail only when that is gone too.
+    pub page_cache: bool,
 }
 
 impl Reservation {
@@ -58,6 +72,7 @@ impl Reservation {
             items,
             data_bytes: 0,
             frees_space: true,
+            page_cache: false,
         }
     }
 
@@ -68,6 +83,16 @@ impl Reservation {
             items: 4 + len / (1 << 20),
             data_bytes: len,
             frees_space: false,
+            page_cache: false,
+        }
+    }
+
+    /// [`Reservation::write`] of data a page cache already holds (see
+    /// [`Reservation::page_cache`]).
+    pub fn page_cache_write(len: u64) -> Reservation {
+        Reservation {
+            page_cache: true,
+            ..Reservation::write(len)
         }
     }
 }
@@ -91,6 +116,12 @@ impl Trans {
         (meta_total / 16).clamp(GLOBAL_RESERVE_MIN_BYTES, GLOBAL_RESERVE_MAX_BYTES)
     }
 
+    /// Data space kept for page-cache write-back ([`Reservation::page_cache`]).
+    fn writeback_reserve_bytes(&self) -> u64 {
+        (self.fs.info.sb.total_bytes / 64)
+            .clamp(WRITEBACK_RESERVE_MIN_BYTES, WRITEBACK_RESERVE_MAX_BYTES)
+    }
+
     /// What the commit needs for the blocks dirtied so far: an extent-tree item per
     /// block (about a hundred fit a leaf), and paths of the root, extent, free-space
     /// and block-group trees.
@@ -111,8 +142,13 @@ impl Trans {
         let ss = self.fs.info.sectorsize as u64;
         let data_need = if r.data_bytes == 0 {
             0
+        } else if r.page_cache || r.frees_space {
+            // Deletions rewrite at most a partial sector: a full filesystem can
+            // always be emptied.
+            r.data_bytes.saturating_add(2 * ss).next_multiple_of(ss)
         } else {
             r.data_bytes.saturating_add(2 * ss).next_multiple_of(ss)
+                + self.writeback_reserve_bytes()
         };
         let data_have = if data_need == 0 {
             0
