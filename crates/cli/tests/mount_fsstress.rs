@@ -1,10 +1,11 @@
 //! fsstress (fstests' random operation generator: creates, writes, fsyncs, renames,
 //! links, xattrs, fallocate, punch/zero/collapse/insert ranges, copy_file_range,
-//! truncates, mmap and direct I/O, from four processes) on a read-write `ubtrfs
-//! mount`, plain and with `compress=zstd`, each once to the end with a clean
-//! unmount: the kernel must then show exactly what the mount showed. The compressed
-//! one runs again and its server is killed (SIGKILL: no commit, no unmount) in the
-//! middle. What the fsyncs left in the tree log must come back the same whoever
+//! clone and dedupe ranges, truncates, mmap and direct I/O, snapshots and subvolume
+//! creation and deletion, from four processes) on a read-write `ubtrfs mount`:
+//! plain, with `compress=zstd`, and on a 128 MiB filesystem that fills up (ENOSPC
+//! in every kind of operation), each once to the end with a clean unmount: the
+//! kernel must then show exactly what the mount showed. The compressed one runs
+//! again and its server is killed (SIGKILL: no commit, no unmount) in the middle. What the fsyncs left in the tree log must come back the same whoever
 //! replays it:
 //! - the kernel (a mount),
 //! - ubtrfs, by a writing command (which replays, commits, then writes),
@@ -15,7 +16,10 @@
 //! and `btrfs check --readonly --check-data-csum` clean after both writing replays.
 //!
 //! fsstress is built from the fstests source snapshot by tests/fstests/run.sh
-//! (`--build-only`, shared with the fstests test and cached). Needs root.
+//! (`--build-only`, shared with the fstests test and cached), with libbtrfsutil for
+//! its btrfs operations; FSSTRESS_FORCE_BTRFS=1 keeps them on a FUSE mount (whose
+//! statfs reports FUSE's magic). The mounts use `-o ino=kernel`, so st_ino in
+//! snapshots is the kernel's. Needs root.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -38,11 +42,21 @@ fn fsstress() -> PathBuf {
     bin
 }
 
-/// Runs fsstress with `seed` in `dir` (four processes, up to `ops` operations each).
-fn start_fsstress(bin: &Path, dir: &Path, seed: u32, ops: u32) -> std::process::Child {
+/// Runs fsstress with `seed` in `dir` (four processes, up to `ops` operations each),
+/// with snapshots and subvolume creation and deletion if `btrfs_ops`.
+fn start_fsstress(
+    bin: &Path,
+    dir: &Path,
+    seed: u32,
+    ops: u32,
+    btrfs_ops: bool,
+) -> std::process::Child {
     std::fs::create_dir_all(dir).expect("mkdir");
-    Command::new(bin)
-        .arg("-d")
+    let mut cmd = Command::new(bin);
+    if btrfs_ops {
+        cmd.env("FSSTRESS_FORCE_BTRFS", "1");
+    }
+    cmd.arg("-d")
         .arg(dir)
         .args(["-p", "4", "-n", &ops.to_string(), "-s", &seed.to_string()])
         .stdout(Stdio::null())
@@ -112,16 +126,23 @@ fn fsstress_then_kill_replays_alike_everywhere() {
         return;
     }
     let bin = fsstress();
-    // Both run to the end; the compressed one is also cut (CI's time: one cut).
-    for (seed, opts, cut) in [(1u32, "rw", false), (2, "rw,compress=zstd", true)] {
-        let what = format!("seed {seed}, -o {opts}");
+    // All run to the end; the compressed one is also cut (CI's time: one cut),
+    // without btrfs operations: a snapshot commits, leaving no log to replay. The
+    // small one fills up: fsstress's writes are up to a few MiB each.
+    let configs = [
+        (1u32, "rw,ino=kernel", 2u64 << 30, 1000, true, false),
+        (2, "rw,ino=kernel,compress=zstd", 2 << 30, 1000, false, true),
+        (3, "rw,ino=kernel", 128 << 20, 2000, true, false),
+    ];
+    for (seed, opts, size, ops, btrfs_ops, cut) in configs {
+        let what = format!("seed {seed}, -o {opts}, {} MiB", size >> 20);
         let dir = tempfile::tempdir().unwrap();
 
         // To the end, then a clean unmount: the kernel shows what the mount showed.
         let img = dir.path().join("whole.img");
-        mkfs_btrfs(&img, 2 << 30, &[]);
+        mkfs_btrfs(&img, size, &[]);
         let m = FuseMount::start(&UBTRFS, &[&img], &[opts]);
-        let mut f = start_fsstress(&bin, &m.mnt.join("t"), seed, 1000);
+        let mut f = start_fsstress(&bin, &m.mnt.join("t"), seed, ops, btrfs_ops);
         assert!(f.wait().expect("fsstress").success(), "fsstress, {what}");
         let seen = m.walk_and_unmount();
         kernel_round_trip(&img, &seen, &format!("fsstress to the end, {what}"));
@@ -132,9 +153,9 @@ fn fsstress_then_kill_replays_alike_everywhere() {
         // Killed in the middle: the tree log is all that holds the fsyncs since the
         // last commit.
         let img = dir.path().join("cut.img");
-        mkfs_btrfs(&img, 2 << 30, &[]);
+        mkfs_btrfs(&img, size, &[]);
         let mut m = FuseMount::start(&UBTRFS, &[&img], &[opts]);
-        let mut f = start_fsstress(&bin, &m.mnt.join("t"), seed + 100, 1_000_000);
+        let mut f = start_fsstress(&bin, &m.mnt.join("t"), seed + 100, 1_000_000, false);
         std::thread::sleep(Duration::from_secs(4));
         m.child.kill().expect("kill the server");
         let _ = m.child.wait();
@@ -163,7 +184,7 @@ fn fsstress_then_kill_replays_alike_everywhere() {
         // Read-only, in memory: the image is not written.
         let before = std::fs::read(&img).expect("read image");
         let t0 = now_secs();
-        let ro = FuseMount::start(&UBTRFS, &[&img], &["ro"]);
+        let ro = FuseMount::start(&UBTRFS, &[&img], &["ro,ino=kernel"]);
         let ro_span = (t0, now_secs());
         let in_memory = ro.walk_and_unmount();
         assert!(
