@@ -4,6 +4,8 @@
 #
 #   sudo bash tests/golden/make-golden.sh OUTDIR [NAME...]
 #
+# (SKIP_SETS="NAME..." leaves sets out.)
+#
 # For every image set NAME (default: all of them) this writes
 #   OUTDIR/NAME.img.zst                     (single device), or
 #   OUTDIR/NAME.dev1.img.zst, .dev2, ...    (multi-device, in mkfs order)
@@ -760,6 +762,14 @@ OUTDIR=$1; shift
 mkdir -p "$OUTDIR"
 OUTDIR=$(cd "$OUTDIR" && pwd)
 if [ $# -gt 0 ]; then SETS=("$@"); else SETS=("${ALL_SETS[@]}"); fi
+# SKIP_SETS="a b": leave those out (tests/run-tests.py makes `treelog` apart).
+if [ -n "${SKIP_SETS:-}" ]; then
+    kept=()
+    for s in "${SETS[@]}"; do
+        [[ " $SKIP_SETS " == *" $s "* ]] || kept+=("$s")
+    done
+    SETS=("${kept[@]}")
+fi
 
 failed=()
 start=$SECONDS
