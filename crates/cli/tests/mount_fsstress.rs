@@ -2,9 +2,10 @@
 //! links, xattrs, fallocate, punch/zero/collapse/insert ranges, copy_file_range,
 //! clone and dedupe ranges, truncates, mmap and direct I/O, snapshots and subvolume
 //! creation and deletion, from four processes) on a read-write `ubtrfs mount`:
-//! plain, with `compress=zstd`, and on a 128 MiB filesystem that fills up (ENOSPC
-//! in every kind of operation), each once to the end with a clean unmount: the
-//! kernel must then show exactly what the mount showed. The compressed one runs
+//! plain, with `compress=zstd`, on a 128 MiB filesystem that fills up (ENOSPC in
+//! every kind of operation), and with quotas on, each once to the end with a clean
+//! unmount: the kernel must then show exactly what the mount showed (and btrfs
+//! check's recount of the quota groups must match the mount's). The compressed one runs
 //! again and its server is killed (SIGKILL: no commit, no unmount) in the middle. What the fsyncs left in the tree log must come back the same whoever
 //! replays it:
 //! - the kernel (a mount),
@@ -129,23 +130,54 @@ fn fsstress_then_kill_replays_alike_everywhere() {
     // All run to the end; the compressed one is also cut (CI's time: one cut),
     // without btrfs operations: a snapshot commits, leaving no log to replay. The
     // small one fills up: fsstress's writes are up to a few MiB each.
-    let configs = [
-        (1u32, "rw,ino=kernel", 2u64 << 30, 1000, true, false),
-        (2, "rw,ino=kernel,compress=zstd", 2 << 30, 1000, false, true),
-        (3, "rw,ino=kernel", 128 << 20, 2000, true, false),
+    // The fourth keeps quotas: their numbers after snapshots, deletions, clones and
+    // dedupes must be what btrfs check recounts.
+    let configs: [(u32, &str, u64, u32, bool, bool, &[&str]); 4] = [
+        (1, "rw,ino=kernel", 2 << 30, 1000, true, false, &[]),
+        (
+            2,
+            "rw,ino=kernel,compress=zstd",
+            2 << 30,
+            1000,
+            false,
+            true,
+            &[],
+        ),
+        (3, "rw,ino=kernel", 128 << 20, 2000, true, false, &[]),
+        (
+            4,
+            "rw,ino=kernel",
+            1 << 30,
+            1000,
+            true,
+            false,
+            &["-O", "quota"],
+        ),
     ];
-    for (seed, opts, size, ops, btrfs_ops, cut) in configs {
-        let what = format!("seed {seed}, -o {opts}, {} MiB", size >> 20);
+    for (seed, opts, size, ops, btrfs_ops, cut, mkfs_args) in configs {
+        let what = format!("seed {seed}, -o {opts}, {} MiB {mkfs_args:?}", size >> 20);
         let dir = tempfile::tempdir().unwrap();
 
         // To the end, then a clean unmount: the kernel shows what the mount showed.
         let img = dir.path().join("whole.img");
-        mkfs_btrfs(&img, size, &[]);
+        mkfs_btrfs(&img, size, mkfs_args);
         let m = FuseMount::start(&UBTRFS, &[&img], &[opts]);
         let mut f = start_fsstress(&bin, &m.mnt.join("t"), seed, ops, btrfs_ops);
         assert!(f.wait().expect("fsstress").success(), "fsstress, {what}");
         let seen = m.walk_and_unmount();
         kernel_round_trip(&img, &seen, &format!("fsstress to the end, {what}"));
+        if mkfs_args.contains(&"quota") {
+            let report = sh(&format!(
+                "btrfs check --readonly --qgroup-report {} 2>&1; echo rc=$?",
+                img.display()
+            ));
+            assert!(
+                report.ends_with("rc=0\n")
+                    && !report.contains("are different")
+                    && !report.to_lowercase().contains("inconsistent"),
+                "{what}: btrfs check --qgroup-report:\n{report}"
+            );
+        }
 
         if !cut {
             continue;
