@@ -76,6 +76,18 @@ fn log_root(img: &Path) -> u64 {
         .expect("log_root in dump-super")
 }
 
+/// One fsstress run: seed, mount options, filesystem bytes, operations per
+/// process, btrfs operations, also cut, mkfs.btrfs arguments.
+type Config = (
+    u32,
+    &'static str,
+    u64,
+    u32,
+    bool,
+    bool,
+    &'static [&'static str],
+);
+
 /// Seconds since the epoch.
 fn now_secs() -> u64 {
     std::time::SystemTime::now()
@@ -132,7 +144,7 @@ fn fsstress_then_kill_replays_alike_everywhere() {
     // small one fills up: fsstress's writes are up to a few MiB each.
     // The fourth keeps quotas: their numbers after snapshots, deletions, clones and
     // dedupes must be what btrfs check recounts.
-    let configs: [(u32, &str, u64, u32, bool, bool, &[&str]); 4] = [
+    let configs: [Config; 4] = [
         (1, "rw,ino=kernel", 2 << 30, 1000, true, false, &[]),
         (
             2,
