@@ -1097,14 +1097,15 @@ impl Ops {
             cause: Cause::Unmarked,
         };
         self.kill_suidgid_unmarked(w, k)?;
-        let need = w.read(|fs| Trans::copy_file_range_reservation(fs, off_in, off_out, len));
+        let (from, to) = (
+            FilePos::new(src.root, src.ino, off_in),
+            FilePos::new(dst.root, dst.ino, off_out),
+        );
+        let need = w
+            .read(|fs| Trans::copy_file_range_reservation(fs, from, to, len))
+            .map_err(|e| e.errno())?;
         let (n, _shared) = w.change_reserved("copy_file_range", need, |t| {
-            t.copy_file_range(
-                FilePos::new(src.root, src.ino, off_in),
-                FilePos::new(dst.root, dst.ino, off_out),
-                len,
-                now(),
-            )
+            t.copy_file_range(from, to, len, now())
         })?;
         let mut o = Out::with_capacity(8);
         // At most CLONE_CHUNK_BYTES_MAX (1 GiB): fits the reply's 32 bits.

@@ -88,6 +88,15 @@ impl Filesystem {
         )
     }
 
+    /// Whether the file's data is an inline extent (in its first item, the only
+    /// place one can be).
+    pub fn has_inline_extent(&self, node: Node) -> Result<bool> {
+        let root = self.root(node.root)?;
+        let key = Key::new(node.ino, EXTENT_DATA_KEY, 0);
+        Ok(lookup_exact(&self.info, &root, &key)?
+            .is_some_and(|it| it.data().get(20) == Some(&FILE_EXTENT_INLINE)))
+    }
+
     /// The raw INODE_ITEM of a file.
     pub fn inode_item(&self, node: Node) -> Result<InodeItem> {
         let root = self.root(node.root)?;

@@ -10,7 +10,7 @@
 //! cannot be shared (it lives in the leaf), so its bytes are written as new data.
 
 use crate::error::{Error, Result};
-use crate::fs::Filesystem;
+use crate::fs::{Filesystem, Node};
 use crate::transaction::space_info::Reservation;
 use crate::transaction::Trans;
 use ubtrfs_format::consts::*;
@@ -313,25 +313,32 @@ impl Trans {
         Ok(out)
     }
 
-    /// What [`Trans::copy_file_range`] may need: whole sectors are shared (a few
-    /// items per source extent, no data), the rest is copied, at most
-    /// `COPY_CHUNK_BYTES_MAX` (8 MiB) at a time.
+    /// What [`Trans::copy_file_range`] from `src` to `dst` may need: whole sectors
+    /// are shared (a few items per source extent, no data, as the kernel's clone:
+    /// it works on a filesystem whose data space is full), the rest is copied, at
+    /// most `COPY_CHUNK_BYTES_MAX` (8 MiB) at a time. An inline extent is written
+    /// anew, the source's (only at offset 0) as the destination's (made regular).
     pub fn copy_file_range_reservation(
         fs: &Filesystem,
-        src_off: u64,
-        dst_off: u64,
+        src: FilePos,
+        dst: FilePos,
         len: u64,
-    ) -> Reservation {
+    ) -> Result<Reservation> {
         let ss = fs.info.sectorsize as u64;
-        if src_off.is_multiple_of(ss) && dst_off.is_multiple_of(ss) {
-            Reservation {
-                // An inline source sector is written anew.
-                data_bytes: 1,
-                ..Reservation::items(CLONE_RESERVED_ITEMS)
-            }
-        } else {
-            Reservation::write(len.min(COPY_CHUNK_BYTES_MAX))
-        }
+        let (src_off, dst_off) = (src.offset, dst.offset);
+        Ok(
+            if src_off.is_multiple_of(ss) && dst_off.is_multiple_of(ss) {
+                let inline = (src_off == 0
+                    && fs.has_inline_extent(Node::new(src.root, src.ino))?)
+                    || fs.has_inline_extent(Node::new(dst.root, dst.ino))?;
+                Reservation {
+                    data_bytes: if inline { ss } else { 0 },
+                    ..Reservation::items(CLONE_RESERVED_ITEMS)
+                }
+            } else {
+                Reservation::write(len.min(COPY_CHUNK_BYTES_MAX))
+            },
+        )
     }
 
     /// copy_file_range(2) as on a kernel btrfs mount: the whole sectors of the range
