@@ -37,6 +37,16 @@ usage() {
 }
 
 die() { echo "make-golden: $*" >&2; exit 1; }
+
+# Mount options naming every device of the set: the kernel scans them inside the
+# mount, under the lock `btrfs device scan --forget` takes, so another test that
+# forgets unmounted devices between our scan and our mount cannot make it fail
+# (tests run in parallel: tests/run-tests.py).
+devopts() {
+    local l o=
+    for l in "${LOOPS[@]}"; do o+="${o:+,}device=$l"; done
+    echo "$o"
+}
 log() { echo "make-golden: [$(date +%T)] $*" >&2; }
 
 # ---------------------------------------------------------------------------
@@ -679,7 +689,7 @@ build_set() {
     "${mkfs_cmd[@]}" "${LOOPS[@]}" > "$WORK/mkfs.log" 2>&1 || { cat "$WORK/mkfs.log" >&2; die "$name: mkfs failed"; }
     btrfs device scan "${LOOPS[@]}" >/dev/null
 
-    mount -t btrfs ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "${LOOPS[0]}" "$MNT"
+    mount -t btrfs -o "$(devopts)${MOUNT_OPTS:+,$MOUNT_OPTS}" "${LOOPS[0]}" "$MNT"
     M=$MNT
     ( cd "$MNT"; "work_$fn" )
     if [ "$SYNC_BEFORE_UMOUNT" = 1 ]; then sync; fi
@@ -687,7 +697,7 @@ build_set() {
 
     if declare -F "post_$fn" >/dev/null; then "post_$fn"; fi
 
-    mount -t btrfs -o "ro${MOUNT_OPTS:+,$MOUNT_OPTS}" "${LOOPS[0]}" "$MNT"
+    mount -t btrfs -o "ro,$(devopts)${MOUNT_OPTS:+,$MOUNT_OPTS}" "${LOOPS[0]}" "$MNT"
     local devlist
     devlist=$(IFS=,; echo "${names[*]}")
     python3 "$HERE/walk.py" "$MNT" "$WORK/manifest.json" --name "$name" \
@@ -715,7 +725,7 @@ build_set() {
     if [ "$NDEV" -gt 1 ]; then
         for l in "${LOOPS[@]}"; do btrfs device scan "$l" >/dev/null; done
     fi
-    mount -t btrfs ${MOUNT_OPTS:+-o "$MOUNT_OPTS"} "${LOOPS[0]}" "$MNT"
+    mount -t btrfs -o "$(devopts)${MOUNT_OPTS:+,$MOUNT_OPTS}" "${LOOPS[0]}" "$MNT"
     btrfs quota enable "$MNT"
     btrfs quota rescan -w "$MNT" >/dev/null
     btrfs qgroup show --raw "$MNT" > "$WORK/qgroups.txt"
