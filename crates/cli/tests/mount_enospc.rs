@@ -11,7 +11,7 @@
 use std::path::Path;
 use ubtrfs_sim::golden::{compare_walks, report, walk_mounted, STAT_FIELDS};
 use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, Ubtrfs};
-use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
+use ubtrfs_sim::mount::{kernel_round_trip, mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
 
@@ -215,7 +215,7 @@ fn mmap_write_back_on_a_full_filesystem() {
     let dir = tempfile::tempdir().expect("tempdir");
     let img = dir.path().join("ubtrfs.img");
     mkfs_btrfs(&img, 128 << 20, &[]);
-    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
     let (out, err) = bash_in(&fm.mnt, MMAP_WORKLOAD);
     assert!(
         out.contains("cloned on a full filesystem")
@@ -224,18 +224,7 @@ fn mmap_write_back_on_a_full_filesystem() {
         "{out}\n{err}\n{}",
         fm.log()
     );
-    let tree = walk_mounted(&fm.mnt);
-    let st = fm.unmount();
-    assert!(st.success(), "server exit {st}: {}", fm.log());
     eprintln!("{out}");
-    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
-    let k = KernelMount::new(&img, "ro");
-    let kernel = walk_mounted(&k.path(""));
-    k.umount();
-    report(compare_walks(
-        "mmap write-back on a full filesystem: the kernel's view after the unmount",
-        &tree,
-        &kernel,
-        STAT_FIELDS,
-    ));
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&img, &seen, "mmap write-back on a full filesystem");
 }
