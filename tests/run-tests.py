@@ -20,13 +20,17 @@ elsewhere on the machine commits every mounted btrfs and closes that window.
 
 Usage: run-tests.py [--jobs N] [--fresh-golden] -- CARGO_TEST_ARGS...
 The cargo arguments select what is built (e.g. --workspace --features F). Each
-binary's output goes to a log that is printed when it fails; a summary line per
-binary is printed as it finishes. Exit status 1 if any binary failed.
+binary's output goes to a log. When it finishes, its libtest lines ("running N
+tests", "test NAME ... ok", "test result: ...") are printed in one block under a
+"Running NAME" header, as `cargo test` prints them, so whoever reads the CI log
+(a person or a parser counting tests) sees every test that ran; a failing binary's
+whole log is printed. Exit status 1 if any binary failed.
 """
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -52,6 +56,10 @@ GROUPS = {
 }
 
 
+# What libtest prints on stdout for a run: the count, one line per test, the result.
+LIBTEST_LINE = re.compile(r"^(running \d+ tests?$|test .+ \.\.\. |test result: )")
+
+
 def group_of(name):
     for g, members in GROUPS.items():
         if name in members:
@@ -60,7 +68,7 @@ def group_of(name):
 
 
 def build(cargo_args):
-    """Builds the test binaries; returns [(name, executable, cwd)]."""
+    """Builds the test binaries; returns [(name, argv, cwd, env, header)]."""
     cmd = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics"]
     cmd += cargo_args
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
@@ -77,7 +85,11 @@ def build(cargo_args):
         kind = target["kind"][0]
         name = target["name"] if kind == "test" else f"{target['name']} ({kind} unit tests)"
         cwd = os.path.dirname(msg["manifest_path"])
-        out.append((name, [msg["executable"]], cwd, {}))
+        # cargo test's header: "Running unittests src/lib.rs (target/.../deps/x-hash)".
+        src = os.path.relpath(target["src_path"], cwd)
+        what = src if kind == "test" else f"unittests {src}"
+        header = f"{what} ({os.path.relpath(msg['executable'], os.getcwd())})"
+        out.append((name, [msg["executable"]], cwd, {}, header))
     return out
 
 
@@ -126,7 +138,7 @@ class Pool:
         return self.failed
 
     def _run(self, item, group, total):
-        name, argv, cwd, env = item
+        name, argv, cwd, env, header = item
         log = os.path.join(self.logdir, name.replace(" ", "_").replace("/", "_") + ".log")
         t = time.monotonic()
         with open(log, "w") as f:
@@ -135,11 +147,14 @@ class Pool:
         secs = time.monotonic() - t
         with open(log, errors="replace") as f:
             text = f.read()
-        results = [l for l in text.splitlines() if l.startswith("test result:")]
+        lines = text.splitlines()
+        results = [l for l in lines if l.startswith("test result:")]
+        libtest = [l for l in lines if LIBTEST_LINE.match(l)]
         with self.lock:
             self.done += 1
             status = "ok" if rc == 0 else f"FAILED (exit {rc})"
             summary = results[-1] if results else ""
+            print(f"     Running {header}\n" + "\n".join(libtest) + "\n", flush=True)
             print(f"[{self.done}/{total}] {name}: {status} in {secs:.0f} s  {summary}",
                   flush=True)
             if rc != 0:
@@ -173,14 +188,14 @@ def main():
             # its next commit: made alone (EXCLUSIVE), before the other sets.
             items.append(("fresh-golden-treelog",
                           ["bash", "-c", "set -e\n" + make.format("treelog", "treelog", "treelog")],
-                          root, {}))
+                          root, {}, "tests/golden/make-golden.sh treelog"))
             steps = [f'echo "making a fresh golden set with kernel $(uname -r)"',
                      "SKIP_SETS=treelog " + make.format("", "make", "make")]
             for t in ("golden", "mount"):
-                _, argv, cwd, _ = by_name[t]
+                _, argv, cwd, _, _ = by_name[t]
                 steps.append(f'(cd {cwd} && UBTRFS_GOLDEN_DIR={fresh} {argv[0]})')
             items.append(("fresh-golden", ["bash", "-c", "set -e\n" + "\n".join(steps)],
-                          root, {}))
+                          root, {}, "tests/golden/make-golden.sh, then golden and mount on it"))
         failed = Pool(max(1, a.jobs), logdir).run_all(items)
     if failed:
         print("run-tests: failed: " + ", ".join(failed), file=sys.stderr)
