@@ -574,7 +574,8 @@ fn parse_octal(s: &str) -> std::result::Result<u32, String> {
 /// Called as `mount.fuse.ubtrfs` (or `mount.ubtrfs`) by mount(8), for
 /// `mount -t fuse.ubtrfs IMAGE DIR -o OPTS` and /etc/fstab lines: mount(8) passes
 /// `SOURCE DIR [-sfnv] [-o OPTS]`; this becomes `ubtrfs mount SOURCE DIR -o OPTS`,
-/// without the options that are mount(8)'s own (noauto, user, nofail, _netdev, x-*).
+/// without the options that are mount(8)'s own (noauto, user, nofail, _netdev, x-*);
+/// the VFS flags (noexec, sync, ...) are passed on: FUSE mounts with them.
 /// mount(8) passes nosuid and nodev (also those `user` implies) but not its defaults
 /// suid and dev; called by `root`, the mount honours them as a kernel filesystem
 /// mounted by mount(8) does (a FUSE mount is otherwise nosuid,nodev).
@@ -610,9 +611,6 @@ fn mount_helper_args(args: &[std::ffi::OsString], root: bool) -> Option<Vec<std:
                 | "group"
                 | "nofail"
                 | "_netdev"
-                | "exec"
-                | "noexec"
-                | "async"
         ) || o.starts_with("x-")
             || o.starts_with("comment=")
     };
@@ -1305,7 +1303,7 @@ mod tests {
             "/mnt",
             "-n",
             "-o",
-            "rw,noauto,x-systemd.automount,commit=5,nofail",
+            "rw,noauto,x-systemd.automount,commit=5,nofail,noexec",
         ]);
         assert_eq!(
             super::mount_helper_args(&helper, true),
@@ -1315,7 +1313,7 @@ mod tests {
                 "/i.img",
                 "/mnt",
                 "-o",
-                "rw,commit=5,suid,dev"
+                "rw,commit=5,noexec,suid,dev"
             ]))
         );
         let mut nosuid = helper.clone();
@@ -1339,7 +1337,7 @@ mod tests {
                 "/i.img",
                 "/mnt",
                 "-o",
-                "rw,commit=5"
+                "rw,commit=5,noexec"
             ]))
         );
     }

@@ -71,6 +71,9 @@ Mount options (-o, comma separated, repeatable):
   subvolid=N            show subvolume N (5 = top level); default: the default subvolume
   allow_other           let other users in (permissions are still checked, like the kernel)
   suid, dev             honour setuid bits / device nodes (default nosuid,nodev)
+  noexec, sync, dirsync, nosymfollow
+                        the VFS's flags, which it enforces on this mount as on any
+                        (exec, async, symfollow: their opposites, the defaults)
   ino=unique|kernel     st_ino: unique (default): files of the mounted subvolume show their
                         btrfs inode numbers, those of other subvolumes (subvolid << 40) | ino,
                         because FUSE has one st_dev for the whole mount (the kernel has one
@@ -132,6 +135,7 @@ struct Opts {
     allow_other: bool,
     suid: bool,
     dev: bool,
+    vfs: ubtrfs_fuse::VfsFlags,
     ino: InoMode,
     cache_mb: Option<usize>,
     threads: Option<usize>,
@@ -222,6 +226,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
         allow_other: false,
         suid: false,
         dev: false,
+        vfs: Default::default(),
         ino: InoMode::Unique,
         cache_mb: None,
         threads: None,
@@ -358,6 +363,7 @@ fn parse_options(list: &[String]) -> Result<Opts> {
             }
             ("default_permissions" | "nosuid" | "nodev", None) => {}
             (w, None) if o.atime.parse_word(w) => {}
+            (w, None) if o.vfs.parse_word(w) => {}
             ("subvol", Some(p)) => o.subvol = Some(p.to_string()),
             ("subvolid", Some(n)) => o.subvolid = Some(num(k, n)?),
             ("allow_other", None) => o.allow_other = true,
@@ -553,6 +559,7 @@ pub fn run(args: MountArgs) -> Result<()> {
     }
     cfg.mount.suid = o.suid;
     cfg.mount.dev = o.dev;
+    cfg.mount.vfs = o.vfs;
     cfg.ino = o.ino;
     cfg.user_subvol_rm_allowed = o.user_subvol_rm_allowed;
     cfg.atime = o.atime.options();
@@ -675,6 +682,7 @@ fn remount(dir: &std::path::Path, o: &Opts) -> Result<()> {
     if !o.dev {
         flags |= MsFlags::MS_NODEV;
     }
+    flags |= o.vfs.ms_flags();
     for (set, f) in [
         (o.atime.noatime, MsFlags::MS_NOATIME),
         (o.atime.relatime, MsFlags::MS_RELATIME),

@@ -895,3 +895,71 @@ fn uuid_tree_is_rebuilt_and_checked_like_the_kernel() {
         btrfs_check(&img, None).unwrap_or_else(|e| panic!("{what}: {e}"));
     }
 }
+
+/// The VFS's own mount flags (noexec, nosymfollow, sync, dirsync) reach the FUSE
+/// mount and have there the effect they have on the kernel's btrfs mount: one script
+/// on both prints the flags /proc/mounts shows, whether a copied executable runs and
+/// whether a path through a symlink resolves, then, after `remount` with their
+/// opposites, the same again. (mount.fuse.ubtrfs once dropped noexec silently.)
+#[test]
+fn vfs_mount_flags_as_on_the_kernel() {
+    if !require_fuse("vfs_mount_flags_as_on_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k = dir.path().join("k.img");
+    let img = dir.path().join("u.img");
+    mkfs_btrfs(&k, 1 << 30, &[]);
+    copy(&k, &img);
+    let flags = "noexec,nosymfollow,sync,dirsync";
+    // `remount OPTS` is defined before it: mount(8) for the kernel, ubtrfs for FUSE.
+    let script = r#"
+        show() {
+            for f in $(awk -v m="$PWD" '$2 == m { print $4 }' /proc/mounts | tr , ' '); do
+                case $f in noexec|nosymfollow|sync|dirsync) echo "flag $f";; esac
+            done
+            if ./true 2>/dev/null; then echo "exec: runs"; else echo "exec: refused ($?)"; fi
+            if cat link/f >/dev/null 2>&1; then echo "symlink: followed"; else echo "symlink: refused"; fi
+            echo data >> d/f; echo "write: $(cat d/f | wc -l) lines"
+        }
+        mkdir -p d; ln -sfn d link; cp /bin/true true
+        show; remount exec,symfollow,async; show
+    "#;
+    let km = KernelMount::new(&k, flags);
+    let kmnt = shell_quote(&km.mnt);
+    let theirs = bash_ok(
+        &km.mnt,
+        &format!("remount() {{ mount -o remount,rw,$1 {kmnt}; }}\n{}", script),
+    )
+    .unwrap_or_else(|e| panic!("kernel: {e}"));
+    km.umount();
+    let fm = FuseMount::start(&UBTRFS, &[&img], &["rw", flags]);
+    let (u, m, i) = (
+        env!("CARGO_BIN_EXE_ubtrfs"),
+        shell_quote(&fm.mnt),
+        shell_quote(&img),
+    );
+    let ours = bash_ok(
+        &fm.mnt,
+        &format!(
+            "remount() {{ {u} mount {i} {m} -o remount,rw,$1; }}\n{}",
+            script
+        ),
+    )
+    .unwrap_or_else(|e| panic!("ubtrfs: {e}\n{}", fm.log()));
+    let seen = fm.walk_and_unmount();
+    kernel_round_trip(&img, &seen, "vfs flags");
+    for want in [
+        "flag noexec",
+        "exec: refused",
+        "symlink: refused",
+        "exec: runs",
+    ] {
+        assert!(
+            theirs.contains(want),
+            "the kernel's mount: {want}\n{theirs}"
+        );
+    }
+    assert_eq!(ours, theirs, "ubtrfs (left) against the kernel (right)");
+}

@@ -302,11 +302,12 @@ fn mount_t_fuse_ubtrfs_through_the_helper() {
             // subtype= makes the type plain "fuse" (fstests' FSTYP=fuse checks it);
             // the second mount right after umount waits for the first server's last
             // commit instead of calling the image busy; remount,ro refuses writes and
-            // remount,rw allows them again.
+            // remount,rw allows them again. noexec reaches the mount (the helper once
+            // dropped it).
             // On failure (set -e), the trap unmounts what is still mounted.
             "set -e; trap 'while grep -q \" {mnt} \" /proc/mounts; do umount {mnt} || break; done' EXIT; \
-             mount -t fuse.ubtrfs {img} {mnt} -o rw,noauto,nofail,commit=5,subtype=; \
-             grep -q ' {mnt} fuse ' /proc/mounts; \
+             mount -t fuse.ubtrfs {img} {mnt} -o rw,noauto,nofail,commit=5,subtype=,noexec; \
+             grep -q ' {mnt} fuse rw,.*noexec' /proc/mounts; \
              echo through-mount > {mnt}/x; umount {mnt}; \
              mount -t fuse.ubtrfs {img} {mnt} -o rw; grep -q ' {mnt} fuse.ubtrfs ' /proc/mounts; \
              cat {mnt}/x >&2; mount -o remount,ro {mnt}; \

@@ -29,6 +29,70 @@ pub struct MountOptions {
     /// Shown in /proc/mounts as the kernel shows them (MS_NOATIME, MS_STRICTATIME,
     /// MS_NODIRATIME); the server applies them itself (module `atime`).
     pub atime: crate::AtimeOptions,
+    /// The VFS's own flags (noexec, sync, dirsync, nosymfollow): the kernel applies
+    /// them to the FUSE mount as to any other.
+    pub vfs: VfsFlags,
+}
+
+/// Mount flags that the VFS enforces by itself, whatever the filesystem: the
+/// server only passes them to mount(2) (or fusermount3) and remount.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VfsFlags {
+    /// `noexec` (MS_NOEXEC): nothing on the mount may be executed.
+    pub noexec: bool,
+    /// `sync` (MS_SYNCHRONOUS): every write is synchronous; the kernel follows each
+    /// write with an FSYNC request.
+    pub synchronous: bool,
+    /// `dirsync` (MS_DIRSYNC).
+    pub dirsync: bool,
+    /// `nosymfollow` (MS_NOSYMFOLLOW): path walks do not follow symlinks.
+    pub nosymfollow: bool,
+}
+
+/// MS_NOSYMFOLLOW (Linux 5.10), which nix's MsFlags lacks.
+const MS_NOSYMFOLLOW: MsFlags = MsFlags::from_bits_retain(256);
+
+impl VfsFlags {
+    /// Takes a mount option word that names one of these flags (or its opposite:
+    /// exec, async, symfollow); false if `word` is not one.
+    pub fn parse_word(&mut self, word: &str) -> bool {
+        match word {
+            "noexec" | "exec" => self.noexec = word == "noexec",
+            "sync" | "async" => self.synchronous = word == "sync",
+            "dirsync" => self.dirsync = true,
+            "nosymfollow" | "symfollow" => self.nosymfollow = word == "nosymfollow",
+            _ => return false,
+        }
+        true
+    }
+
+    /// The mount(2) flags.
+    pub fn ms_flags(self) -> MsFlags {
+        let mut f = MsFlags::empty();
+        for (set, flag) in [
+            (self.noexec, MsFlags::MS_NOEXEC),
+            (self.synchronous, MsFlags::MS_SYNCHRONOUS),
+            (self.dirsync, MsFlags::MS_DIRSYNC),
+            (self.nosymfollow, MS_NOSYMFOLLOW),
+        ] {
+            if set {
+                f |= flag;
+            }
+        }
+        f
+    }
+
+    /// The words fusermount3 takes for them.
+    fn words(self) -> impl Iterator<Item = &'static str> {
+        [
+            (self.noexec, "noexec"),
+            (self.synchronous, "sync"),
+            (self.dirsync, "dirsync"),
+            (self.nosymfollow, "nosymfollow"),
+        ]
+        .into_iter()
+        .filter_map(|(set, w)| set.then_some(w))
+    }
 }
 
 /// A mounted FUSE connection.
@@ -179,7 +243,7 @@ fn flags(o: &MountOptions) -> MsFlags {
     if !o.dev {
         f |= MsFlags::MS_NODEV;
     }
-    f | atime_ms_flags(o.atime)
+    f | atime_ms_flags(o.atime) | o.vfs.ms_flags()
 }
 
 /// The mount(2) flags of these atime options.
@@ -259,6 +323,10 @@ fn mount_fusermount(mountpoint: &Path, o: &MountOptions) -> io::Result<File> {
     }
     if o.allow_other {
         opts.push_str(",allow_other");
+    }
+    for w in o.vfs.words() {
+        opts.push(',');
+        opts.push_str(w);
     }
     // fusermount3 (3.14) knows noatime but not strictatime or nodiratime: those the
     // server applies all the same; /proc/mounts then shows relatime.

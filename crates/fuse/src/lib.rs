@@ -41,7 +41,7 @@ mod write_ops;
 mod writer;
 
 pub use atime::{AtimeFlags, AtimeMode, AtimeOptions};
-pub use channel::{atime_ms_flags, MountOptions};
+pub use channel::{atime_ms_flags, MountOptions, VfsFlags};
 pub use ino::InoMode;
 pub use session::{Session, Tuning};
 pub use settings::Settings;
@@ -91,6 +91,7 @@ impl Config {
                 dev: false,
                 read_only: true,
                 atime: AtimeOptions::default(),
+                vfs: VfsFlags::default(),
             },
             root,
             ttl: DEFAULT_TTL,
