@@ -306,9 +306,10 @@ fn create_mounted(
     if inherit.is_empty() {
         return Ok(());
     }
-    // The mount tells the kernel to forget its cached names of `dir` just after
-    // answering, so a lookup made before (a "not there" the kernel kept) may
-    // still be answered for a moment: try again briefly.
+    // The mount tells the kernel to forget its cached names of `dir` before it
+    // answers, but gives up waiting after a second (the notification then
+    // follows), so a "not there" the kernel kept may still be answered for a
+    // moment: try again briefly.
     let mut tries = 0;
     let new = loop {
         match File::open(new_path) {

@@ -461,3 +461,92 @@ fn mount_subvolumes_like_the_kernel() {
         panic!("{} differences:\n{}", diffs.len(), diffs.join("\n"));
     }
 }
+
+/// A subvolume or snapshot made through the mount is there for the very next path
+/// walk, with the CPUs busy: the mount makes the kernel forget the name (which
+/// `ubtrfs subvolume snapshot` itself looked up and found absent, a negative entry
+/// the kernel keeps) before it answers the ioctl. It used to answer first, and one
+/// `stat` in ten or so right after the command then failed with ENOENT.
+#[test]
+fn new_snapshots_are_seen_at_once_under_load() {
+    if !require_fuse("new_snapshots_are_seen_at_once_under_load") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("a.img");
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    let fm = FuseMount::start(&UBTRFS, &[&img], &["rw"]);
+    std::fs::write(fm.mnt.join("f"), b"x").expect("write f");
+    // Busy CPUs make the server's notification thread start late.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let burners: Vec<_> = (0..4)
+        .map(|_| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut x = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(1));
+                }
+            })
+        })
+        .collect();
+    let mut missing = Vec::new();
+    for i in 0..60 {
+        let (name, args): (String, Vec<String>) = if i % 2 == 0 {
+            let n = format!("snap{i}");
+            let dest = format!("/{n}");
+            (
+                n,
+                vec![
+                    "subvolume".into(),
+                    "snapshot".into(),
+                    "-r".into(),
+                    fm.mnt.display().to_string(),
+                    "/".into(),
+                    dest,
+                ],
+            )
+        } else {
+            let n = format!("sub{i}");
+            let path = format!("/{n}");
+            (
+                n,
+                vec![
+                    "subvolume".into(),
+                    "create".into(),
+                    fm.mnt.display().to_string(),
+                    path,
+                ],
+            )
+        };
+        let out = Command::new(env!("CARGO_BIN_EXE_ubtrfs"))
+            .args(&args)
+            .output()
+            .expect("ubtrfs");
+        assert!(
+            out.status.success(),
+            "ubtrfs {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let probe = if i % 2 == 0 {
+            fm.mnt.join(&name).join("f")
+        } else {
+            fm.mnt.join(&name)
+        };
+        if let Err(e) = std::fs::metadata(&probe) {
+            missing.push(format!("{}: {e}", probe.display()));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for b in burners {
+        b.join().expect("burner");
+    }
+    assert!(
+        missing.is_empty(),
+        "not seen right after the command: {missing:#?}\n{}",
+        fm.log()
+    );
+    fm.walk_and_unmount();
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check: {e}"));
+}

@@ -1169,11 +1169,16 @@ impl Ops {
             let ch = reply.channel();
             match self.subvol_ioctl(h, cmd, input, ch) {
                 Ok(name) => {
+                    // The kernel must forget the name (a "not there" it may have
+                    // cached) before the caller learns of the new subvolume: a
+                    // lookup right after the ioctl (`btrfs subvolume snapshot`, then
+                    // `ls`) would else be answered ENOENT from the cache. Through
+                    // /dev/fuse the answer is handed over as it is written.
+                    crate::subvol_ops::invalidate_soon(ch, h.nodeid, name);
                     // fuse_ioctl_out: result, flags, in_iovs, out_iovs.
                     let mut o = Out::with_capacity(16);
                     o.i32(0).u32(0).u32(0).u32(0);
                     reply.ok(&o.buf);
-                    crate::subvol_ops::invalidate_soon(ch, h.nodeid, name);
                 }
                 Err(e) => reply.error(e),
             }

@@ -314,10 +314,9 @@ impl Ops {
 }
 
 /// Tells the kernel to forget `name` in directory `parent` and the directory's
-/// attributes and listing. Sent after the answer: the kernel takes the directory's
-/// lock for it, which a request of that directory may hold while it waits for us.
-/// (Through io_uring the answer is committed after this; other threads of the
-/// queue serve such requests meanwhile.)
+/// attributes and listing. The kernel takes the directory's lock for it, which a
+/// request of that directory may hold while it waits for us: a handler sends it
+/// through [`invalidate_soon`], not from its own thread.
 pub(crate) fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
     let mut e = Vec::with_capacity(16 + name.len() + 1);
     e.extend_from_slice(&parent.to_ne_bytes());
@@ -329,13 +328,14 @@ pub(crate) fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
     inval_inode(ch, parent, 0);
 }
 
-/// [`invalidate`] from a thread of its own, waited for up to 200 ms. Through
-/// io_uring this thread still holds its queue entry (the answer is committed
-/// after the handler returns), and the kernel takes the directory's lock for the
-/// notification: a task holding that lock while its own request waits for an
-/// entry of this queue would wait on us forever. Normally the notification is
-/// done well before the answer goes (the caller then sees the new name); if not,
-/// the answer goes anyway and the notification follows.
+/// [`invalidate`] from a thread of its own, waited for up to a second; called
+/// before the answer, so the caller's next lookup sees the new name (a negative
+/// entry the kernel cached before is gone). Not from the handler's thread: the
+/// kernel takes the directory's lock for the notification, and a task holding that
+/// lock may be waiting for a request this thread would serve next (through io_uring
+/// this thread still holds its queue entry until the handler returns). Normally
+/// the notification is done within a millisecond; if not, the answer goes anyway
+/// and the notification follows.
 pub(crate) fn invalidate_soon(ch: &Channel, parent: u64, name: Vec<u8>) {
     let Ok(own) = ch.try_clone() else {
         return invalidate(ch, parent, &name);
@@ -350,7 +350,7 @@ pub(crate) fn invalidate_soon(ch: &Channel, parent: u64, name: Vec<u8>) {
         });
     match spawned {
         Ok(_) => {
-            let _ = rx.recv_timeout(std::time::Duration::from_millis(200));
+            let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
         }
         Err(_) => invalidate(ch, parent, &name),
     }
