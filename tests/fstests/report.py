@@ -177,6 +177,17 @@ def main():
     if regress:
         print(f"\nfstests: pass on the kernel, fail on ubtrfs, not in known-failures.txt: "
               f"{' '.join(regress)}", file=sys.stderr)
+        # The run's directory is removed after it: what the tests printed goes to
+        # the log, so a failure in CI can be read there.
+        for n in regress:
+            for w in a.work:
+                for suffix in (".out.bad", ".full"):
+                    path = os.path.join(w, "ubtrfs", "results", n + suffix)
+                    if os.path.exists(path):
+                        with open(path, encoding="utf-8", errors="replace") as f:
+                            tail = f.read().splitlines()[-40:]
+                        print(f"----- {n}{suffix} (last {len(tail)} lines) -----\n"
+                              + "\n".join(tail), file=sys.stderr)
     if regress or a.fsck_failed:
         sys.exit(1)
 
