@@ -393,6 +393,17 @@ step("exchange mv_a/x mv_b/d", lambda: libc_exchange("mv_a/x", "mv_b/d"))
 step("  .. of mv_a/x (was mv_b/d) is mv_a", lambda: dotdot_is("mv_a/x", "mv_a"))
 step("  .. of mv_b/d (was mv_a/x) is mv_b", lambda: dotdot_is("mv_b/d", "mv_b"))
 
+# The link limit: 65,535 names (BTRFS_LINK_MAX), then EMLINK; removed after.
+os.makedirs("links")
+open("links/f", "w").close()
+for i in range(65534):
+    os.link("links/f", "links/l%d" % i)
+step("link past 65,535 names", lambda: os.link("links/f", "links/one-more"))
+step("  nlink", lambda: os.stat("links/f").st_nlink)
+for i in range(65534):
+    os.unlink("links/l%d" % i)
+step("  link again after unlinking", lambda: os.link("links/f", "links/one-more"))
+
 # data
 for n in ["cfile", "pz", "pm", "nocow", "data"]:
     with open(n, "ab") as f:

@@ -70,6 +70,9 @@ pub enum Error {
     #[error("{0}: Device or resource busy")]
     /// EBUSY: the device is mounted or locked by another writer.
     Busy(String),
+    #[error("{0}: Too many links")]
+    /// EMLINK: an inode that already has the most links btrfs allows.
+    TooManyLinks(String),
 }
 
 impl Error {
@@ -102,6 +105,7 @@ impl Error {
             Error::NotPermitted(_) => libc::EPERM,
             Error::ReadOnly(_) => libc::EROFS,
             Error::CrossDevice(_) => libc::EXDEV,
+            Error::TooManyLinks(_) => libc::EMLINK,
         }
     }
 }

@@ -9,6 +9,11 @@ use ubtrfs_format::csum::name_hash;
 use ubtrfs_format::items::{parse_dir_items, InodeItem, Timespec};
 use ubtrfs_format::key::Key;
 
+/// The most links an inode may have (the kernel's BTRFS_LINK_MAX): a further
+/// link(2) gives EMLINK. The inode item's nlink field is 32 bits wide; the limit
+/// is the kernel's choice, which an image ubtrfs writes keeps.
+pub(crate) const BTRFS_LINK_MAX: u32 = 65535;
+
 /// What stat(2)/statx(2) return for a file on a kernel btrfs mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stat {
@@ -519,11 +524,18 @@ impl Trans {
         })
     }
 
-    /// Adds another name for an existing inode.
+    /// Adds another name for an existing inode; EMLINK once it has
+    /// 65,535 (BTRFS_LINK_MAX, as the kernel's btrfs_link).
     pub fn link(&mut self, root: u64, ino: u64, dir: u64, name: &[u8], t: Timespec) -> Result<()> {
         let mut i = self.read_inode(root, ino)?;
         if i.mode & 0o170000 == 0o040000 {
             return Err(Error::IsDir(format!("inode {ino}")));
+        }
+        if i.nlink >= BTRFS_LINK_MAX {
+            return Err(Error::TooManyLinks(format!(
+                "inode {ino} of subvolume {root} has {} links",
+                i.nlink
+            )));
         }
         self.add_link(root, dir, name, ino, file_type_of(i.mode), t)?;
         if i.nlink == 0 {
