@@ -258,12 +258,15 @@ fn qgroups_kept_on_the_mount() {
     let dir = tempfile::tempdir().expect("tempdir");
     let img = dir.path().join("m.img");
     mkfs_btrfs(&img, 512 << 20, &[]);
+    // snap refers to sv/a's 3 MB from the start: its 6M limit leaves room for the
+    // reflinked copy and new names but not for too-big (a qgroup past its limit
+    // refuses even a new name, on the kernel as here).
     {
         let k = KernelMount::new(&img, "rw");
         sh(&format!(
             "set -e; cd {m}; btrfs quota enable .; btrfs -q subvolume create sv
             head -c 3000000 /dev/urandom > sv/a; btrfs -q subvolume snapshot sv snap
-            btrfs quota rescan -w . >/dev/null; btrfs qgroup limit 2M 0/257 .
+            btrfs quota rescan -w . >/dev/null; btrfs qgroup limit 6M 0/257 .
             btrfs qgroup create 1/100 .; btrfs qgroup assign --no-rescan 0/256 1/100 .
             btrfs quota status . 2>/dev/null | grep -q 'Inconsistent: *yes' || btrfs qgroup show . >/dev/null
             sync",
@@ -340,6 +343,76 @@ fn quota_commands_on_a_mount() {
     // sizes differ by where each stops); the shown tables hold the numbers.
     assert!(shown[1].contains("3145728"), "limit shown: {}", shown[1]);
     assert!(shown[0].contains("3145728"), "limit shown: {}", shown[0]);
+}
+
+/// A referenced limit reached on the mount behaves as on the kernel's mount of a twin
+/// image: the write that crosses it is short and the next gets EDQUOT; then
+/// preallocation, new names, xattrs, growing a file and overwriting are refused too
+/// (the kernel charges a transaction's items to the qgroup), removing is allowed,
+/// and once a file is removed a write fits again (the kernel commits and retries
+/// when a reservation fails, so what was freed counts). Both outputs equal, and the
+/// numbers equal a kernel rescan.
+#[test]
+fn quota_limit_reached_on_a_mount_as_on_the_kernel() {
+    if !require_fuse("quota_limit_reached_on_a_mount_as_on_the_kernel") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let u = env!("CARGO_BIN_EXE_ubtrfs");
+    let script = format!(
+        r#"set -u
+        {u} subvolume create . sv >/dev/null
+        {u} quota enable .
+        {u} qgroup limit . 20M 0/256
+        for i in $(seq 1 40); do
+            dd if=/dev/urandom of=sv/f$i bs=1M count=1 conv=fsync status=none 2>/dev/null ||
+                {{ echo "EDQUOT at file $i"; break; }}
+        done
+        size=$(stat -c %s sv/f20)
+        [ "$size" -gt 0 ] && [ "$size" -lt 1048576 ] && echo "f20: a short write"
+        t() {{ l=$1; shift; if "$@" >/dev/null 2>err; then echo "$l: ok"; else echo "$l: $(sed 's/.*: //' err | head -1)"; fi; }}
+        t "fallocate 5M" fallocate -l 5M sv/fa
+        t "fallocate 4K" fallocate -l 4K sv/fb
+        t "touch" touch sv/new
+        t "mkdir" mkdir sv/dnew
+        t "setfattr" setfattr -n user.a -v 1 sv/f1
+        t "truncate up" truncate -s 100M sv/f2
+        t "overwrite 4K" dd if=/dev/zero of=sv/f1 bs=4K count=1 conv=notrunc,fsync status=none
+        t "append 4K" dd if=/dev/zero of=sv/f2 bs=4K count=1 oflag=append conv=notrunc,fsync status=none
+        t "chmod" chmod 600 sv/f3
+        t "rm" rm sv/f4
+        t "write after rm" dd if=/dev/urandom of=sv/again bs=1M count=1 conv=fsync status=none
+        rm -f err; sync sv
+        "#
+    );
+    let mut shown = Vec::new();
+    for side in ["kernel", "ubtrfs"] {
+        let img = dir.path().join(format!("{side}.img"));
+        mkfs_btrfs(&img, 512 << 20, &[]);
+        let out = if side == "kernel" {
+            let k = KernelMount::new(&img, "rw");
+            let o = sh(&format!("cd {} && {}", k.q(), script));
+            k.umount();
+            o
+        } else {
+            let mut fm = FuseMount::start(&bin(), &[&img], &["rw"]);
+            let o = fm.run(&script, "a quota limit on the ubtrfs mount");
+            fm.unmount();
+            o
+        };
+        assert_exact(&img, &format!("a quota limit reached on the {side} mount"));
+        shown.push(out);
+    }
+    assert!(
+        shown[0].contains("EDQUOT at file 20") && shown[0].contains("write after rm: ok"),
+        "the kernel's side: {}",
+        shown[0]
+    );
+    assert_eq!(
+        shown[1], shown[0],
+        "ubtrfs (left) against the kernel (right)"
+    );
 }
 
 /// `subvolume snapshot -i` and `subvolume create -i`: the new subvolume's qgroup

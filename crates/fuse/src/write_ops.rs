@@ -24,6 +24,13 @@ use ubtrfs_core::{
 
 const S_ISGID: u32 = 0o2000;
 
+/// Tree items a new inode adds, as the kernel's btrfs_new_inode_prepare counts them
+/// for its transaction (the inode item with its ref, the dir item, the dir index,
+/// the parent's inode item): charged to quotas at a node each.
+const NEW_INODE_ITEMS: u64 = 4;
+/// Items charged for a rename (two names out and two in, the inodes, the parents).
+const RENAME_ITEMS: u64 = 11;
+
 // fuse_setattr_in.valid
 const FATTR_MODE: u32 = 1 << 0;
 const FATTR_UID: u32 = 1 << 1;
@@ -542,6 +549,7 @@ impl Ops {
         refuse(pflags, INODE_IMMUTABLE)?;
         let (mut attr, acls) = self.new_inode(w, h, parent, mode, umask)?;
         attr.rdev = rdev;
+        w.charge_quota(parent.root, NEW_INODE_ITEMS, |_| Ok(0))?;
         let ino = w.change("mknod", |t| {
             let ino = t.create(parent.root, parent.ino, name, attr)?;
             acls.store(t, parent.root, ino)?;
@@ -564,6 +572,7 @@ impl Ops {
             let pflags = self.iflags(w, parent)?;
             refuse(pflags, INODE_IMMUTABLE)?;
             let (attr, acls) = self.new_inode(w, h, parent, mode, umask)?;
+            w.charge_quota(parent.root, NEW_INODE_ITEMS, |_| Ok(0))?;
             let ino = w.change(if tmp { "tmpfile" } else { "create" }, |t| {
                 let ino = if tmp {
                     t.create_tmpfile(parent.root, parent.ino, attr)?
@@ -595,6 +604,8 @@ impl Ops {
         let pflags = self.iflags(w, parent)?;
         refuse(pflags, INODE_IMMUTABLE)?;
         let (attr, _) = self.new_inode(w, h, parent, S_IFLNK | 0o777, 0)?;
+        // One more item than a create: the inline extent holding the target.
+        w.charge_quota(parent.root, NEW_INODE_ITEMS + 1, |_| Ok(0))?;
         let ino = w
             .change("symlink", |t| {
                 t.symlink(parent.root, parent.ino, name, target, attr)
@@ -626,6 +637,8 @@ impl Ops {
         let pflags = self.iflags(w, parent)?;
         refuse(pflags, INODE_IMMUTABLE)?;
         refuse(self.iflags(w, node)?, NO_CHANGE)?;
+        // btrfs_link: the inode item and its ref, the two dir items, the parent.
+        w.charge_quota(parent.root, 5, |_| Ok(0))?;
         w.change("link", |t| {
             t.link(parent.root, node.ino, parent.ino, name, now())
         })?;
@@ -706,6 +719,8 @@ impl Ops {
             refuse(f, NO_CHANGE)?;
         }
         let t0 = now();
+        // btrfs_rename's items (names out and in, refs, the inodes and parents).
+        w.charge_quota(nd.root, RENAME_ITEMS, |_| Ok(0))?;
         if flags & RENAME_EXCHANGE != 0 {
             w.change("rename", |t| {
                 t.rename_exchange(od.root, od.ino, oname, nd.ino, nname, t0)
@@ -787,12 +802,13 @@ impl Ops {
             };
             self.kill_suidgid(w, k, &i).map_err(|e| (e, range))?;
         }
-        w.write_data(node.root, node.ino, offset, data, page_cache)
+        let written = w
+            .write_data(node.root, node.ino, offset, data, page_cache)
             .map_err(|e| (e, range))?;
         // The data is in; a failed sync after it does not make it unwritten.
         self.sync_if(w, iflags, INODE_SYNC).map_err(|e| (e, None))?;
         let mut o = Out::with_capacity(8);
-        o.u32(size).u32(0);
+        o.u32(written as u32).u32(0);
         Ok(o.buf)
     }
 
@@ -890,6 +906,8 @@ impl Ops {
         } else {
             Reservation::items(2)
         };
+        // Nothing is charged to quotas: growing a file at a limit works on the
+        // kernel too (tests/quota.rs), as do chmod, chown and utimes.
         w.change_reserved("setattr", need, |t| {
             if valid & FATTR_SIZE != 0 {
                 let i = t.read_inode(node.root, node.ino)?;
@@ -945,6 +963,8 @@ impl Ops {
         // xattr_permission: no xattr changes on immutable or append-only inodes.
         let iflags = self.iflags(w, node)?;
         refuse(iflags, NO_CHANGE)?;
+        // btrfs_setxattr_trans: two items.
+        w.charge_quota(node.root, 2, |_| Ok(0))?;
         w.change("setxattr", |t| {
             if flags & (XATTR_CREATE | XATTR_REPLACE) != 0 {
                 let have = t.fs.getxattr(node, name)?.is_some();
@@ -1044,6 +1064,13 @@ impl Ops {
             data_bytes: 1,
             ..Reservation::freeing(DEFAULT_ITEMS)
         };
+        // The data the range gets (its sectors without extents), and the items of the
+        // transaction btrfs_prealloc_file_range starts.
+        if mode & FALLOC_FL_PUNCH_HOLE == 0 {
+            w.charge_quota(node.root, 3, |t| {
+                t.fallocate_new_bytes(node.root, node.ino, offset, len)
+            })?;
+        }
         match mode & !FALLOC_FL_KEEP_SIZE {
             0 => w
                 .change_reserved("fallocate", alloc, |t| {

@@ -120,6 +120,10 @@ pub(crate) const DIRTY_METADATA_COMMIT_BYTES: usize = 256 << 20;
 /// commits): bounds how long a file operation can wait behind it.
 const CLEANER_BLOCKS_PER_STEP: u64 = 1024;
 
+/// What `Writer::write_data_once` answers (never a real errno, never sent) when a
+/// quota limit refused the data and a commit might make room.
+const QUOTA_RETRY: i32 = -1;
+
 /// Most bytes of written data held before extents are allocated for them: the memory
 /// a writing mount holds beyond the engine's caches.
 pub(crate) const DELALLOC_BYTES_MAX: u64 = 8 << 20;
@@ -334,6 +338,11 @@ impl Writer {
     /// extents later. `page_cache`: the kernel writes back pages a program already
     /// stored into (a shared mmap), which may use the data reserve kept for that
     /// ([`Reservation::page_cache`]).
+    ///
+    /// Returns the bytes taken: all of `data`, or, when a quota limit leaves room
+    /// for only part of it, the whole sectors that fit (a short write, as the
+    /// kernel's buffered write stops at the chunk its reservation refused; the
+    /// caller's next write gets EDQUOT). Page-cache write-back is all or nothing.
     pub fn write_data(
         &self,
         root: u64,
@@ -341,6 +350,55 @@ impl Writer {
         offset: u64,
         data: &[u8],
         page_cache: bool,
+    ) -> Result<usize, i32> {
+        let r = match self.write_data_once(root, ino, offset, data, page_cache, true) {
+            // Over a quota limit counting what this transaction wrote: the kernel's
+            // try_flush_qgroup commits and asks again, since what the transaction
+            // freed (a file just removed) counts only once committed.
+            Err(QUOTA_RETRY) => {
+                self.commit()?;
+                self.write_data_once(root, ino, offset, data, page_cache, false)
+            }
+            r => r,
+        };
+        match r {
+            Ok(()) => Ok(data.len()),
+            Err(QUOTA_RETRY) | Err(libc::EDQUOT) if !page_cache => {
+                let fits = self.quota_short_write(root, offset, data.len())?;
+                if fits == 0 {
+                    return Err(libc::EDQUOT);
+                }
+                match self.write_data_once(root, ino, offset, &data[..fits], false, false) {
+                    Ok(()) => Ok(fits),
+                    Err(QUOTA_RETRY) => Err(libc::EDQUOT),
+                    Err(e) => Err(e),
+                }
+            }
+            Err(QUOTA_RETRY) => Err(libc::EDQUOT),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// How much of a `len`-byte write at `offset` fits under the quota limits now:
+    /// up to a sector boundary of the file, less than `len`.
+    fn quota_short_write(&self, root: u64, offset: u64, len: usize) -> Result<usize, i32> {
+        let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+        let Some(room) = t.qgroup_headroom(root).map_err(|e| e.errno())? else {
+            return Ok(0);
+        };
+        let ss = t.fs.info.sectorsize as u64;
+        let end = (offset + room.min(len as u64 - 1)) / ss * ss;
+        Ok(end.saturating_sub(offset) as usize)
+    }
+
+    fn write_data_once(
+        &self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        page_cache: bool,
+        may_retry: bool,
     ) -> Result<(), i32> {
         let reservation = |len| {
             if page_cache {
@@ -385,7 +443,16 @@ impl Writer {
         // Write through instead, reserved and allocated in one step, as without
         // delayed allocation.
         // Quota limits answer at WRITE (EDQUOT), before the data is accepted.
-        t.qgroup_reserve(root, len).map_err(|e| e.errno())?;
+        match t.qgroup_reserve(root, len) {
+            Ok(()) => {}
+            Err(Error::QuotaExceeded(_))
+                if may_retry
+                    && (self.changes.load(Ordering::Acquire) > 0 || t.commit_in_flight()) =>
+            {
+                return Err(QUOTA_RETRY);
+            }
+            Err(e) => return Err(e.errno()),
+        }
         if t.data_available_bytes() < DELALLOC_LOW_SPACE_BYTES + 2 * (d.bytes + len) {
             drop(d);
             self.flush(&mut t)?;
@@ -442,6 +509,46 @@ impl Writer {
         drop(d);
         self.commit_soon_if_needed(&t);
         Ok(())
+    }
+
+    /// Charges what a change is about to add to subvolume `root` against its
+    /// qgroups' limits, before the change runs: `bytes` (computed with the
+    /// transaction held: the data a preallocation will allocate) plus `items` tree
+    /// items of metadata, a node each, as the kernel's btrfs_start_transaction
+    /// reserves (num_items * nodesize) for quotas. The charge lasts until the
+    /// commit, like the kernel's per-transaction reservation. Over a limit, when
+    /// the running transaction holds anything, it is committed and the charge asked
+    /// again (the kernel's try_flush_qgroup: what was freed counts once committed,
+    /// and the transaction's charges end); then EDQUOT. Nothing to do without
+    /// limits.
+    pub fn charge_quota(
+        &self,
+        root: u64,
+        items: u64,
+        bytes: impl Fn(&Trans) -> ubtrfs_core::Result<u64>,
+    ) -> Result<(), i32> {
+        for first in [true, false] {
+            if self.aborted.load(Ordering::Acquire) {
+                return Err(errno::EROFS);
+            }
+            let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+            if !t.quota_limits_set().map_err(|e| e.errno())? {
+                return Ok(());
+            }
+            let want = bytes(&t).map_err(|e| e.errno())? + items * t.fs.info.nodesize as u64;
+            match t.qgroup_reserve(root, want) {
+                Ok(()) => return Ok(()),
+                Err(Error::QuotaExceeded(_))
+                    if first
+                        && (self.changes.load(Ordering::Acquire) > 0 || t.commit_in_flight()) =>
+                {
+                    drop(t);
+                    self.commit()?;
+                }
+                Err(e) => return Err(e.errno()),
+            }
+        }
+        Err(libc::EDQUOT)
     }
 
     /// Runs one change that touches a few items and writes no data (a create, a
@@ -846,6 +953,7 @@ mod tests {
         let w = Writer::new(t);
         w.change("create a", |t| file(t, b"a")).expect("create a");
         w.write_data(FS_TREE_OBJECTID, 257, 0, &[7u8; 100_000], false)
+            .map(|_| ())
             .expect("write a");
         gate.set(true);
         let committer = {

@@ -711,33 +711,15 @@ impl Trans {
         self.write_inode(root, ino, &inode)
     }
 
-    /// Preallocates [offset, offset + len) (sector aligned outward) as PREALLOC extents
-    /// where the file has no data; `keep_size` leaves i_size alone (FALLOC_FL_KEEP_SIZE).
-    /// Returns the extents allocated, as (disk bytenr, length).
-    pub fn fallocate(
-        &mut self,
+    /// The parts of [start, end) that have no data extent (holes, explicit hole items,
+    /// an inline extent), in file order: where preallocation puts extents.
+    fn unallocated_ranges(
+        &self,
         root: u64,
         ino: u64,
-        offset: u64,
-        len: u64,
-        keep_size: bool,
-        t: Timespec,
+        start: u64,
+        end: u64,
     ) -> Result<Vec<(u64, u64)>> {
-        let mut inode = self.read_inode(root, ino)?;
-        if inode.mode & 0o170000 != 0o100000 {
-            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
-        }
-        let ss = self.fs.info.sectorsize as u64;
-        let start = offset - offset % ss;
-        let end = (offset + len).next_multiple_of(ss);
-        if self.has_inline(root, ino)? {
-            self.convert_inline(root, ino, &mut inode)?;
-        }
-        if !keep_size && !self.no_holes() && start > inode.size.next_multiple_of(ss) {
-            let hs = inode.size.next_multiple_of(ss);
-            self.fill_holes(root, ino, hs, start)?;
-        }
-        // Only the holes get extents: collect the covered ranges first.
         let mut covered = Vec::new();
         for (k, fe) in self.extent_items(root, ino, start, end)? {
             if let FileExtentBody::Regular {
@@ -762,6 +744,56 @@ impl Trans {
         if pos < end {
             holes.push((pos, end));
         }
+        Ok(holes)
+    }
+
+    /// The data bytes [`Trans::fallocate`] (or a zeroed range) of [offset,
+    /// offset + len) would allocate: the range's sectors that have no data extent.
+    /// What quota limits are checked against before it runs.
+    pub fn fallocate_new_bytes(&self, root: u64, ino: u64, offset: u64, len: u64) -> Result<u64> {
+        let ss = self.fs.info.sectorsize as u64;
+        let start = offset - offset % ss;
+        let end = offset.saturating_add(len).next_multiple_of(ss);
+        Ok(self
+            .unallocated_ranges(root, ino, start, end)?
+            .iter()
+            .map(|(s, e)| e.saturating_sub(*s))
+            .sum())
+    }
+
+    /// Preallocates [offset, offset + len) (sector aligned outward) as PREALLOC extents
+    /// where the file has no data; `keep_size` leaves i_size alone (FALLOC_FL_KEEP_SIZE).
+    /// Returns the extents allocated, as (disk bytenr, length).
+    pub fn fallocate(
+        &mut self,
+        root: u64,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        keep_size: bool,
+        t: Timespec,
+    ) -> Result<Vec<(u64, u64)>> {
+        let mut inode = self.read_inode(root, ino)?;
+        if inode.mode & 0o170000 != 0o100000 {
+            return Err(Error::Invalid(format!("inode {ino} is not a regular file")));
+        }
+        let ss = self.fs.info.sectorsize as u64;
+        let start = offset - offset % ss;
+        let end = (offset + len).next_multiple_of(ss);
+        // Quota limits: the bytes that get extents are charged before anything
+        // changes (EDQUOT), as the kernel's btrfs_qgroup_reserve_data for each hole.
+        if !self.quota_reserved_by_caller {
+            let bytes = self.fallocate_new_bytes(root, ino, offset, len)?;
+            self.qgroup_reserve(root, bytes)?;
+        }
+        if self.has_inline(root, ino)? {
+            self.convert_inline(root, ino, &mut inode)?;
+        }
+        if !keep_size && !self.no_holes() && start > inode.size.next_multiple_of(ss) {
+            let hs = inode.size.next_multiple_of(ss);
+            self.fill_holes(root, ino, hs, start)?;
+        }
+        let holes = self.unallocated_ranges(root, ino, start, end)?;
         let mut out = Vec::new();
         for (hs, he) in holes {
             if he <= hs {

@@ -284,6 +284,28 @@ impl QgroupTable {
     /// Would adding `rfer` referenced and `excl` exclusive bytes to subvolume
     /// `subvol` pass a limit of it or of a qgroup above it? The qgroup over its limit
     /// when not.
+    /// The most bytes subvolume `subvol` may still add before one of its qgroups
+    /// passes a limit, given `pending` bytes already charged; None without limits.
+    pub(crate) fn headroom(&self, subvol: u64, pending: u64) -> Option<u64> {
+        let mut room: Option<u64> = None;
+        for q in self.ancestors(subvol) {
+            let Some(g) = self.groups.get(&q) else {
+                continue;
+            };
+            let l = &g.limit;
+            for (flag, max, have) in [
+                (LIMIT_MAX_RFER, l.max_rfer, g.info.rfer),
+                (LIMIT_MAX_EXCL, l.max_excl, g.info.excl),
+            ] {
+                if l.flags & flag != 0 {
+                    let left = max.saturating_sub(have.saturating_add(pending));
+                    room = Some(room.map_or(left, |r| r.min(left)));
+                }
+            }
+        }
+        room
+    }
+
     pub(crate) fn over_limit(&self, subvol: u64, rfer: u64, excl: u64) -> Option<u64> {
         for q in self.ancestors(subvol) {
             let Some(g) = self.groups.get(&q) else {

@@ -677,12 +677,11 @@ impl Trans {
         self.insert_item(QUOTA_TREE_OBJECTID, &key, &l.to_bytes())
     }
 
-    /// EDQUOT when adding `bytes` to subvolume `subvol` (referenced and exclusive
-    /// alike: new data is exclusive) would pass a limit of its qgroups, counting what
-    /// this transaction already added (the kernel's qgroup reservation).
-    pub fn qgroup_reserve(&mut self, subvol: u64, bytes: u64) -> Result<()> {
+    /// True when quotas are on and some qgroup has a limit: only then can
+    /// [`Trans::qgroup_reserve`] refuse.
+    pub fn quota_limits_set(&mut self) -> Result<bool> {
         if !self.quotas_enabled() {
-            return Ok(());
+            return Ok(false);
         }
         let table = match &self.quota_limits {
             Some(t) => t.clone(),
@@ -692,9 +691,33 @@ impl Trans {
                 t
             }
         };
-        if !table.groups.values().any(|g| g.limit.flags != 0) {
+        Ok(table.groups.values().any(|g| g.limit.flags != 0))
+    }
+
+    /// The data bytes subvolume `subvol` may still add in this transaction before a
+    /// limit of its qgroups is passed (what a short write may take), or None
+    /// without limits.
+    pub fn qgroup_headroom(&mut self, subvol: u64) -> Result<Option<u64>> {
+        if !self.quota_limits_set()? {
+            return Ok(None);
+        }
+        let Some(table) = self.quota_limits.clone() else {
+            return Ok(None);
+        };
+        let pending = self.quota_reserved.get(&subvol).copied().unwrap_or(0);
+        Ok(table.headroom(subvol, pending))
+    }
+
+    /// EDQUOT when adding `bytes` to subvolume `subvol` (referenced and exclusive
+    /// alike: new data is exclusive) would pass a limit of its qgroups, counting what
+    /// this transaction already added (the kernel's qgroup reservation).
+    pub fn qgroup_reserve(&mut self, subvol: u64, bytes: u64) -> Result<()> {
+        if !self.quota_limits_set()? {
             return Ok(());
         }
+        let Some(table) = self.quota_limits.clone() else {
+            return Ok(());
+        };
         let pending = self.quota_reserved.get(&subvol).copied().unwrap_or(0);
         let want = pending.saturating_add(bytes);
         if let Some(q) = table.over_limit(subvol, want, want) {
