@@ -351,6 +351,9 @@ impl Writer {
         data: &[u8],
         page_cache: bool,
     ) -> Result<usize, i32> {
+        if data.is_empty() {
+            return Ok(0);
+        }
         let r = match self.write_data_once(root, ino, offset, data, page_cache, true) {
             // Over a quota limit counting what this transaction wrote: the kernel's
             // try_flush_qgroup commits and asks again, since what the transaction
@@ -387,7 +390,7 @@ impl Writer {
             return Ok(0);
         };
         let ss = t.fs.info.sectorsize as u64;
-        let end = (offset + room.min(len as u64 - 1)) / ss * ss;
+        let end = (offset + room.min((len as u64).saturating_sub(1))) / ss * ss;
         Ok(end.saturating_sub(offset) as usize)
     }
 
