@@ -292,6 +292,31 @@ fn qgroups_kept_on_the_mount() {
     assert_exact(&img, "a ubtrfs mount's writes");
 }
 
+/// Runs `script` (bash, at the root) on a kernel btrfs loop mount and on a ubtrfs
+/// mount of fresh twin images in `dir`; after each, the image's qgroup numbers must
+/// equal a kernel rescan. Returns the two outputs, the kernel's first.
+fn on_twin_mounts(dir: &Path, script: &str, what: &str) -> Vec<String> {
+    let mut shown = Vec::new();
+    for side in ["kernel", "ubtrfs"] {
+        let img = dir.join(format!("{side}.img"));
+        mkfs_btrfs(&img, 512 << 20, &[]);
+        let out = if side == "kernel" {
+            let k = KernelMount::new(&img, "rw");
+            let o = sh(&format!("cd {} && {}", k.q(), script));
+            k.umount();
+            o
+        } else {
+            let mut fm = FuseMount::start(&bin(), &[&img], &["rw"]);
+            let o = fm.run(script, &format!("{what} on the ubtrfs mount"));
+            fm.unmount();
+            o
+        };
+        assert_exact(&img, &format!("{what} on the {side} mount"));
+        shown.push(out);
+    }
+    shown
+}
+
 /// `ubtrfs quota|qgroup ... MNT` on a ubtrfs mount send the btrfs quota ioctls (the
 /// same commands on the kernel's mount of a twin image): quotas enabled, a level-1
 /// qgroup with a member and a limit, EDQUOT past it, and `qgroup show MNT` (read
@@ -321,24 +346,7 @@ fn quota_commands_on_a_mount() {
         )
     };
     let u = env!("CARGO_BIN_EXE_ubtrfs");
-    let mut shown = Vec::new();
-    for side in ["kernel", "ubtrfs"] {
-        let img = dir.path().join(format!("{side}.img"));
-        mkfs_btrfs(&img, 512 << 20, &[]);
-        let out = if side == "kernel" {
-            let k = KernelMount::new(&img, "rw");
-            let o = sh(&format!("cd {} && {}", k.q(), script(u)));
-            k.umount();
-            o
-        } else {
-            let mut fm = FuseMount::start(&bin(), &[&img], &["rw"]);
-            let o = fm.run(&script(u), "quota commands on the ubtrfs mount");
-            fm.unmount();
-            o
-        };
-        assert_exact(&img, &format!("quota commands on the {side} mount"));
-        shown.push(out);
-    }
+    let shown = on_twin_mounts(dir.path(), &script(u), "quota commands");
     // The limit's EDQUOT left a partial file on each side (up to the limit, as
     // sizes differ by where each stops); the shown tables hold the numbers.
     assert!(shown[1].contains("3145728"), "limit shown: {}", shown[1]);
@@ -386,24 +394,7 @@ fn quota_limit_reached_on_a_mount_as_on_the_kernel() {
         rm -f err; sync sv
         "#
     );
-    let mut shown = Vec::new();
-    for side in ["kernel", "ubtrfs"] {
-        let img = dir.path().join(format!("{side}.img"));
-        mkfs_btrfs(&img, 512 << 20, &[]);
-        let out = if side == "kernel" {
-            let k = KernelMount::new(&img, "rw");
-            let o = sh(&format!("cd {} && {}", k.q(), script));
-            k.umount();
-            o
-        } else {
-            let mut fm = FuseMount::start(&bin(), &[&img], &["rw"]);
-            let o = fm.run(&script, "a quota limit on the ubtrfs mount");
-            fm.unmount();
-            o
-        };
-        assert_exact(&img, &format!("a quota limit reached on the {side} mount"));
-        shown.push(out);
-    }
+    let shown = on_twin_mounts(dir.path(), &script, "a quota limit reached");
     assert!(
         shown[0].contains("EDQUOT at file 20") && shown[0].contains("write after rm: ok"),
         "the kernel's side: {}",

@@ -448,10 +448,7 @@ impl Writer {
         // Quota limits answer at WRITE (EDQUOT), before the data is accepted.
         match t.qgroup_reserve(root, len) {
             Ok(()) => {}
-            Err(Error::QuotaExceeded(_))
-                if may_retry
-                    && (self.changes.load(Ordering::Acquire) > 0 || t.commit_in_flight()) =>
-            {
+            Err(Error::QuotaExceeded(_)) if may_retry && self.commit_may_free(&t) => {
                 return Err(QUOTA_RETRY);
             }
             Err(e) => return Err(e.errno()),
@@ -541,10 +538,7 @@ impl Writer {
             let want = bytes(&t).map_err(|e| e.errno())? + items * t.fs.info.nodesize as u64;
             match t.qgroup_reserve(root, want) {
                 Ok(()) => return Ok(()),
-                Err(Error::QuotaExceeded(_))
-                    if first
-                        && (self.changes.load(Ordering::Acquire) > 0 || t.commit_in_flight()) =>
-                {
+                Err(Error::QuotaExceeded(_)) if first && self.commit_may_free(&t) => {
                     drop(t);
                     self.commit()?;
                 }
@@ -552,6 +546,12 @@ impl Writer {
             }
         }
         Err(libc::EDQUOT)
+    }
+
+    /// Whether a commit could change what quotas allow: the running transaction
+    /// holds changes (frees it accounts, charges it ends) or one is being written.
+    fn commit_may_free(&self, t: &Trans) -> bool {
+        self.changes.load(Ordering::Acquire) > 0 || t.commit_in_flight()
     }
 
     /// Runs one change that touches a few items and writes no data (a create, a

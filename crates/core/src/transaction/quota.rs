@@ -680,8 +680,14 @@ impl Trans {
     /// True when quotas are on and some qgroup has a limit: only then can
     /// [`Trans::qgroup_reserve`] refuse.
     pub fn quota_limits_set(&mut self) -> Result<bool> {
+        Ok(self.limits_table()?.is_some())
+    }
+
+    /// The quota table (read once, kept until the quota tree changes) when quotas
+    /// are on and some qgroup has a limit.
+    fn limits_table(&mut self) -> Result<Option<std::sync::Arc<crate::qgroup::QgroupTable>>> {
         if !self.quotas_enabled() {
-            return Ok(false);
+            return Ok(None);
         }
         let table = match &self.quota_limits {
             Some(t) => t.clone(),
@@ -691,17 +697,18 @@ impl Trans {
                 t
             }
         };
-        Ok(table.groups.values().any(|g| g.limit.flags != 0))
+        Ok(table
+            .groups
+            .values()
+            .any(|g| g.limit.flags != 0)
+            .then_some(table))
     }
 
     /// The data bytes subvolume `subvol` may still add in this transaction before a
     /// limit of its qgroups is passed (what a short write may take), or None
     /// without limits.
     pub fn qgroup_headroom(&mut self, subvol: u64) -> Result<Option<u64>> {
-        if !self.quota_limits_set()? {
-            return Ok(None);
-        }
-        let Some(table) = self.quota_limits.clone() else {
+        let Some(table) = self.limits_table()? else {
             return Ok(None);
         };
         let pending = self.quota_reserved.get(&subvol).copied().unwrap_or(0);
@@ -712,10 +719,7 @@ impl Trans {
     /// alike: new data is exclusive) would pass a limit of its qgroups, counting what
     /// this transaction already added (the kernel's qgroup reservation).
     pub fn qgroup_reserve(&mut self, subvol: u64, bytes: u64) -> Result<()> {
-        if !self.quota_limits_set()? {
-            return Ok(());
-        }
-        let Some(table) = self.quota_limits.clone() else {
+        let Some(table) = self.limits_table()? else {
             return Ok(());
         };
         let pending = self.quota_reserved.get(&subvol).copied().unwrap_or(0);
