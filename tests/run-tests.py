@@ -25,15 +25,26 @@ tests", "test NAME ... ok", "test result: ...") are printed in one block under a
 "Running NAME" header, as `cargo test` prints them, so whoever reads the CI log
 (a person or a parser counting tests) sees every test that ran; a failing binary's
 whole log is printed. Exit status 1 if any binary failed.
+
+A hung binary must not eat CI's whole time limit without a word: each binary runs
+in a session of its own and is stopped after UBTRFS_TEST_TIMEOUT seconds (default
+900, five times the longest binary's usual time), and the whole run after
+UBTRFS_TEST_DEADLINE seconds (default 3600). Before a stop, the kernel stack of
+every thread of the binary's processes (/proc/PID/task/TID/stack: a FUSE request,
+a mount, a lock) and, when gdb is installed, their user stacks are printed, with
+the tests libtest reported as still running; then the session is killed and the
+binary counts as failed.
 """
 
 import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
+import shutil
 import threading
 import time
 
@@ -54,6 +65,58 @@ GROUPS = {
                       "fresh-golden-treelog"},
     "mount-helper": {"mount_rw", "mount_atime", "fstests"},
 }
+
+
+TIMEOUT_S = float(os.environ.get("UBTRFS_TEST_TIMEOUT", "900"))
+DEADLINE_S = float(os.environ.get("UBTRFS_TEST_DEADLINE", "3600"))
+
+
+def session_pids(sid):
+    """Every process whose session is `sid` (the hung binary and what it started)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[3]) == sid:
+                out.append(int(d))
+        except (OSError, IndexError, ValueError):
+            pass
+    return sorted(out)
+
+
+def read_text(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError as e:
+        return f"({e.strerror})"
+
+
+def stacks(sid):
+    """The kernel (and, with gdb, user) stacks of every thread of session `sid`."""
+    parts = []
+    for pid in session_pids(sid):
+        cmd = read_text(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
+        parts.append(f"=== pid {pid}: {cmd}")
+        try:
+            tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+        except OSError:
+            continue
+        for tid in tids:
+            name = read_text(f"/proc/{pid}/task/{tid}/comm").strip()
+            parts.append(f"--- thread {tid} ({name}), kernel stack:")
+            parts.append(read_text(f"/proc/{pid}/task/{tid}/stack").rstrip())
+        if shutil.which("gdb"):
+            r = subprocess.run(["gdb", "-p", str(pid), "-batch", "-nx",
+                                "-ex", "thread apply all bt 30"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, timeout=120)
+            bt = [l for l in r.stdout.splitlines() if l.startswith(("Thread ", "#"))]
+            parts.append("--- user stacks (gdb):\n" + "\n".join(bt))
+    return "\n".join(parts)
 
 
 # What libtest prints on stdout for a run: the count, one line per test, the result.
@@ -104,6 +167,7 @@ class Pool:
         self.failed = []
         self.done = 0
         self.running = 0
+        self.deadline = time.monotonic() + DEADLINE_S
 
     def run_all(self, items):
         total = len(items)
@@ -118,6 +182,13 @@ class Pool:
                          key=lambda it: -EXPECTED_S.get(it[0], 5))
         with self.lock:
             while pending or self.running:
+                if pending and time.monotonic() > self.deadline:
+                    names = [it[0] for it in pending]
+                    print(f"run-tests: past UBTRFS_TEST_DEADLINE ({DEADLINE_S:.0f} s): "
+                          f"not started: {', '.join(names)}", flush=True)
+                    self.failed += names
+                    pending = []
+                    continue
                 pick = None
                 if self.running < self.jobs:
                     for i, it in enumerate(pending):
@@ -126,7 +197,7 @@ class Pool:
                             pick = pending.pop(i)
                             break
                 if pick is None:
-                    self.lock.wait()
+                    self.lock.wait(timeout=10)
                     continue
                 g = group_of(pick[0])
                 if g:
@@ -141,9 +212,24 @@ class Pool:
         name, argv, cwd, env, header = item
         log = os.path.join(self.logdir, name.replace(" ", "_").replace("/", "_") + ".log")
         t = time.monotonic()
+        limit = max(0.0, min(TIMEOUT_S, self.deadline - t))
+        hung = None
         with open(log, "w") as f:
-            rc = subprocess.run(argv, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env={**os.environ, **env}).returncode
+            proc = subprocess.Popen(argv, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env={**os.environ, **env},
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                hung = stacks(proc.pid)
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    for pid in session_pids(proc.pid):
+                        try:
+                            os.kill(pid, sig)
+                        except OSError:
+                            pass
+                    time.sleep(2)
+                rc = proc.wait()
         secs = time.monotonic() - t
         with open(log, errors="replace") as f:
             text = f.read()
@@ -153,6 +239,9 @@ class Pool:
         with self.lock:
             self.done += 1
             status = "ok" if rc == 0 else f"FAILED (exit {rc})"
+            if hung is not None:
+                rc = rc or 1
+                status = f"FAILED (stopped after {limit:.0f} s: hung?)"
             summary = results[-1] if results else ""
             print(f"     Running {header}\n" + "\n".join(libtest) + "\n", flush=True)
             print(f"[{self.done}/{total}] {name}: {status} in {secs:.0f} s  {summary}",
@@ -161,6 +250,11 @@ class Pool:
                 self.failed.append(name)
                 print(f"----- output of {name} -----\n{text}\n----- end of {name} -----",
                       flush=True)
+                if hung is not None:
+                    running = [l for l in lines if "has been running for over" in l]
+                    print(f"----- {name} was stopped; tests libtest saw still running:\n"
+                          + "\n".join(running) + f"\n----- stacks of {name} -----\n{hung}\n"
+                          f"----- end of stacks -----", flush=True)
             if group:
                 self.busy_groups.discard(group)
             self.running -= 1
