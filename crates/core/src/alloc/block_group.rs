@@ -127,6 +127,20 @@ pub(crate) struct PendingChunk {
     pub chunk: Chunk,
 }
 
+impl PendingChunk {
+    /// Bytes each stripe takes on its device (its DEV_EXTENT's length): the chunk's
+    /// length, except for striped profiles (RAID0, RAID10), which spread it.
+    pub(crate) fn stripe_bytes(&self) -> u64 {
+        let c = &self.chunk;
+        let n = c.num_stripes.max(1) as u64;
+        match c.ty & BLOCK_GROUP_PROFILE_MASK {
+            BLOCK_GROUP_RAID0 => c.length / n,
+            BLOCK_GROUP_RAID10 => c.length / (n / c.sub_stripes.max(1) as u64).max(1),
+            _ => c.length,
+        }
+    }
+}
+
 /// Logical ranges of a chunk that hold superblock copies on some stripe: never free,
 /// never extents (the kernel's and progs' exclude_super_stripes: a whole 64 KiB stripe
 /// unit around each copy).
@@ -426,6 +440,10 @@ impl Allocator {
         let ncopies = profile_copies(profile).ok_or_else(|| {
             Error::Unsupported(format!("allocating {} chunks", profile_name(profile)))
         })? as usize;
+        if profile & STRIPED != 0 {
+            let (stripes, stripe_len, length) = self.striped_stripes(info, ty, profile, min_bytes)?;
+            return self.add_chunk(info, ty | profile, &stripes, stripe_len, length);
+        }
         let total = info.sb.total_bytes;
         let max_stripe: u64 = match ty {
             BLOCK_GROUP_DATA => 1 << 30,
@@ -529,6 +547,106 @@ impl Allocator {
                 block_group_type_name(ty)
             )));
         }
+        self.add_chunk(info, ty | profile, &stripes, stripe_len, stripe_len)
+    }
+
+    /// Where a new RAID0 or RAID10 chunk of type `ty` goes: (devid, physical) of each
+    /// stripe, the bytes each stripe takes, and the chunk's length. The kernel's
+    /// rule (gather_device_info, decide_stripe_size_regular): as many devices as
+    /// have room (RAID10 an even number, a mirrored pair per stripe), those with
+    /// the largest free range first; each stripe as large as the smallest of the
+    /// ranges chosen, cut so the chunk stays within the type's chunk size and a
+    /// tenth of the filesystem, and to whole 64 KiB stripe units.
+    fn striped_stripes(
+        &self,
+        info: &FsInfo,
+        ty: u64,
+        profile: u64,
+        min_bytes: u64,
+    ) -> Result<(Vec<(u64, u64)>, u64, u64)> {
+        let r = raid(profile);
+        let total = info.sb.total_bytes;
+        let type_chunk_bytes: u64 = match ty {
+            BLOCK_GROUP_DATA => 10 << 30,
+            BLOCK_GROUP_SYSTEM => 32 << 20,
+            _ if total > 50 << 30 => 1 << 30,
+            _ => 256 << 20,
+        };
+        let mut max_chunk = type_chunk_bytes.min(total / 10);
+        if let Some(c) = self.chunk_size_max {
+            max_chunk = max_chunk.min(c);
+        }
+        let max_stripe = max_chunk.min(1 << 30);
+        // Per device: the first free range that holds a whole stripe, else its
+        // largest (find_free_dev_extent), at least one stripe unit.
+        let mut devs: Vec<(u64, u64, u64)> = self
+            .dev_space
+            .iter()
+            .filter_map(|(&devid, ds)| {
+                let holes = ds.holes();
+                let h = holes
+                    .iter()
+                    .find(|h| h.1 >= max_stripe)
+                    .or_else(|| holes.iter().max_by_key(|h| (h.1, u64::MAX - h.0)))?;
+                (h.1 >= STRIPE_LEN).then_some((devid, h.0, h.1))
+            })
+            .collect();
+        devs.sort_by_key(|&(devid, _, avail)| (u64::MAX - avail, devid));
+        let step = if profile == BLOCK_GROUP_RAID10 { 2 } else { 1 };
+        let ndevs = devs.len() / step * step;
+        let no_room = || {
+            Error::NoSpace(format!(
+                "no device space for a new {} {} chunk",
+                profile_name(profile),
+                block_group_type_name(ty)
+            ))
+        };
+        if ndevs < r.devs_min || ndevs == 0 {
+            return Err(no_room());
+        }
+        devs.truncate(ndevs);
+        let data_stripes = (ndevs as u64 / r.ncopies).max(1);
+        let mut stripe = devs[ndevs - 1].2;
+        if stripe.saturating_mul(data_stripes) > max_chunk {
+            let fit = max_chunk
+                .div_ceil(data_stripes)
+                .min(max_stripe)
+                .next_multiple_of(16 << 20);
+            stripe = stripe.min(fit);
+        }
+        stripe = stripe.min(max_stripe);
+        if ty == BLOCK_GROUP_DATA {
+            let reserve = self.metadata_room_kept(total);
+            if reserve > 0 {
+                let room = self.unallocated().saturating_sub(reserve) / r.ncopies;
+                stripe = stripe.min(room / data_stripes);
+            }
+        }
+        stripe -= stripe % STRIPE_LEN;
+        let length = stripe * data_stripes;
+        if stripe == 0 || length < min_bytes {
+            return Err(no_room());
+        }
+        Ok((
+            devs.iter().map(|&(d, off, _)| (d, off)).collect(),
+            stripe,
+            length,
+        ))
+    }
+
+    /// Records a new chunk of `flags` (type and profile) whose stripes start at
+    /// `stripes` (devid, physical), each taking `stripe_len` bytes, `length` bytes
+    /// of logical space: the device ranges, the mapping and block group (usable at
+    /// once), and the chunk for the commit to insert.
+    fn add_chunk(
+        &mut self,
+        info: &mut FsInfo,
+        flags: u64,
+        stripes: &[(u64, u64)],
+        stripe_len: u64,
+        length: u64,
+    ) -> Result<u64> {
+        let sub_stripes: u16 = if flags & BLOCK_GROUP_RAID10 != 0 { 2 } else { 1 };
         let logical = info
             .chunk_map
             .iter()
@@ -536,9 +654,8 @@ impl Allocator {
             .max()
             .unwrap_or(1 << 20)
             .next_multiple_of(1 << 20);
-        let flags = ty | profile;
         let mut chunk_stripes = Vec::new();
-        for &(devid, physical) in &stripes {
+        for &(devid, physical) in stripes {
             let ds = self.dev_space.get_mut(&devid).ok_or_else(|| {
                 Error::corrupt(format!("internal: devid {devid} has no free-space map"))
             })?;
@@ -556,7 +673,7 @@ impl Allocator {
             });
         }
         let chunk = Chunk {
-            length: stripe_len,
+            length,
             owner: EXTENT_TREE_OBJECTID,
             stripe_len: STRIPE_LEN,
             ty: flags,
@@ -564,15 +681,15 @@ impl Allocator {
             io_width: STRIPE_LEN as u32,
             sector_size: info.sectorsize,
             num_stripes: stripes.len() as u16,
-            sub_stripes: 1,
+            sub_stripes,
             stripes: chunk_stripes,
         };
         let entry = MapEntry {
             start: logical,
-            length: stripe_len,
+            length,
             ty: flags,
             stripe_len: STRIPE_LEN,
-            sub_stripes: 1,
+            sub_stripes,
             stripes: stripes
                 .iter()
                 .map(|&(devid, physical)| MapStripe { devid, physical })
@@ -618,8 +735,8 @@ impl Allocator {
 /// not made in).
 pub(crate) fn profile_copies(profile: u64) -> Option<u64> {
     match profile {
-        0 => Some(1),
-        BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 => Some(2),
+        0 | BLOCK_GROUP_RAID0 => Some(1),
+        BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID10 => Some(2),
         BLOCK_GROUP_RAID1C3 => Some(3),
         BLOCK_GROUP_RAID1C4 => Some(4),
         _ => None,
@@ -662,6 +779,10 @@ pub(crate) fn raid(profile: u64) -> Raid {
         _ => r(0, 1, 1, 1),
     }
 }
+
+/// Profiles that spread a chunk over its stripes in 64 KiB units (RAID5/6 are not
+/// written: their parity needs read-modify-write).
+pub(crate) const STRIPED: u64 = BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10;
 
 /// Profiles that keep more than one copy (or parity).
 pub(crate) const MIRRORED: u64 = BLOCK_GROUP_RAID10

@@ -58,14 +58,16 @@ impl MapEntry {
         if profile.count_ones() > 1 {
             return bad(format!("several profiles in type {:#x}", c.ty));
         }
+        // Since Linux 5.15 RAID0 may have one stripe and RAID10 two (one mirrored
+        // pair): the kernel makes such chunks on one or two (or, for RAID10, three)
+        // devices, and its tree checker asks RAID10 only for sub_stripes 2.
         let min = match profile {
-            BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID5 => 2,
+            BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID10 => 2,
             BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID6 => 3,
-            BLOCK_GROUP_RAID1C4 | BLOCK_GROUP_RAID10 => 4,
+            BLOCK_GROUP_RAID1C4 => 4,
             _ => 1,
         };
-        // RAID0 with one device is allowed by newer kernels; accept n >= 1 there.
-        if n < min && profile != BLOCK_GROUP_RAID0 {
+        if n < min {
             return bad(format!("{} stripes for profile {}", n, profile_name(c.ty)));
         }
         match profile {

@@ -561,13 +561,13 @@ impl Trans {
                     "balance: invalid convert {what} profile"
                 )));
             }
-            let copies = crate::alloc::block_group::profile_copies(profile).ok_or_else(|| {
+            crate::alloc::block_group::profile_copies(profile).ok_or_else(|| {
                 Error::Unsupported(format!(
-                    "converting {what} to {} (ubtrfs makes single, dup, raid1, raid1c3 and raid1c4 chunks)",
+                    "converting {what} to {} (ubtrfs makes single, dup, raid0, raid1, raid10, raid1c3 and raid1c4 chunks)",
                     profile_name(profile)
                 ))
             })?;
-            if profile != BLOCK_GROUP_DUP && copies > ndev {
+            if crate::alloc::block_group::raid(profile).devs_min as u64 > ndev {
                 return Err(Error::Invalid(format!(
                     "balance: invalid convert {what} profile {}: {ndev} device(s)",
                     profile_name(profile)

@@ -110,7 +110,7 @@ impl Trans {
                     chunk_tree: CHUNK_TREE_OBJECTID,
                     chunk_objectid: FIRST_CHUNK_TREE_OBJECTID,
                     chunk_offset: p.logical,
-                    length: p.chunk.length,
+                    length: p.stripe_bytes(),
                     chunk_tree_uuid: chunk_uuid,
                 };
                 let k = Key::new(st.devid, DEV_EXTENT_KEY, st.offset);

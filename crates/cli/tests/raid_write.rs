@@ -1,0 +1,324 @@
+//! Writing striped profiles (RAID0, RAID10) on multi-device filesystems the kernel
+//! made, against the kernel: new chunks of those profiles made offline (`put`), by
+//! `balance -dconvert/-mconvert`, and through the read-write mount, on equal and on
+//! unequal devices, up to ENOSPC. After each step:
+//! - `btrfs check --readonly --check-data-csum` (on loop devices of every image)
+//!   and ubtrfs's own check are clean;
+//! - btrfs-progs' dump of the chunk tree shows every chunk with the profile asked
+//!   for, and more chunks than mkfs.btrfs made (new ones were allocated);
+//! - the kernel mounts the devices and shows the files written, byte for byte, and
+//!   what it showed before (every stat field);
+//! - the kernel then writes and balances the chunks ubtrfs made: clean again.
+//!
+//! Needs root (loop devices); skipped with a line outside CI.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use ubtrfs_sim::golden::walk_mounted;
+use ubtrfs_sim::host::{progs_errors, require_fuse, require_root, serial, sh, Ubtrfs};
+use ubtrfs_sim::mount::{FuseMount, KernelMount};
+
+fn bin() -> Ubtrfs {
+    Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs")).with_limit(300)
+}
+
+/// `n` sparse image files of the given sizes in `dir`, made one filesystem by
+/// `mkfs.btrfs -n 4096 ARGS`.
+fn mkfs_multi(dir: &Path, sizes_mib: &[u64], args: &[&str]) -> Vec<PathBuf> {
+    let imgs: Vec<PathBuf> = (0..sizes_mib.len())
+        .map(|i| dir.join(format!("d{i}.img")))
+        .collect();
+    for (p, &mib) in imgs.iter().zip(sizes_mib) {
+        std::fs::File::create(p)
+            .and_then(|f| f.set_len(mib << 20))
+            .expect("image file");
+    }
+    let names: Vec<String> = imgs.iter().map(|p| p.display().to_string()).collect();
+    sh(&format!(
+        "mkfs.btrfs -q -f -n 4096 {} {}",
+        args.join(" "),
+        names.join(" ")
+    ));
+    imgs
+}
+
+fn joined(imgs: &[PathBuf]) -> String {
+    let v: Vec<String> = imgs.iter().map(|p| p.display().to_string()).collect();
+    v.join(",")
+}
+
+/// Runs `script` with `$A` the first of loop devices attached to `imgs` (all of
+/// them, so btrfs-progs finds the filesystem's other devices by scanning); they are
+/// detached afterwards, whatever happens. Its stdout.
+fn on_loops(imgs: &[PathBuf], script: &str) -> String {
+    let mut s = String::from("set -e\nL=()\ntrap 'losetup -d \"${L[@]}\"' EXIT\n");
+    for p in imgs {
+        s.push_str(&format!("L+=($(losetup -f --show {}))\n", p.display()));
+    }
+    s.push_str("A=${L[0]}\n");
+    s.push_str(script);
+    let o = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(&s)
+        .output()
+        .expect("bash");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{script}\nfailed: {out}\n{err}");
+    out
+}
+
+/// btrfs check (btrfs-progs and ubtrfs) is clean.
+fn checks_clean(imgs: &[PathBuf], what: &str) {
+    let text = on_loops(
+        imgs,
+        "btrfs check --readonly --check-data-csum $A 2>&1 || { echo FAILED; exit 0; }",
+    );
+    assert!(
+        !text.contains("FAILED") && progs_errors(&text).is_empty(),
+        "btrfs check after {what}:\n{text}"
+    );
+    let c = bin().output(&["check", "--check-data-csum", &joined(imgs)]);
+    assert!(c.status.success(), "ubtrfs check after {what}: {c:?}");
+}
+
+/// Every chunk as ("TYPE|PROFILE", num_stripes, sub_stripes), from btrfs-progs'
+/// dump of the chunk tree.
+fn chunks_detail(imgs: &[PathBuf]) -> Vec<(String, u64, u64)> {
+    let text = on_loops(imgs, "btrfs inspect-internal dump-tree -t chunk $A");
+    let mut out: Vec<(String, u64, u64)> = Vec::new();
+    for l in text.lines().map(str::trim) {
+        if let Some(t) = l.strip_prefix("length ").and_then(|l| l.split(" type ").nth(1)) {
+            out.push((t.trim().to_string(), 0, 0));
+        } else if let (Some(c), Some(rest)) = (out.last_mut(), l.strip_prefix("num_stripes ")) {
+            let mut w = rest.split_whitespace();
+            c.1 = w.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            c.2 = w.nth(1).and_then(|n| n.parse().ok()).unwrap_or(0);
+        }
+    }
+    out
+}
+
+/// Every chunk as "TYPE|PROFILE".
+fn chunk_types(imgs: &[PathBuf]) -> Vec<String> {
+    chunks_detail(imgs).into_iter().map(|c| c.0).collect()
+}
+
+/// Every chunk has the profile `want` gives its type ("DATA" -> "RAID0", ...).
+fn assert_profiles(imgs: &[PathBuf], want: &[(&str, &str)], what: &str) -> usize {
+    let types = chunk_types(imgs);
+    for t in &types {
+        let (ty, profile) = t.split_once('|').unwrap_or((t.as_str(), "single"));
+        let wanted = want.iter().find(|w| w.0 == ty).map(|w| w.1);
+        assert_eq!(Some(profile), wanted, "{what}: a {t} chunk among {types:?}");
+    }
+    types.len()
+}
+
+/// What the kernel shows (read-only), and `diff -r` of `dir` in it against `src`.
+fn kernel_view(imgs: &[PathBuf], src: &Path, dir: &str) -> BTreeMap<String, serde_json::Value> {
+    let k = KernelMount::try_new(imgs, "ro").unwrap_or_else(|e| panic!("{e}"));
+    sh(&format!(
+        "diff -r {} {}",
+        src.display(),
+        k.path(dir).display()
+    ));
+    let mut t = walk_mounted(&k.mnt);
+    t.retain(|_, v| v["ino"] != 2);
+    k.try_umount().expect("umount");
+    t
+}
+
+/// `count` files of `mib` MiB of random data (and a few hundred small ones), in `dir`.
+fn make_source(dir: &Path, count: usize, mib: usize) {
+    std::fs::create_dir_all(dir).expect("mkdir");
+    sh(&format!(
+        "cd {d} && for i in $(seq 1 {count}); do head -c {mib}M /dev/urandom > big$i; done && \
+         mkdir small && for i in $(seq 1 400); do head -c $((i * 37)) /dev/urandom > small/s$i; done",
+        d = dir.display()
+    ));
+}
+
+/// Four equal devices, RAID0 data and RAID10 metadata from mkfs.btrfs: `ubtrfs
+/// put` of more data than mkfs's chunks hold makes RAID0 data chunks; a balance
+/// converts data to RAID10 and metadata and system to RAID0 (new chunks of those),
+/// and back; the kernel reads every step and then writes and balances itself.
+#[test]
+fn raid0_and_raid10_chunks_made_offline() {
+    if !require_root("raid0_and_raid10_chunks_made_offline") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let imgs = mkfs_multi(dir.path(), &[768, 768, 768, 768], &["-d raid0", "-m raid10"]);
+    let devs = joined(&imgs);
+    let made = assert_profiles(
+        &imgs,
+        &[("DATA", "RAID0"), ("METADATA", "RAID10"), ("SYSTEM", "RAID10")],
+        "mkfs",
+    );
+    {
+        let k = KernelMount::try_new(&imgs, "rw").unwrap_or_else(|e| panic!("{e}"));
+        sh(&format!(
+            "cd {m} && head -c 3M /dev/urandom > kfile && mkdir kdir && echo hi > kdir/x && \
+             btrfs subvolume snapshot . snap >/dev/null",
+            m = k.q()
+        ));
+        k.try_umount().expect("umount");
+    }
+    let src = dir.path().join("src");
+    make_source(&src, 9, 50);
+    bin().stdout(&["put", &devs, &src.display().to_string(), "/"]);
+    checks_clean(&imgs, "put");
+    let after_put = assert_profiles(
+        &imgs,
+        &[("DATA", "RAID0"), ("METADATA", "RAID10"), ("SYSTEM", "RAID10")],
+        "put",
+    );
+    assert!(
+        after_put > made,
+        "put of 450 MiB made no new RAID0 data chunk ({made} chunks before and after)"
+    );
+    let before = kernel_view(&imgs, &src, "src");
+
+    for (args, want, what) in [
+        (
+            ["-dconvert=raid10", "-mconvert=raid0", "-sconvert=raid0"],
+            [("DATA", "RAID10"), ("METADATA", "RAID0"), ("SYSTEM", "RAID0")],
+            "convert to data raid10, metadata raid0",
+        ),
+        (
+            ["-dconvert=raid0", "-mconvert=raid10", "-sconvert=raid10"],
+            [("DATA", "RAID0"), ("METADATA", "RAID10"), ("SYSTEM", "RAID10")],
+            "convert back",
+        ),
+    ] {
+        let mut full = vec!["balance", "start", "-f"];
+        full.extend(args);
+        full.push(&devs);
+        let out = bin().stdout(&full);
+        assert!(out.starts_with("Done, had to relocate"), "{what}: {out}");
+        checks_clean(&imgs, what);
+        assert_profiles(&imgs, &want, what);
+        assert_eq!(kernel_view(&imgs, &src, "src"), before, "files after {what}");
+    }
+
+    // The kernel writes and moves the chunks ubtrfs made.
+    {
+        let k = KernelMount::try_new(&imgs, "rw").unwrap_or_else(|e| panic!("{e}"));
+        sh(&format!(
+            "cd {m} && head -c 20M /dev/urandom > kernel-after && cp src/big1 big1-copy && \
+             btrfs balance start -dusage=100 -musage=100 . >/dev/null && sync",
+            m = k.q()
+        ));
+        k.try_umount().expect("umount");
+    }
+    checks_clean(&imgs, "the kernel's writes and balance");
+    let cat = bin().output(&["cat", &devs, "/big1-copy"]);
+    assert!(cat.status.success(), "cat: {cat:?}");
+    assert_eq!(
+        cat.stdout,
+        std::fs::read(src.join("big1")).expect("read src"),
+        "a file the kernel wrote after ubtrfs's chunks, read by ubtrfs"
+    );
+}
+
+/// Unequal devices (256, 256 and 1024 MiB), RAID0 data: files are put one at a
+/// time until ENOSPC. New RAID0 chunks span all three devices, then (once the small
+/// ones are full) the big one alone, as the kernel's allocator does; the refused
+/// put leaves the last commit, clean, and the kernel shows every file put before.
+#[test]
+fn raid0_on_unequal_devices_until_full() {
+    if !require_root("raid0_on_unequal_devices_until_full") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let imgs = mkfs_multi(dir.path(), &[256, 256, 1024], &["-d raid0", "-m raid1"]);
+    let devs = joined(&imgs);
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("in")).expect("mkdir");
+    bin().stdout(&["mkdir", &devs, "/in"]);
+    let mut put = 0;
+    let mut refused = None;
+    for i in 0..40 {
+        let f = src.join(format!("in/f{i}"));
+        sh(&format!("head -c 40M /dev/urandom > {}", f.display()));
+        let (ok, _, err) = bin().run(&["put", &devs, &f.display().to_string(), "/in/"]);
+        if !ok {
+            // Not in the image: not compared.
+            std::fs::remove_file(&f).expect("rm");
+            refused = Some(err);
+            break;
+        }
+        put += 1;
+    }
+    let err = refused.expect("40 x 40 MiB fit on 1.5 GiB of devices");
+    assert!(
+        err.contains("No space left") || err.contains("space"),
+        "the put that did not fit: {err}"
+    );
+    assert!(put >= 20, "only {put} files of 40 MiB fit on 1.5 GiB");
+    checks_clean(&imgs, "ENOSPC");
+    assert_profiles(
+        &imgs,
+        &[("DATA", "RAID0"), ("METADATA", "RAID1"), ("SYSTEM", "RAID1")],
+        "ENOSPC",
+    );
+    // Chunks on the big device alone were made once the small ones were full.
+    let data = chunks_detail(&imgs);
+    let widths: Vec<u64> = data
+        .iter()
+        .filter(|c| c.0 == "DATA|RAID0")
+        .map(|c| c.1)
+        .collect();
+    assert!(
+        widths.contains(&3) && widths.contains(&1),
+        "RAID0 data chunks over three devices, then over the big one alone: {data:?}"
+    );
+    kernel_view(&imgs, &src.join("in"), "in");
+}
+
+/// Three devices, RAID10 data (the kernel stripes over an even number of them: two)
+/// and RAID0 metadata, written through the read-write mount: new chunks of both,
+/// the kernel shows what the mount showed.
+#[test]
+fn raid10_on_three_devices_through_the_mount() {
+    if !require_root("raid10_on_three_devices_through_the_mount")
+        || !require_fuse("raid10_on_three_devices_through_the_mount")
+    {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let imgs = mkfs_multi(dir.path(), &[1024, 1024, 1024], &["-d raid10", "-m raid0"]);
+    let made = chunk_types(&imgs).len();
+    let src = dir.path().join("src");
+    make_source(&src, 6, 50);
+    let m = FuseMount::start(&bin(), &imgs, &["rw"]);
+    m.run(
+        &format!(
+            "cp -a {}/. data && mkdir many && for i in $(seq 1 3000); do echo $i > many/f$i; done",
+            src.display()
+        ),
+        "copy",
+    );
+    let mut seen = m.walk_and_unmount();
+    seen.retain(|_, v| v["ino"] != 2);
+    checks_clean(&imgs, "the mount's writes");
+    let chunks = chunks_detail(&imgs);
+    assert!(chunks.len() > made, "no new chunk: {chunks:?}");
+    assert_profiles(
+        &imgs,
+        &[("DATA", "RAID10"), ("METADATA", "RAID0"), ("SYSTEM", "RAID0")],
+        "the mount's writes",
+    );
+    for c in chunks.iter().filter(|c| c.0 == "DATA|RAID10") {
+        assert_eq!((c.1, c.2), (2, 2), "a RAID10 chunk on three devices: {c:?}");
+    }
+    assert_eq!(
+        kernel_view(&imgs, &src, "data"),
+        seen,
+        "the kernel shows what the mount showed"
+    );
+}
