@@ -66,6 +66,12 @@ deps=(acl attr automake bc dbench dump e2fsprogs fio gawk gcc git indent libacl1
     libaio-dev libcap-dev libgdbm-dev libtool libtool-bin liburing-dev make psmisc
     python3 quota sed uuid-dev uuid-runtime xfsprogs xfslibs-dev sqlite3
     libgdbm-compat-dev btrfs-progs fuse3 util-linux libbtrfsutil-dev)
+# Two test binaries (fstests, mount_fsstress) may run this at once on a fresh
+# machine: one installs while the other waits (dpkg takes one apt-get at a time, and
+# a second one fails at once on its lock unless told to wait).
+mkdir -p "$cache"
+exec 8>"$cache/.deps.lock"
+flock 8
 missing=()
 for p in "${deps[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
@@ -73,9 +79,11 @@ done
 if [ ${#missing[@]} -gt 0 ]; then
     log "installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq "${missing[@]}" >/dev/null ||
-        { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
+    apt=(apt-get -o DPkg::Lock::Timeout=600)
+    "${apt[@]}" install -y -qq "${missing[@]}" >/dev/null ||
+        { "${apt[@]}" update -qq && "${apt[@]}" install -y -qq "${missing[@]}" >/dev/null; }
 fi
+exec 8>&-
 getent group fsgqa >/dev/null || groupadd fsgqa
 for u in fsgqa fsgqa2 123456-fsgqa; do
     # useradd refuses a name that starts with a digit unless told --badname.
