@@ -88,7 +88,10 @@ fn chunks_detail(imgs: &[PathBuf]) -> Vec<(String, u64, u64)> {
     let text = on_loops(imgs, "btrfs inspect-internal dump-tree -t chunk $A");
     let mut out: Vec<(String, u64, u64)> = Vec::new();
     for l in text.lines().map(str::trim) {
-        if let Some(t) = l.strip_prefix("length ").and_then(|l| l.split(" type ").nth(1)) {
+        if let Some(t) = l
+            .strip_prefix("length ")
+            .and_then(|l| l.split(" type ").nth(1))
+        {
             out.push((t.trim().to_string(), 0, 0));
         } else if let (Some(c), Some(rest)) = (out.last_mut(), l.strip_prefix("num_stripes ")) {
             let mut w = rest.split_whitespace();
@@ -150,11 +153,19 @@ fn raid0_and_raid10_chunks_made_offline() {
     }
     let _s = serial();
     let dir = tempfile::tempdir().expect("tempdir");
-    let imgs = mkfs_multi(dir.path(), &[768, 768, 768, 768], &["-d raid0", "-m raid10"]);
+    let imgs = mkfs_multi(
+        dir.path(),
+        &[768, 768, 768, 768],
+        &["-d raid0", "-m raid10"],
+    );
     let devs = joined(&imgs);
     let made = assert_profiles(
         &imgs,
-        &[("DATA", "RAID0"), ("METADATA", "RAID10"), ("SYSTEM", "RAID10")],
+        &[
+            ("DATA", "RAID0"),
+            ("METADATA", "RAID10"),
+            ("SYSTEM", "RAID10"),
+        ],
         "mkfs",
     );
     {
@@ -172,7 +183,11 @@ fn raid0_and_raid10_chunks_made_offline() {
     checks_clean(&imgs, "put");
     let after_put = assert_profiles(
         &imgs,
-        &[("DATA", "RAID0"), ("METADATA", "RAID10"), ("SYSTEM", "RAID10")],
+        &[
+            ("DATA", "RAID0"),
+            ("METADATA", "RAID10"),
+            ("SYSTEM", "RAID10"),
+        ],
         "put",
     );
     assert!(
@@ -184,12 +199,20 @@ fn raid0_and_raid10_chunks_made_offline() {
     for (args, want, what) in [
         (
             ["-dconvert=raid10", "-mconvert=raid0", "-sconvert=raid0"],
-            [("DATA", "RAID10"), ("METADATA", "RAID0"), ("SYSTEM", "RAID0")],
+            [
+                ("DATA", "RAID10"),
+                ("METADATA", "RAID0"),
+                ("SYSTEM", "RAID0"),
+            ],
             "convert to data raid10, metadata raid0",
         ),
         (
             ["-dconvert=raid0", "-mconvert=raid10", "-sconvert=raid10"],
-            [("DATA", "RAID0"), ("METADATA", "RAID10"), ("SYSTEM", "RAID10")],
+            [
+                ("DATA", "RAID0"),
+                ("METADATA", "RAID10"),
+                ("SYSTEM", "RAID10"),
+            ],
             "convert back",
         ),
     ] {
@@ -200,7 +223,11 @@ fn raid0_and_raid10_chunks_made_offline() {
         assert!(out.starts_with("Done, had to relocate"), "{what}: {out}");
         checks_clean(&imgs, what);
         assert_profiles(&imgs, &want, what);
-        assert_eq!(kernel_view(&imgs, &src, "src"), before, "files after {what}");
+        assert_eq!(
+            kernel_view(&imgs, &src, "src"),
+            before,
+            "files after {what}"
+        );
     }
 
     // The kernel writes and moves the chunks ubtrfs made.
@@ -220,6 +247,44 @@ fn raid0_and_raid10_chunks_made_offline() {
         cat.stdout,
         std::fs::read(src.join("big1")).expect("read src"),
         "a file the kernel wrote after ubtrfs's chunks, read by ubtrfs"
+    );
+
+    // fstrim: the kernel's FITRIM and `ubtrfs filesystem trim` of copies of the
+    // images trim the same bytes (free space of RAID0 and RAID10 groups on every
+    // stripe and mirror, and the unallocated space), and the trimmed copy is clean.
+    bin().stdout(&["rm", "-r", &devs, "/src/small", "/big1-copy"]);
+    let copy = |tag: &str| -> Vec<PathBuf> {
+        imgs.iter()
+            .map(|p| {
+                let to = p.with_extension(format!("{tag}.img"));
+                sh(&format!(
+                    "cp --sparse=always {} {}",
+                    p.display(),
+                    to.display()
+                ));
+                to
+            })
+            .collect()
+    };
+    let (kimgs, oimgs) = (copy("k"), copy("o"));
+    let trimmed = |out: &str| -> u64 {
+        // "MNT: 1.2 GiB (1288568832 bytes) trimmed"
+        out.split('(')
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("trim said {out:?}"))
+    };
+    let k = KernelMount::try_new(&kimgs, "rw").unwrap_or_else(|e| panic!("{e}"));
+    let kernel = trimmed(&sh(&format!("fstrim -v {}", k.q())));
+    k.try_umount().expect("umount");
+    let out = bin().stdout(&["filesystem", "trim", "-v", &joined(&oimgs)]);
+    assert_eq!(trimmed(&out), kernel, "bytes trimmed: ubtrfs {out}");
+    checks_clean(&oimgs, "trim");
+    assert_eq!(
+        bin().output(&["cat", &joined(&oimgs), "/src/big3"]).stdout,
+        std::fs::read(src.join("big3")).expect("read src"),
+        "a file after the trim"
     );
 }
 
@@ -262,7 +327,11 @@ fn raid0_on_unequal_devices_until_full() {
     checks_clean(&imgs, "ENOSPC");
     assert_profiles(
         &imgs,
-        &[("DATA", "RAID0"), ("METADATA", "RAID1"), ("SYSTEM", "RAID1")],
+        &[
+            ("DATA", "RAID0"),
+            ("METADATA", "RAID1"),
+            ("SYSTEM", "RAID1"),
+        ],
         "ENOSPC",
     );
     // Chunks on the big device alone were made once the small ones were full.
@@ -310,7 +379,11 @@ fn raid10_on_three_devices_through_the_mount() {
     assert!(chunks.len() > made, "no new chunk: {chunks:?}");
     assert_profiles(
         &imgs,
-        &[("DATA", "RAID10"), ("METADATA", "RAID0"), ("SYSTEM", "RAID0")],
+        &[
+            ("DATA", "RAID10"),
+            ("METADATA", "RAID0"),
+            ("SYSTEM", "RAID0"),
+        ],
         "the mount's writes",
     );
     for c in chunks.iter().filter(|c| c.0 == "DATA|RAID10") {

@@ -441,7 +441,8 @@ impl Allocator {
             Error::Unsupported(format!("allocating {} chunks", profile_name(profile)))
         })? as usize;
         if profile & STRIPED != 0 {
-            let (stripes, stripe_len, length) = self.striped_stripes(info, ty, profile, min_bytes)?;
+            let (stripes, stripe_len, length) =
+                self.striped_stripes(info, ty, profile, min_bytes)?;
             return self.add_chunk(info, ty | profile, &stripes, stripe_len, length);
         }
         let total = info.sb.total_bytes;
@@ -646,7 +647,11 @@ impl Allocator {
         stripe_len: u64,
         length: u64,
     ) -> Result<u64> {
-        let sub_stripes: u16 = if flags & BLOCK_GROUP_RAID10 != 0 { 2 } else { 1 };
+        let sub_stripes: u16 = if flags & BLOCK_GROUP_RAID10 != 0 {
+            2
+        } else {
+            1
+        };
         let logical = info
             .chunk_map
             .iter()

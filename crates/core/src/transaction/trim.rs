@@ -10,8 +10,9 @@
 //! Safe only for space nothing durable points at: the free-space index of a block
 //! group never holds what the running or a committing transaction freed (that stays
 //! pinned until its commit is durable), and the caller commits first anyway, so
-//! what the last transaction deleted is trimmed too. Groups striped over several
-//! devices (RAID0/10/5/6, which this engine does not write) are left alone.
+//! what the last transaction deleted is trimmed too. RAID0 and RAID10 groups are
+//! trimmed stripe by stripe; RAID5/6 groups (which this engine does not write) are
+//! left alone.
 
 use super::Trans;
 use crate::alloc::block_group::super_offset;
@@ -87,7 +88,7 @@ impl Trans {
             let Some(bg) = self.alloc.bgs.get(&s) else {
                 continue;
             };
-            if bg.flags & STRIPED != 0 || bg.ro {
+            if bg.flags & PARITY != 0 || bg.ro {
                 continue;
             }
             let free: Vec<(u64, u64)> = bg
@@ -150,13 +151,13 @@ impl Trans {
     /// Discards `[logical, logical + len)` on every copy, for the `discard` mount
     /// option: space a durable commit freed (the kernel's discard at unpin,
     /// btrfs_discard_extent). Best effort, as in the kernel: a device that cannot
-    /// discard, a striped group (RAID0/10/5/6, not written here) or an error leaves
+    /// discard, a RAID5/6 group (not written here) or an error leaves
     /// the bytes as they are. Returns the bytes discarded (every copy counted).
     pub(crate) fn discard_freed(&self, logical: u64, len: u64) -> u64 {
         let Ok(entry) = self.fs.info.chunk_map.lookup(logical) else {
             return 0;
         };
-        if entry.ty & STRIPED != 0 {
+        if entry.ty & PARITY != 0 {
             return 0;
         }
         let end = logical.saturating_add(len).min(entry.start + entry.length);
@@ -172,15 +173,18 @@ impl Trans {
     }
 }
 
-/// Profiles whose chunks spread a logical range over stripes (not trimmed or
-/// discarded here: ubtrfs does not write them).
-const STRIPED: u64 = BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6;
+/// Profiles with parity (not trimmed or discarded here: ubtrfs does not write them,
+/// and a range's parity is not free while other data of its stripe is used).
+const PARITY: u64 = BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6;
 
 /// The device ranges `(devid, offset, bytes)` holding `[logical, end)` of a chunk
-/// that is not striped, copy by copy (one per DUP or RAID1* mirror); a range the
-/// map cannot place ends that copy's list.
+/// without parity, copy by copy (one per DUP, RAID1* or RAID10 mirror); a range the
+/// map cannot place ends that copy's list. The 64 KiB pieces a RAID0 or RAID10
+/// chunk spreads over its devices are joined where they meet on a device, so a
+/// large free range is one discard per device (the kernel's btrfs_map_discard).
 fn copies(entry: &crate::io::volumes::MapEntry, logical: u64, end: u64) -> Vec<(u64, u64, u64)> {
-    let mut out = Vec::new();
+    let mut out: Vec<(u64, u64, u64)> = Vec::new();
+    let mut last_on: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
     for m in 0..entry.num_mirrors() {
         let mut pos = logical;
         while pos < end {
@@ -191,7 +195,13 @@ fn copies(entry: &crate::io::volumes::MapEntry, logical: u64, end: u64) -> Vec<(
             if n == 0 {
                 break;
             }
-            out.push((p.devid, p.offset, n));
+            match last_on.get(&p.devid).and_then(|&i| out.get_mut(i)) {
+                Some(prev) if prev.1 + prev.2 == p.offset => prev.2 += n,
+                _ => {
+                    last_on.insert(p.devid, out.len());
+                    out.push((p.devid, p.offset, n));
+                }
+            }
             pos += n;
         }
     }
