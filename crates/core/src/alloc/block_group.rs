@@ -102,7 +102,16 @@ impl DevSpace {
     }
 }
 
-/// A chunk allocated in this transaction whose items are inserted at commit.
+/// Where a new striped chunk goes ([`Allocator::striped_stripes`]).
+struct StripedPlace {
+    /// (devid, physical) of each stripe, in the chunk's order.
+    stripes: Vec<(u64, u64)>,
+    /// Bytes each stripe takes on its device.
+    stripe_bytes: u64,
+    /// The chunk's logical length.
+    length: u64,
+}
+
 /// A block group removed in the running transaction (see `Allocator::removed`).
 #[derive(Debug, Clone)]
 pub(crate) struct RemovedGroup {
@@ -121,6 +130,7 @@ impl RemovedGroup {
     }
 }
 
+/// A chunk allocated in this transaction whose items are inserted at commit.
 #[derive(Debug, Clone)]
 pub(crate) struct PendingChunk {
     pub logical: u64,
@@ -441,9 +451,8 @@ impl Allocator {
             Error::Unsupported(format!("allocating {} chunks", profile_name(profile)))
         })? as usize;
         if profile & STRIPED != 0 {
-            let (stripes, stripe_len, length) =
-                self.striped_stripes(info, ty, profile, min_bytes)?;
-            return self.add_chunk(info, ty | profile, &stripes, stripe_len, length);
+            let p = self.striped_stripes(info, ty, profile, min_bytes)?;
+            return self.add_chunk(info, ty | profile, &p.stripes, p.stripe_bytes, p.length);
         }
         let total = info.sb.total_bytes;
         let max_stripe: u64 = match ty {
@@ -564,7 +573,7 @@ impl Allocator {
         ty: u64,
         profile: u64,
         min_bytes: u64,
-    ) -> Result<(Vec<(u64, u64)>, u64, u64)> {
+    ) -> Result<StripedPlace> {
         let r = raid(profile);
         let total = info.sb.total_bytes;
         let type_chunk_bytes: u64 = match ty {
@@ -628,11 +637,11 @@ impl Allocator {
         if stripe == 0 || length < min_bytes {
             return Err(no_room());
         }
-        Ok((
-            devs.iter().map(|&(d, off, _)| (d, off)).collect(),
-            stripe,
+        Ok(StripedPlace {
+            stripes: devs.iter().map(|&(d, off, _)| (d, off)).collect(),
+            stripe_bytes: stripe,
             length,
-        ))
+        })
     }
 
     /// Records a new chunk of `flags` (type and profile) whose stripes start at
