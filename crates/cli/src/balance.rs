@@ -442,8 +442,9 @@ fn run_balance(
         BalanceEnd::Finished => print_done(out, p.completed, p.considered)?,
         // On stderr, as btrfs-progs prints it.
         BalanceEnd::Paused => eprintln!("balance paused by user"),
+        // btrfs-progs prints no "Done" line when the ioctl fails; the count the
+        // kernel logs (there is no syslog here) goes in the error line.
         BalanceEnd::NoSpace(n) => {
-            print_done(out, p.completed, p.considered)?;
             bail!(
                 "error during balancing '{}': No space left on device ({n} enospc errors during balance)",
                 image.display()
