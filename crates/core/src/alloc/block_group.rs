@@ -17,7 +17,7 @@ use crate::io::disk_io::FsInfo;
 use crate::io::volumes::{MapEntry, MapStripe};
 use std::collections::BTreeMap;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{BlockGroupItem, Chunk, Stripe};
+use ubtrfs_format::items::{BlockGroupItem, Chunk, Stripe, CHUNK_BASE_SIZE, STRIPE_SIZE};
 use ubtrfs_format::key::Key;
 
 pub(crate) const FREE_SPACE_USING_BITMAPS: u32 = 1;
@@ -139,13 +139,15 @@ pub(crate) struct PendingChunk {
 
 impl PendingChunk {
     /// Bytes each stripe takes on its device (its DEV_EXTENT's length): the chunk's
-    /// length, except for striped profiles (RAID0, RAID10), which spread it.
+    /// length, except for striped profiles (RAID0, RAID10, RAID5/6), which spread it.
     pub(crate) fn stripe_bytes(&self) -> u64 {
         let c = &self.chunk;
         let n = c.num_stripes.max(1) as u64;
         match c.ty & BLOCK_GROUP_PROFILE_MASK {
             BLOCK_GROUP_RAID0 => c.length / n,
             BLOCK_GROUP_RAID10 => c.length / (n / c.sub_stripes.max(1) as u64).max(1),
+            BLOCK_GROUP_RAID5 => c.length / n.saturating_sub(1).max(1),
+            BLOCK_GROUP_RAID6 => c.length / n.saturating_sub(2).max(1),
             _ => c.length,
         }
     }
@@ -156,13 +158,28 @@ impl PendingChunk {
 /// unit around each copy).
 pub(crate) fn super_stripes(e: &MapEntry) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
-    let rmap_len = STRIPE_LEN;
     let profile = e.ty & BLOCK_GROUP_PROFILE_MASK;
     let nstripes = e.stripes.len() as u64;
+    let nparity = match profile {
+        BLOCK_GROUP_RAID5 => 1,
+        BLOCK_GROUP_RAID6 => 2,
+        _ => 0,
+    };
+    // RAID5/6: a copy in any strip of a full stripe (data or parity) takes the
+    // whole row out, as the kernel's btrfs_rmap_block maps it (its data, the
+    // row's logical range, would be rewritten with its parity).
+    let data_stripes = nstripes.saturating_sub(nparity).max(1);
+    let rmap_len = if nparity > 0 {
+        STRIPE_LEN * data_stripes
+    } else {
+        STRIPE_LEN
+    };
     let per_stripe = if profile & BLOCK_GROUP_RAID10 != 0 {
         e.length / (nstripes / e.sub_stripes.max(1) as u64).max(1)
     } else if profile & BLOCK_GROUP_RAID0 != 0 {
         e.length / nstripes.max(1)
+    } else if nparity > 0 {
+        e.length / data_stripes
     } else {
         e.length
     };
@@ -560,13 +577,23 @@ impl Allocator {
         self.add_chunk(info, ty | profile, &stripes, stripe_len, stripe_len)
     }
 
-    /// Where a new RAID0 or RAID10 chunk of type `ty` goes: (devid, physical) of each
-    /// stripe, the bytes each stripe takes, and the chunk's length. The kernel's
-    /// rule (gather_device_info, decide_stripe_size_regular): as many devices as
-    /// have room (RAID10 an even number, a mirrored pair per stripe), those with
-    /// the largest free range first; each stripe as large as the smallest of the
-    /// ranges chosen, cut so the chunk stays within the type's chunk size and a
-    /// tenth of the filesystem, and to whole 64 KiB stripe units.
+    /// Where a new RAID0, RAID10, RAID5 or RAID6 chunk of type `ty` goes: each
+    /// stripe's device and offset, the bytes each takes, and the chunk's length. The
+    /// kernel's rule (gather_device_info, decide_stripe_size_regular):
+    /// - the largest stripe is the type's chunk size (data 10 GiB, metadata 256 MiB or
+    ///   1 GiB above 50 GiB, system 32 MiB), at most 1 GiB; the chunk at most that
+    ///   size and a tenth of the filesystem;
+    /// - a device offers its first free range that holds a largest stripe (counted
+    ///   as exactly that), else its largest free range, if at least one 64 KiB unit;
+    /// - devices by what they offer, then by their unallocated bytes, most first; as
+    ///   many as offer (RAID10 an even number: stripes 2k and 2k+1 mirror each other;
+    ///   a system chunk at most 29, what the superblock's array holds);
+    /// - the stripe is the smallest offer; when the chunk would pass its limit, the
+    ///   limit / data stripes rounded up to 16 MiB if smaller; then in 64 KiB units.
+    ///
+    /// A data chunk also leaves the metadata reserve unallocated. Smaller than
+    /// `min_bytes` is refused for metadata and system (a tree block must fit); data
+    /// takes what there is, as the kernel does (the caller splits its extent).
     fn striped_stripes(
         &self,
         info: &FsInfo,
@@ -575,6 +602,11 @@ impl Allocator {
         min_bytes: u64,
     ) -> Result<StripedPlace> {
         let r = raid(profile);
+        let nparity: usize = match profile {
+            BLOCK_GROUP_RAID5 => 1,
+            BLOCK_GROUP_RAID6 => 2,
+            _ => 0,
+        };
         let total = info.sb.total_bytes;
         let type_chunk_bytes: u64 = match ty {
             BLOCK_GROUP_DATA => 10 << 30,
@@ -582,26 +614,35 @@ impl Allocator {
             _ if total > 50 << 30 => 1 << 30,
             _ => 256 << 20,
         };
+        let mut max_stripe = type_chunk_bytes.min(1 << 30);
         let mut max_chunk = type_chunk_bytes.min(total / 10);
         if let Some(c) = self.chunk_size_max {
+            max_stripe = max_stripe.min(c);
             max_chunk = max_chunk.min(c);
         }
-        let max_stripe = max_chunk.min(1 << 30);
-        // Per device: the first free range that holds a whole stripe, else its
-        // largest (find_free_dev_extent), at least one stripe unit.
-        let mut devs: Vec<(u64, u64, u64)> = self
+        // (devid, offset, offered bytes, unallocated bytes)
+        let mut devs: Vec<(u64, u64, u64, u64)> = self
             .dev_space
             .iter()
             .filter_map(|(&devid, ds)| {
                 let holes = ds.holes();
-                let h = holes
-                    .iter()
-                    .find(|h| h.1 >= max_stripe)
-                    .or_else(|| holes.iter().max_by_key(|h| (h.1, u64::MAX - h.0)))?;
-                (h.1 >= STRIPE_LEN).then_some((devid, h.0, h.1))
+                let unallocated: u64 = holes.iter().map(|h| h.1).sum();
+                let (off, offer) = match holes.iter().find(|h| h.1 >= max_stripe) {
+                    Some(h) => (h.0, max_stripe),
+                    None => holes
+                        .iter()
+                        .copied()
+                        .max_by_key(|h| (h.1, u64::MAX - h.0))?,
+                };
+                (offer >= STRIPE_LEN).then_some((devid, off, offer, unallocated))
             })
             .collect();
-        devs.sort_by_key(|&(devid, _, avail)| (u64::MAX - avail, devid));
+        devs.sort_by_key(|&(devid, _, offer, unallocated)| {
+            (u64::MAX - offer, u64::MAX - unallocated, devid)
+        });
+        if ty == BLOCK_GROUP_SYSTEM {
+            devs.truncate(SYSTEM_CHUNK_DEVS_MAX);
+        }
         let step = if profile == BLOCK_GROUP_RAID10 { 2 } else { 1 };
         let ndevs = devs.len() / step * step;
         let no_room = || {
@@ -611,34 +652,35 @@ impl Allocator {
                 block_group_type_name(ty)
             ))
         };
-        if ndevs < r.devs_min || ndevs == 0 {
+        if ndevs < r.devs_min || ndevs <= nparity {
             return Err(no_room());
         }
         devs.truncate(ndevs);
-        let data_stripes = (ndevs as u64 / r.ncopies).max(1);
+        let data_stripes = ((ndevs - nparity) as u64 / r.ncopies).max(1);
         let mut stripe = devs[ndevs - 1].2;
         if stripe.saturating_mul(data_stripes) > max_chunk {
-            let fit = max_chunk
-                .div_ceil(data_stripes)
-                .min(max_stripe)
-                .next_multiple_of(16 << 20);
-            stripe = stripe.min(fit);
+            stripe = stripe.min((max_chunk / data_stripes).next_multiple_of(16 << 20));
         }
-        stripe = stripe.min(max_stripe);
         if ty == BLOCK_GROUP_DATA {
             let reserve = self.metadata_room_kept(total);
             if reserve > 0 {
-                let room = self.unallocated().saturating_sub(reserve) / r.ncopies;
-                stripe = stripe.min(room / data_stripes);
+                let raw_per_stripe = r.ncopies * data_stripes + nparity as u64;
+                let room = self.unallocated().saturating_sub(reserve);
+                stripe = stripe.min(room / raw_per_stripe.max(1));
             }
         }
         stripe -= stripe % STRIPE_LEN;
         let length = stripe * data_stripes;
-        if stripe == 0 || length < min_bytes {
+        let least = if ty == BLOCK_GROUP_DATA {
+            info.sectorsize as u64
+        } else {
+            min_bytes
+        };
+        if stripe == 0 || length < least {
             return Err(no_room());
         }
         Ok(StripedPlace {
-            stripes: devs.iter().map(|&(d, off, _)| (d, off)).collect(),
+            stripes: devs.iter().map(|&(d, off, _, _)| (d, off)).collect(),
             stripe_bytes: stripe,
             length,
         })
@@ -745,11 +787,11 @@ impl Allocator {
     }
 }
 
-/// Copies of every byte a chunk of `profile` keeps (None: a profile new chunks are
-/// not made in).
+/// Copies of every byte a chunk of `profile` keeps (RAID5/6: one, with parity
+/// besides; None: a profile new chunks are not made in).
 pub(crate) fn profile_copies(profile: u64) -> Option<u64> {
     match profile {
-        0 | BLOCK_GROUP_RAID0 => Some(1),
+        0 | BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6 => Some(1),
         BLOCK_GROUP_DUP | BLOCK_GROUP_RAID1 | BLOCK_GROUP_RAID10 => Some(2),
         BLOCK_GROUP_RAID1C3 => Some(3),
         BLOCK_GROUP_RAID1C4 => Some(4),
@@ -794,9 +836,15 @@ pub(crate) fn raid(profile: u64) -> Raid {
     }
 }
 
-/// Profiles that spread a chunk over its stripes in 64 KiB units (RAID5/6 are not
-/// written: their parity needs read-modify-write).
-pub(crate) const STRIPED: u64 = BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10;
+/// Profiles that spread a chunk over its stripes in 64 KiB units (RAID5/6 with
+/// parity, written by io/raid56.rs).
+pub(crate) const STRIPED: u64 =
+    BLOCK_GROUP_RAID0 | BLOCK_GROUP_RAID10 | BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6;
+
+/// Most stripes a system chunk may have: what fits in half the superblock's
+/// sys_chunk_array with its key (the kernel's BTRFS_MAX_DEVS_SYS_CHUNK).
+const SYSTEM_CHUNK_DEVS_MAX: usize =
+    (SYSTEM_CHUNK_ARRAY_SIZE / 2 - DISK_KEY_SIZE - CHUNK_BASE_SIZE - STRIPE_SIZE) / STRIPE_SIZE + 1;
 
 /// Profiles that keep more than one copy (or parity).
 pub(crate) const MIRRORED: u64 = BLOCK_GROUP_RAID10

@@ -7,6 +7,7 @@
 
 pub(crate) mod dev;
 pub(crate) mod disk_io;
+pub(crate) mod raid56;
 pub(crate) mod root_tree;
 pub(crate) mod salvage;
 pub(crate) mod volumes;

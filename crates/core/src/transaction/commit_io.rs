@@ -32,6 +32,8 @@ pub(crate) struct Place {
     pub physical: u64,
     pub from: usize,
     pub len: usize,
+    /// In a RAID5/6 chunk: the row whose parity the write must update.
+    pub parity: Option<crate::io::raid56::ParityFix>,
 }
 
 /// Where a commit stands.
@@ -195,20 +197,23 @@ impl CommitIo {
 /// Writes `data` (which starts at `logical`) to each of its places.
 pub(crate) fn write_places(data: &[u8], places: &[Place], logical: u64) -> Result<()> {
     for p in places {
-        p.dev
-            .write_at(p.physical, &data[p.from..p.from + p.len])
-            .map_err(|err| {
-                Error::io(
-                    format!(
-                        "writing {} bytes at logical {} ({} physical {})",
-                        p.len,
-                        logical + p.from as u64,
-                        p.dev.name(),
-                        p.physical
-                    ),
-                    err,
-                )
-            })?;
+        let piece = &data[p.from..p.from + p.len];
+        match &p.parity {
+            Some(fix) => crate::io::raid56::write_with_parity(&*p.dev, p.physical, piece, fix),
+            None => p.dev.write_at(p.physical, piece),
+        }
+        .map_err(|err| {
+            Error::io(
+                format!(
+                    "writing {} bytes at logical {} ({} physical {})",
+                    p.len,
+                    logical + p.from as u64,
+                    p.dev.name(),
+                    p.physical
+                ),
+                err,
+            )
+        })?;
     }
     Ok(())
 }
@@ -223,6 +228,9 @@ impl Trans {
             let e = self.fs.info.chunk_map.lookup(l)?;
             let mut n = len - done;
             let mut copies = Vec::new();
+            let parity = crate::io::raid56::row_of(e, l, &|devid| {
+                self.fs.info.devices.get(&devid).cloned()
+            })?;
             for m in 0..e.num_mirrors() {
                 let p = e.map(l, m)?;
                 n = n.min(p.len as usize);
@@ -240,6 +248,7 @@ impl Trans {
                     physical,
                     from: done,
                     len: n,
+                    parity: parity.clone(),
                 });
             }
             done += n;

@@ -264,19 +264,6 @@ impl Trans {
                 fs.info.devices.len()
             )));
         }
-        if fs
-            .info
-            .chunk_map
-            .iter()
-            .any(|e| e.ty & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) != 0)
-        {
-            // A write into a RAID5/6 chunk must update its stripe's parity, which
-            // this engine does not compute: writing only the data would leave
-            // parity that rebuilds garbage when a device is lost.
-            return Err(Error::Unsupported(
-                "writing a filesystem with RAID5/RAID6 chunks (parity is not written)".into(),
-            ));
-        }
         let chunk_root = fs.info.read_tree_block(sb.chunk_root, &Expect::default())?;
         let mut chunk_tree_uuid = [0u8; 16];
         chunk_tree_uuid.copy_from_slice(&chunk_root.data[0x40..0x50]);
@@ -811,6 +798,7 @@ impl Trans {
                         physical: off,
                         from: 0,
                         len,
+                        parity: None,
                     },
                 ));
             }
