@@ -316,14 +316,27 @@ impl Allocator {
                 }
             })
             .sum();
-        let Some(copies) = block_group::profile_copies(self.profile_for(ty)) else {
+        let profile = self.profile_for(ty);
+        let Some(copies) = block_group::profile_copies(profile) else {
             return in_groups;
         };
         let mut unallocated = self.unallocated();
         if ty == BLOCK_GROUP_DATA {
             unallocated = unallocated.saturating_sub(self.metadata_room_kept(total_bytes));
         }
-        in_groups + ((unallocated / copies) & !((1 << 20) - 1))
+        // RAID5/6: of every row of n strips, one or two hold parity.
+        let n = self.dev_space.len() as u64;
+        let nparity = match profile {
+            BLOCK_GROUP_RAID5 => 1,
+            BLOCK_GROUP_RAID6 => 2,
+            _ => 0,
+        };
+        let usable = if nparity > 0 && n > nparity {
+            unallocated / n * (n - nparity)
+        } else {
+            unallocated / copies
+        };
+        in_groups + (usable & !((1 << 20) - 1))
     }
 
     /// Takes a tree block of the tree log out of the free space until the next commit
