@@ -653,16 +653,10 @@ fn fstrim_matches_kernel() {
         to
     };
     let kimg = copy_of_img("k.img");
-    let trimmed = |out: &str| -> u64 {
-        // "MNT: 4 GiB (4261806080 bytes) trimmed"
-        out.split('(')
-            .nth(1)
-            .and_then(|s| s.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("fstrim said {out:?}"))
-    };
     let km = ubtrfs_sim::mount::KernelMount::new(&kimg, "");
-    let kernel = trimmed(&bash_ok(&km.mnt, "fstrim -v .").expect("fstrim on the kernel"));
+    let kernel = ubtrfs_sim::host::fstrim_bytes(
+        &bash_ok(&km.mnt, "fstrim -v .").expect("fstrim on the kernel"),
+    );
     km.umount();
 
     let allocated = |p: &Path| {
@@ -675,7 +669,7 @@ fn fstrim_matches_kernel() {
     let o_before = allocated(&oimg);
     let out = UBTRFS.stdout(&["filesystem", "trim", "-v", oimg.to_str().expect("utf-8")]);
     assert_eq!(
-        trimmed(&out),
+        ubtrfs_sim::host::fstrim_bytes(&out),
         kernel,
         "bytes trimmed offline, kernel: {out}"
     );
@@ -690,7 +684,11 @@ fn fstrim_matches_kernel() {
         .unwrap_or_else(|e| panic!("fstrim on ubtrfs: {e}\n{}", fm.log()));
     let seen = fm.walk_and_unmount();
     kernel_round_trip(&img, &seen, "fstrim");
-    assert_eq!(trimmed(&out), kernel, "bytes trimmed: ubtrfs, kernel");
+    assert_eq!(
+        ubtrfs_sim::host::fstrim_bytes(&out),
+        kernel,
+        "bytes trimmed: ubtrfs, kernel"
+    );
     let after = allocated(&img);
     assert!(
         after + (50 << 20) < before,

@@ -15,7 +15,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use ubtrfs_sim::golden::walk_mounted;
-use ubtrfs_sim::host::{bash_ok, progs_errors, require_fuse, require_root, serial, sh, Ubtrfs};
+use ubtrfs_sim::host::{
+    bash_ok, fstrim_bytes, progs_errors, require_fuse, require_root, serial, sh, Ubtrfs,
+};
 use ubtrfs_sim::mount::{FuseMount, KernelMount};
 
 fn bin() -> Ubtrfs {
@@ -45,6 +47,49 @@ fn mkfs_multi(dir: &Path, sizes_mib: &[u64], args: &[&str]) -> Vec<PathBuf> {
 fn joined(imgs: &[PathBuf]) -> String {
     let v: Vec<String> = imgs.iter().map(|p| p.display().to_string()).collect();
     v.join(",")
+}
+
+/// Sparse copies of `imgs`, named NAME.TAG.img beside them.
+fn copy_images(imgs: &[PathBuf], tag: &str) -> Vec<PathBuf> {
+    imgs.iter()
+        .map(|p| {
+            let to = p.with_extension(format!("{tag}.img"));
+            sh(&format!(
+                "cp --sparse=always {} {}",
+                p.display(),
+                to.display()
+            ));
+            to
+        })
+        .collect()
+}
+
+/// Chunks as (length, stripes), without their order.
+fn chunk_shapes(v: &[(String, u64, u64, u64)]) -> std::collections::BTreeSet<(u64, u64)> {
+    v.iter().map(|c| (c.3, c.1)).collect()
+}
+
+/// Runs `workload` (bash, in the mount) on a kernel mount of `kimgs` (copies of the
+/// images before ubtrfs wrote `ours`, its data chunks) and asserts that the kernel
+/// made data chunks of the same lengths and stripe counts; removes the copies.
+fn same_chunks_as_the_kernel(
+    ours: &[(String, u64, u64, u64)],
+    kimgs: Vec<PathBuf>,
+    workload: &str,
+    what: &str,
+) {
+    let k = KernelMount::try_new(&kimgs, "rw").unwrap_or_else(|e| panic!("{e}"));
+    bash_ok(&k.mnt, workload).unwrap_or_else(|e| panic!("the kernel's workload: {e}"));
+    k.try_umount().expect("umount");
+    let theirs = data_chunks(&kimgs);
+    assert_eq!(
+        chunk_shapes(ours),
+        chunk_shapes(&theirs),
+        "data chunks (length, stripes): {what} {ours:?}, the kernel's {theirs:?}"
+    );
+    for p in &kimgs {
+        std::fs::remove_file(p).expect("rm");
+    }
 }
 
 /// Runs `script` with `$A` the first of loop devices attached to `imgs` (all of
@@ -191,18 +236,7 @@ fn raid0_and_raid10_chunks_made_offline() {
     let _ = made;
     let mkfs_data = data_chunks(&imgs).len();
     // A copy written by the kernel instead: its data chunks are the oracle for ours.
-    let kimgs: Vec<PathBuf> = imgs
-        .iter()
-        .map(|p| {
-            let to = p.with_extension("kernel.img");
-            sh(&format!(
-                "cp --sparse=always {} {}",
-                p.display(),
-                to.display()
-            ));
-            to
-        })
-        .collect();
+    let kimgs = copy_images(&imgs, "kernel");
     let src = dir.path().join("src");
     make_source(&src, 9, 50);
     bin().stdout(&["put", &devs, &src.display().to_string(), "/"]);
@@ -224,23 +258,12 @@ fn raid0_and_raid10_chunks_made_offline() {
     for c in &ours {
         assert_eq!(c.1, 4, "a RAID0 data chunk on four equal devices: {c:?}");
     }
-    {
-        let k = KernelMount::try_new(&kimgs, "rw").unwrap_or_else(|e| panic!("{e}"));
-        sh(&format!("cp -a {} {} && sync", src.display(), k.q()));
-        k.try_umount().expect("umount");
-    }
-    let theirs = data_chunks(&kimgs);
-    let shapes = |v: &[(String, u64, u64, u64)]| -> std::collections::BTreeSet<(u64, u64)> {
-        v.iter().map(|c| (c.3, c.1)).collect()
-    };
-    assert_eq!(
-        shapes(&ours),
-        shapes(&theirs),
-        "data chunks (length, stripes): ubtrfs's put {ours:?}, the kernel's cp of the same files {theirs:?}"
+    same_chunks_as_the_kernel(
+        &ours,
+        kimgs,
+        &format!("cp -a {} . && sync", src.display()),
+        "ubtrfs's put",
     );
-    for p in &kimgs {
-        std::fs::remove_file(p).expect("rm");
-    }
     let before = kernel_view(&imgs, &src, "src");
 
     for (args, want, what) in [
@@ -300,33 +323,12 @@ fn raid0_and_raid10_chunks_made_offline() {
     // images trim the same bytes (free space of RAID0 and RAID10 groups on every
     // stripe and mirror, and the unallocated space), and the trimmed copy is clean.
     bin().stdout(&["rm", "-r", &devs, "/src/small", "/big1-copy"]);
-    let copy = |tag: &str| -> Vec<PathBuf> {
-        imgs.iter()
-            .map(|p| {
-                let to = p.with_extension(format!("{tag}.img"));
-                sh(&format!(
-                    "cp --sparse=always {} {}",
-                    p.display(),
-                    to.display()
-                ));
-                to
-            })
-            .collect()
-    };
-    let (kimgs, oimgs) = (copy("k"), copy("o"));
-    let trimmed = |out: &str| -> u64 {
-        // "MNT: 1.2 GiB (1288568832 bytes) trimmed"
-        out.split('(')
-            .nth(1)
-            .and_then(|s| s.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("trim said {out:?}"))
-    };
+    let (kimgs, oimgs) = (copy_images(&imgs, "k"), copy_images(&imgs, "o"));
     let k = KernelMount::try_new(&kimgs, "rw").unwrap_or_else(|e| panic!("{e}"));
-    let kernel = trimmed(&sh(&format!("fstrim -v {}", k.q())));
+    let kernel = fstrim_bytes(&sh(&format!("fstrim -v {}", k.q())));
     k.try_umount().expect("umount");
     let out = bin().stdout(&["filesystem", "trim", "-v", &joined(&oimgs)]);
-    assert_eq!(trimmed(&out), kernel, "bytes trimmed: ubtrfs {out}");
+    assert_eq!(fstrim_bytes(&out), kernel, "bytes trimmed: ubtrfs {out}");
     checks_clean(&oimgs, "trim");
     assert_eq!(
         bin().output(&["cat", &joined(&oimgs), "/src/big3"]).stdout,
@@ -349,18 +351,7 @@ fn raid0_on_unequal_devices_until_full() {
     let imgs = mkfs_multi(dir.path(), &[256, 256, 1024], &["-d raid0", "-m raid1"]);
     let devs = joined(&imgs);
     // The kernel fills a copy the same way: how many files fit is the oracle.
-    let kimgs: Vec<PathBuf> = imgs
-        .iter()
-        .map(|p| {
-            let to = p.with_extension("kernel.img");
-            sh(&format!(
-                "cp --sparse=always {} {}",
-                p.display(),
-                to.display()
-            ));
-            to
-        })
-        .collect();
+    let kimgs = copy_images(&imgs, "kernel");
     let kernel_fit: usize = {
         let k = KernelMount::try_new(&kimgs, "rw").unwrap_or_else(|e| panic!("{e}"));
         let n = sh(&format!(
@@ -440,18 +431,7 @@ fn raid10_on_three_devices_through_the_mount() {
     let dir = tempfile::tempdir().expect("tempdir");
     let imgs = mkfs_multi(dir.path(), &[1024, 1024, 1024], &["-d raid10", "-m raid0"]);
     let made = data_chunks(&imgs).len();
-    let kimgs: Vec<PathBuf> = imgs
-        .iter()
-        .map(|p| {
-            let to = p.with_extension("kernel.img");
-            sh(&format!(
-                "cp --sparse=always {} {}",
-                p.display(),
-                to.display()
-            ));
-            to
-        })
-        .collect();
+    let kimgs = copy_images(&imgs, "kernel");
     let src = dir.path().join("src");
     make_source(&src, 8, 50);
     let workload = format!(
@@ -467,23 +447,7 @@ fn raid10_on_three_devices_through_the_mount() {
     let ours = data_chunks(&imgs);
     assert!(ours.len() > made, "no new data chunk: {chunks:?}");
     // The kernel's chunks for the same workload on a copy are the oracle for ours.
-    {
-        let k = KernelMount::try_new(&kimgs, "rw").unwrap_or_else(|e| panic!("{e}"));
-        bash_ok(&k.mnt, &workload).expect("the kernel's copy");
-        k.try_umount().expect("umount");
-    }
-    let theirs = data_chunks(&kimgs);
-    let shapes = |v: &[(String, u64, u64, u64)]| -> std::collections::BTreeSet<(u64, u64)> {
-        v.iter().map(|c| (c.3, c.1)).collect()
-    };
-    assert_eq!(
-        shapes(&ours),
-        shapes(&theirs),
-        "data chunks (length, stripes): the mount's {ours:?}, the kernel's {theirs:?}"
-    );
-    for p in &kimgs {
-        std::fs::remove_file(p).expect("rm");
-    }
+    same_chunks_as_the_kernel(&ours, kimgs, &workload, "the mount's copy");
     assert_profiles(
         &imgs,
         &[

@@ -365,6 +365,16 @@ pub fn btrfs_check(path: &Path, super_copy: Option<usize>) -> Result<String, Str
     Ok(text)
 }
 
+/// The bytes `fstrim -v` (or `ubtrfs filesystem trim -v`) says it trimmed: "MNT: 4 GiB
+/// (4261806080 bytes) trimmed". Panics on other text.
+pub fn fstrim_bytes(out: &str) -> u64 {
+    out.split('(')
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("trim said {out:?}"))
+}
+
 /// The "ERROR:" lines of btrfs-progs' output, but for "ERROR: cannot scan DEV": progs
 /// scan every block device for the filesystem's other devices, and a loop device
 /// another test is attaching or detaching at that moment answers EIO. That concerns
