@@ -539,19 +539,61 @@ fn raid5_and_raid6_parity_as_the_kernel_checks_it() {
         checks_clean(&imgs, &what);
         assert_profiles(&imgs, &want, &what);
 
-        // The kernel's scrub checks every checksum and every parity strip.
+        assert_eq!(
+            kernel_view(&imgs, &src, "src"),
+            seen,
+            "{profile}: the kernel shows what the mount showed"
+        );
+
+        // fsync through the tree log, whose blocks (and the data) land in RAID5/6
+        // rows too, then the server is killed before any commit: the kernel
+        // replays the log.
+        let logged = dir.path().join("logged");
+        sh(&format!("head -c 3M /dev/urandom > {}", logged.display()));
+        let mut m = FuseMount::start(&bin(), &imgs, &["rw"]);
+        m.run(
+            &format!(
+                "dd if={} of=logged bs=64k conv=fsync status=none && \
+                 head -c 5000 /dev/urandom > kdir/tail && cat kdir/tail >> klog && \
+                 python3 -c 'import os; f = os.open(\"klog\", os.O_RDWR); os.fdatasync(f)'",
+                logged.display()
+            ),
+            "fsyncs",
+        );
+        let klog = std::fs::read(m.mnt.join("klog")).expect("read klog");
+        let _ = m.child.kill();
+        let _ = m.child.wait();
+        drop(m);
+        let log_root = bin().stdout(&["inspect", "dump-super", &imgs[0].display().to_string()]);
+        assert!(
+            log_root.lines().any(|l| {
+                let mut w = l.split_whitespace();
+                w.next() == Some("log_root") && w.next().is_some_and(|v| v != "0")
+            }),
+            "{profile}: no tree log after SIGKILL (the fsyncs committed):\n{log_root}"
+        );
+
+        // The kernel replays it, and its scrub checks every checksum and every
+        // parity strip.
         let k = KernelMount::try_new(&imgs, "rw").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            std::fs::read(k.path("logged")).expect("read"),
+            std::fs::read(&logged).expect("read"),
+            "{profile}: a file fsynced on the mount, after the kernel's log replay"
+        );
+        assert_eq!(
+            std::fs::read(k.path("klog")).expect("read"),
+            klog,
+            "{profile}: a file fdatasynced after an append, after the kernel's log replay"
+        );
         let scrub = sh(&format!("btrfs scrub start -B {} 2>&1 || true", k.q()));
         assert!(
             scrub.contains("no errors found"),
             "{profile}: the kernel's scrub of what ubtrfs wrote:\n{scrub}"
         );
         k.try_umount().expect("umount");
+        checks_clean(&imgs, &format!("{profile}: the kernel's log replay"));
         let full = kernel_view(&imgs, &src, "src");
-        assert_eq!(
-            full, seen,
-            "{profile}: the kernel shows what the mount showed"
-        );
 
         // Degraded: every file rebuilt from parity.
         let nparity = if profile == "raid6" { 2 } else { 1 };
