@@ -13,7 +13,7 @@ use std::sync::Arc;
 use ubtrfs_core::format::consts::*;
 use ubtrfs_core::format::csum::CsumType;
 use ubtrfs_core::format::items::Timespec;
-use ubtrfs_core::tools::mkfs::{make_filesystem, MkfsOptions};
+use ubtrfs_core::tools::mkfs::{make_filesystem_devices, MkfsOptions};
 use ubtrfs_core::{now, NewInode, MAX_EXTENT_SIZE};
 use ubtrfs_core::{Node, Trans};
 
@@ -24,6 +24,9 @@ const DIRTY_BYTES_COMMIT: usize = 256 << 20;
 pub struct MkfsArgs {
     /// Image file or block device (a file is created or extended to --size).
     pub image: PathBuf,
+    /// More devices, as mkfs.btrfs takes them: one filesystem over all (device ids
+    /// in the order given; each file sized to --size).
+    pub more: Vec<PathBuf>,
     /// Size of the image file (e.g. 1G, 512M); `-b`/`--byte-count` as mkfs.btrfs.
     #[arg(long, short = 'b', visible_alias = "byte-count")]
     pub size: Option<String>,
@@ -189,7 +192,16 @@ fn parse_profile(s: &str) -> Result<u64> {
     Ok(match s.to_ascii_lowercase().as_str() {
         "single" => 0,
         "dup" => BLOCK_GROUP_DUP,
-        other => bail!("profile {other:?} is not supported on one device (single, dup)"),
+        "raid0" => BLOCK_GROUP_RAID0,
+        "raid1" => BLOCK_GROUP_RAID1,
+        "raid1c3" => BLOCK_GROUP_RAID1C3,
+        "raid1c4" => BLOCK_GROUP_RAID1C4,
+        "raid10" => BLOCK_GROUP_RAID10,
+        "raid5" => BLOCK_GROUP_RAID5,
+        "raid6" => BLOCK_GROUP_RAID6,
+        other => bail!(
+            "unknown profile {other:?} (single, dup, raid0, raid1, raid1c3, raid1c4, raid10, raid5, raid6)"
+        ),
     })
 }
 
@@ -266,43 +278,51 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         // The kernel refuses to mount that combination.
         bail!("block-group-tree requires the no-holes and free-space-tree features");
     }
-    let exists = a.image.exists();
-    if exists && !a.force {
-        let mut sig = [0u8; 8];
-        if let Ok(mut f) = std::fs::File::open(&a.image) {
-            if f.seek(SeekFrom::Start(SUPER_INFO_OFFSET + 0x40)).is_ok()
-                && f.read_exact(&mut sig).is_ok()
-                && u64::from_le_bytes(sig) == BTRFS_MAGIC
-            {
-                bail!(
-                    "{} already holds a btrfs filesystem (use -f to overwrite)",
-                    a.image.display()
-                );
+    let all: Vec<PathBuf> = std::iter::once(a.image.clone())
+        .chain(a.more.iter().cloned())
+        .collect();
+    if all.len() > 1 && a.shrink {
+        bail!("--shrink works on one device");
+    }
+    let mut locks = Vec::new();
+    for path in &all {
+        let exists = path.exists();
+        if exists && !a.force {
+            let mut sig = [0u8; 8];
+            if let Ok(mut f) = std::fs::File::open(path) {
+                if f.seek(SeekFrom::Start(SUPER_INFO_OFFSET + 0x40)).is_ok()
+                    && f.read_exact(&mut sig).is_ok()
+                    && u64::from_le_bytes(sig) == BTRFS_MAGIC
+                {
+                    bail!(
+                        "{} already holds a btrfs filesystem (use -f to overwrite)",
+                        path.display()
+                    );
+                }
             }
         }
+        if exists {
+            ubtrfs_core::refuse_if_mounted(path).with_context(|| path.display().to_string())?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        locks.push(ubtrfs_core::lock_exclusive(path)?);
+        if let Some(s) = &a.size {
+            let size = parse_size(s)?;
+            file.set_len(size)
+                .with_context(|| format!("sizing {}", path.display()))?;
+        } else if a.shrink && file.metadata()?.len() == 0 {
+            // A sparse working size from the source's size; --shrink trims it after.
+            let src = a.rootdir.as_deref().context("--shrink needs --rootdir")?;
+            let bytes = dir_bytes(src)?;
+            file.set_len(bytes.saturating_mul(2).saturating_add(1 << 30))?;
+        }
     }
-    if exists {
-        ubtrfs_core::refuse_if_mounted(&a.image).with_context(|| a.image.display().to_string())?;
-    }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&a.image)
-        .with_context(|| format!("opening {}", a.image.display()))?;
-    let lock = ubtrfs_core::lock_exclusive(&a.image)?;
-    if let Some(s) = &a.size {
-        let size = parse_size(s)?;
-        file.set_len(size)
-            .with_context(|| format!("sizing {}", a.image.display()))?;
-    } else if a.shrink && file.metadata()?.len() == 0 {
-        // A sparse working size from the source's size; --shrink trims it after.
-        let src = a.rootdir.as_deref().context("--shrink needs --rootdir")?;
-        let bytes = dir_bytes(src)?;
-        file.set_len(bytes.saturating_mul(2).saturating_add(1 << 30))?;
-    }
-    drop(file);
     if let Some(root) = &a.rootdir {
         let md = std::fs::metadata(root).with_context(|| root.display().to_string())?;
         if !md.is_dir() {
@@ -312,12 +332,15 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         opts.root_gid = md.gid();
         opts.root_mode = md.mode();
     }
-    let dev: Arc<dyn ubtrfs_core::Device> = Arc::new(
-        ubtrfs_core::FileDevice::open(&a.image, true)
-            .with_context(|| a.image.display().to_string())?,
-    );
-    let mut t = make_filesystem(dev, &opts)?;
-    t.hold_locks(vec![lock]);
+    let mut devs: Vec<Arc<dyn ubtrfs_core::Device>> = Vec::new();
+    for path in &all {
+        devs.push(Arc::new(
+            ubtrfs_core::FileDevice::open(path, true)
+                .with_context(|| path.display().to_string())?,
+        ));
+    }
+    let mut t = make_filesystem_devices(devs, &opts)?;
+    t.hold_locks(locks);
     t.compress = a.compress.as_deref().map(parse_compress).transpose()?;
     if let Some(root) = &a.rootdir {
         let mut c = Copier::new(!a.quiet && std::io::stderr().is_terminal());

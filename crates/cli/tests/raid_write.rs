@@ -621,3 +621,84 @@ fn raid5_and_raid6_parity_as_the_kernel_checks_it() {
         }
     }
 }
+
+/// `ubtrfs mkfs` on several devices, as mkfs.btrfs takes them, with `--rootdir`, for
+/// every profile pair a user might ask: btrfs check is clean, the chunks have the
+/// profiles asked for (system following metadata) on the devices asked for, the
+/// kernel mounts it and shows the source tree byte for byte, its scrub finds nothing
+/// (parity included), and after the kernel writes more, ubtrfs's check is clean.
+#[test]
+fn mkfs_on_several_devices() {
+    if !require_root("mkfs_on_several_devices") {
+        return;
+    }
+    let _s = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    make_source(&src, 2, 8);
+    for (data, meta, ndev) in [
+        ("raid1", "raid1", 2usize),
+        ("raid0", "dup", 3),
+        ("raid10", "raid1c3", 4),
+        ("raid5", "raid6", 4),
+        ("single", "raid1c4", 4),
+    ] {
+        let what = format!("mkfs -d {data} -m {meta} on {ndev} devices");
+        let imgs: Vec<PathBuf> = (0..ndev)
+            .map(|i| dir.path().join(format!("m{i}.img")))
+            .collect();
+        let mut args: Vec<String> = [
+            "mkfs",
+            "-f",
+            "-b",
+            "300M",
+            "-d",
+            data,
+            "-m",
+            meta,
+            "--rootdir",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.push(src.display().to_string());
+        args.extend(imgs.iter().map(|p| p.display().to_string()));
+        let out = bin().output(&args);
+        assert!(out.status.success(), "{what}: {out:?}");
+        checks_clean(&imgs, &what);
+        let up = |p: &str| {
+            if p == "single" {
+                "single".to_string()
+            } else {
+                p.to_uppercase()
+            }
+        };
+        assert_profiles(
+            &imgs,
+            &[
+                ("DATA", up(data).as_str()),
+                ("METADATA", up(meta).as_str()),
+                ("SYSTEM", up(meta).as_str()),
+            ],
+            &what,
+        );
+        let k = KernelMount::try_new(&imgs, "rw").unwrap_or_else(|e| panic!("{what}: {e}"));
+        sh(&format!("diff -r {} {}", src.display(), k.q()));
+        let scrub = sh(&format!("btrfs scrub start -B {} 2>&1 || true", k.q()));
+        assert!(scrub.contains("no errors found"), "{what}: scrub:\n{scrub}");
+        let shown = sh(&format!("btrfs filesystem show {}", k.q()));
+        assert!(
+            shown.contains(&format!("Total devices {ndev} ")),
+            "{what}: {shown}"
+        );
+        sh(&format!(
+            "cd {} && head -c 20M /dev/urandom > more && sync",
+            k.q()
+        ));
+        k.try_umount().expect("umount");
+        checks_clean(&imgs, &format!("{what}, then the kernel's writes"));
+        for p in &imgs {
+            std::fs::remove_file(p).expect("rm");
+        }
+    }
+}

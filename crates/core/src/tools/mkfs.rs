@@ -86,10 +86,102 @@ pub fn min_size(opts: &MkfsOptions) -> u64 {
     mib(1) + copies(opts.metadata_profile) * (mib(8) + mib(32)) + mib(64)
 }
 
-/// Creates a new filesystem on one device; returns the open write handle after the
-/// first commit.
-pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans> {
-    let size = dev.size() & !(opts.sectorsize as u64 - 1);
+/// Creates a new filesystem on several devices (device ids 1, 2, ... in the order
+/// given), as mkfs.btrfs given several devices: the first system, metadata and data
+/// chunks are made by the allocator with the profiles asked for (any profile the
+/// devices allow: single, DUP, RAID0, RAID1, RAID1C3, RAID1C4, RAID10, RAID5,
+/// RAID6), every device gets its DEV_ITEM and superblocks. One device is
+/// [`make_filesystem`].
+pub fn make_filesystem_devices(devs: Vec<Arc<dyn Device>>, opts: &MkfsOptions) -> Result<Trans> {
+    if devs.len() == 1 {
+        return make_filesystem(devs[0].clone(), opts);
+    }
+    if devs.is_empty() {
+        return Err(Error::Invalid("mkfs: no device".into()));
+    }
+    check_sizes(opts)?;
+    if opts.shrink {
+        return Err(Error::Unsupported("--shrink on several devices".into()));
+    }
+    let n = devs.len();
+    for p in [opts.data_profile, opts.metadata_profile] {
+        if crate::alloc::block_group::profile_copies(p).is_none()
+            || crate::alloc::block_group::raid(p).devs_min > n
+        {
+            return Err(Error::Invalid(format!(
+                "profile {} on {n} devices",
+                profile_name(p)
+            )));
+        }
+    }
+    // Each device holds its superblock's megabyte and a share of the first chunks.
+    let sizes: Vec<u64> = devs
+        .iter()
+        .map(|d| d.size() & !(opts.sectorsize as u64 - 1))
+        .collect();
+    for (i, &size) in sizes.iter().enumerate() {
+        if size < mib(64) {
+            return Err(Error::Invalid(format!(
+                "device {} ({}) of {size} bytes is too small: at least {} needed",
+                i + 1,
+                devs[i].name(),
+                mib(64)
+            )));
+        }
+    }
+    let fsid = opts.fsid.unwrap_or_else(crate::io::dev::random_uuid);
+    let chunk_tree_uuid = crate::io::dev::random_uuid();
+    let uuids: Vec<[u8; 16]> = (0..n).map(|_| crate::io::dev::random_uuid()).collect();
+    let total: u64 = sizes.iter().sum();
+    let mut sb = new_superblock(opts, fsid, total, n as u64, uuids[0])?;
+    sb.dev_item.total_bytes = sizes[0];
+    let devices: BTreeMap<u64, Arc<dyn Device>> = devs
+        .into_iter()
+        .enumerate()
+        .map(|(i, d)| (i as u64 + 1, d))
+        .collect();
+    let info = FsInfo::new_raw(
+        sb,
+        devices,
+        ChunkMap::default(),
+        OpenOptions {
+            writable: true,
+            ..Default::default()
+        },
+    );
+    let mut t = Trans::bare(crate::fs::Filesystem::from_info(info), chunk_tree_uuid);
+    t.alloc.profiles.insert(BLOCK_GROUP_DATA, opts.data_profile);
+    for ty in [BLOCK_GROUP_METADATA, BLOCK_GROUP_SYSTEM] {
+        t.alloc.profiles.insert(ty, opts.metadata_profile);
+    }
+    for (i, &size) in sizes.iter().enumerate() {
+        let devid = i as u64 + 1;
+        t.alloc.dev_space.insert(
+            devid,
+            DevSpace {
+                total_bytes: size,
+                bytes_used: 0,
+                used: BTreeMap::new(),
+                alloc_end: None,
+            },
+        );
+        t.alloc.dev_uuids.insert(devid, uuids[i]);
+    }
+    let ns = opts.nodesize as u64;
+    t.alloc
+        .alloc_chunk(&mut t.fs.info, BLOCK_GROUP_SYSTEM, ns)?;
+    t.alloc
+        .alloc_chunk(&mut t.fs.info, BLOCK_GROUP_METADATA, ns)?;
+    t.alloc
+        .alloc_chunk(&mut t.fs.info, BLOCK_GROUP_DATA, opts.sectorsize as u64)?;
+    let time = opts.time.unwrap_or_else(now);
+    t.bootstrap_trees(opts, time)?;
+    t.commit()?;
+    Ok(t)
+}
+
+/// Sector and node sizes mkfs accepts.
+fn check_sizes(opts: &MkfsOptions) -> Result<()> {
     if !opts.sectorsize.is_power_of_two() || !(4096..=65536).contains(&opts.sectorsize) {
         return Err(Error::Invalid(format!("sectorsize {}", opts.sectorsize)));
     }
@@ -100,6 +192,14 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
             opts.nodesize
         )));
     }
+    Ok(())
+}
+
+/// Creates a new filesystem on one device; returns the open write handle after the
+/// first commit.
+pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans> {
+    let size = dev.size() & !(opts.sectorsize as u64 - 1);
+    check_sizes(opts)?;
     for p in [opts.data_profile, opts.metadata_profile] {
         if p != 0 && p != BLOCK_GROUP_DUP {
             return Err(Error::Unsupported(format!(
@@ -160,77 +260,7 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
         phys += n * len;
         logical += len;
     }
-    let mut incompat = FEATURE_INCOMPAT_MIXED_BACKREF
-        | FEATURE_INCOMPAT_BIG_METADATA
-        | FEATURE_INCOMPAT_EXTENDED_IREF
-        | FEATURE_INCOMPAT_SKINNY_METADATA;
-    if opts.no_holes {
-        incompat |= FEATURE_INCOMPAT_NO_HOLES;
-    }
-    let mut compat_ro = FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
-    if opts.block_group_tree {
-        compat_ro |= FEATURE_COMPAT_RO_BLOCK_GROUP_TREE;
-    }
-    let mut label_raw = [0u8; 256];
-    let lb = opts.label.as_bytes();
-    if lb.len() >= 256 {
-        return Err(Error::Invalid("label longer than 255 bytes".into()));
-    }
-    label_raw[..lb.len()].copy_from_slice(lb);
-    let dev_item = DevItem {
-        devid: 1,
-        total_bytes: size,
-        bytes_used: 0,
-        io_align: opts.sectorsize,
-        io_width: opts.sectorsize,
-        sector_size: opts.sectorsize,
-        ty: 0,
-        generation: 0,
-        start_offset: 0,
-        dev_group: 0,
-        seek_speed: 0,
-        bandwidth: 0,
-        uuid: dev_uuid,
-        fsid,
-    };
-    let sb = SuperBlock {
-        csum: [0; 32],
-        fsid,
-        bytenr: SUPER_INFO_OFFSET,
-        flags: 0,
-        magic: BTRFS_MAGIC,
-        generation: 0,
-        root: 0,
-        chunk_root: 0,
-        log_root: 0,
-        log_root_transid: 0,
-        total_bytes: size,
-        bytes_used: 0,
-        root_dir_objectid: ROOT_TREE_DIR_OBJECTID,
-        num_devices: 1,
-        sectorsize: opts.sectorsize,
-        nodesize: opts.nodesize,
-        leafsize: opts.nodesize,
-        stripesize: opts.sectorsize,
-        sys_chunk_array_size: 0,
-        chunk_root_generation: 0,
-        compat_flags: 0,
-        compat_ro_flags: compat_ro,
-        incompat_flags: incompat,
-        csum_type_raw: opts.csum.as_u16(),
-        root_level: 0,
-        chunk_root_level: 0,
-        log_root_level: 0,
-        dev_item,
-        label_raw,
-        cache_generation: 0,
-        uuid_tree_generation: 0,
-        metadata_uuid: [0; 16],
-        nr_global_roots: 0,
-        sys_chunk_array: vec![0; SYSTEM_CHUNK_ARRAY_SIZE],
-        backup_roots: Vec::new(),
-        raw: Vec::new(),
-    };
+    let sb = new_superblock(opts, fsid, size, 1, dev_uuid)?;
     let mut chunk_map = ChunkMap::default();
     for e in &entries {
         chunk_map.insert(e.clone())?;
@@ -284,6 +314,91 @@ pub fn make_filesystem(dev: Arc<dyn Device>, opts: &MkfsOptions) -> Result<Trans
     t.bootstrap_trees(opts, time)?;
     t.commit()?;
     Ok(t)
+}
+
+/// The superblock of a new filesystem of `num_devices` devices and `total_bytes`,
+/// whose dev_item is device 1's (`dev1_uuid`; the commit writes each device's own).
+fn new_superblock(
+    opts: &MkfsOptions,
+    fsid: [u8; 16],
+    total_bytes: u64,
+    num_devices: u64,
+    dev1_uuid: [u8; 16],
+) -> Result<SuperBlock> {
+    let dev1_bytes = total_bytes;
+    let dev_uuid = dev1_uuid;
+    let mut incompat = FEATURE_INCOMPAT_MIXED_BACKREF
+        | FEATURE_INCOMPAT_BIG_METADATA
+        | FEATURE_INCOMPAT_EXTENDED_IREF
+        | FEATURE_INCOMPAT_SKINNY_METADATA;
+    if opts.no_holes {
+        incompat |= FEATURE_INCOMPAT_NO_HOLES;
+    }
+    let mut compat_ro = FEATURE_COMPAT_RO_FREE_SPACE_TREE | FEATURE_COMPAT_RO_FREE_SPACE_TREE_VALID;
+    if opts.block_group_tree {
+        compat_ro |= FEATURE_COMPAT_RO_BLOCK_GROUP_TREE;
+    }
+    let mut label_raw = [0u8; 256];
+    let lb = opts.label.as_bytes();
+    if lb.len() >= 256 {
+        return Err(Error::Invalid("label longer than 255 bytes".into()));
+    }
+    label_raw[..lb.len()].copy_from_slice(lb);
+    let dev_item = DevItem {
+        devid: 1,
+        total_bytes: dev1_bytes,
+        bytes_used: 0,
+        io_align: opts.sectorsize,
+        io_width: opts.sectorsize,
+        sector_size: opts.sectorsize,
+        ty: 0,
+        generation: 0,
+        start_offset: 0,
+        dev_group: 0,
+        seek_speed: 0,
+        bandwidth: 0,
+        uuid: dev_uuid,
+        fsid,
+    };
+    let sb = SuperBlock {
+        csum: [0; 32],
+        fsid,
+        bytenr: SUPER_INFO_OFFSET,
+        flags: 0,
+        magic: BTRFS_MAGIC,
+        generation: 0,
+        root: 0,
+        chunk_root: 0,
+        log_root: 0,
+        log_root_transid: 0,
+        total_bytes,
+        bytes_used: 0,
+        root_dir_objectid: ROOT_TREE_DIR_OBJECTID,
+        num_devices,
+        sectorsize: opts.sectorsize,
+        nodesize: opts.nodesize,
+        leafsize: opts.nodesize,
+        stripesize: opts.sectorsize,
+        sys_chunk_array_size: 0,
+        chunk_root_generation: 0,
+        compat_flags: 0,
+        compat_ro_flags: compat_ro,
+        incompat_flags: incompat,
+        csum_type_raw: opts.csum.as_u16(),
+        root_level: 0,
+        chunk_root_level: 0,
+        log_root_level: 0,
+        dev_item,
+        label_raw,
+        cache_generation: 0,
+        uuid_tree_generation: 0,
+        metadata_uuid: [0; 16],
+        nr_global_roots: 0,
+        sys_chunk_array: vec![0; SYSTEM_CHUNK_ARRAY_SIZE],
+        backup_roots: Vec::new(),
+        raw: Vec::new(),
+    };
+    Ok(sb)
 }
 
 fn chunk_of(e: &MapEntry, dev_uuid: [u8; 16], sectorsize: u32) -> ubtrfs_format::items::Chunk {
@@ -359,12 +474,26 @@ impl Trans {
         let (cb, cd) = self.new_block(CHUNK_TREE_OBJECTID, 0, None, 0)?;
         self.put_dirty(cb, cd)?;
         self.set_root(CHUNK_TREE_OBJECTID, cb, 0)?;
-        let dev_item = self.fs.info.sb.dev_item.clone();
-        self.insert_item(
-            CHUNK_TREE_OBJECTID,
-            &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, 1),
-            &dev_item.to_bytes(),
-        )?;
+        // A DEV_ITEM per device (bytes_used follows at the commit).
+        let devs: Vec<(u64, u64)> = self
+            .alloc
+            .dev_space
+            .iter()
+            .map(|(d, ds)| (*d, ds.total_bytes))
+            .collect();
+        for (devid, total_bytes) in devs {
+            let mut dev_item = self.fs.info.sb.dev_item.clone();
+            dev_item.devid = devid;
+            dev_item.total_bytes = total_bytes;
+            if let Some(u) = self.alloc.dev_uuids.get(&devid) {
+                dev_item.uuid = *u;
+            }
+            self.insert_item(
+                CHUNK_TREE_OBJECTID,
+                &Key::new(DEV_ITEMS_OBJECTID, DEV_ITEM_KEY, devid),
+                &dev_item.to_bytes(),
+            )?;
+        }
         let mut trees = vec![
             EXTENT_TREE_OBJECTID,
             DEV_TREE_OBJECTID,
