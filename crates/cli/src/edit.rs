@@ -424,6 +424,19 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         println!("Sector size:        {}", sb.sectorsize);
         println!("Filesystem size:    {}", sb.total_bytes);
         println!("Checksum:           {}", opts.csum.name());
+        // mkfs.btrfs's closing table of devices.
+        println!("Number of devices:  {}", all.len());
+        println!("Devices:");
+        println!("   ID        SIZE  PATH");
+        for (i, path) in all.iter().enumerate() {
+            let size = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
+            println!(
+                "{:>5} {:>11}  {}",
+                i + 1,
+                crate::fmt::progs_size(size, false),
+                path.display()
+            );
+        }
     }
     Ok(())
 }
