@@ -253,6 +253,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: RescueCmd,
     },
+    /// Verify every copy of every block and checksummed sector, and RAID5/6 parity,
+    /// repairing what a good copy or parity can, like `btrfs scrub` (offline).
+    Scrub {
+        #[command(subcommand)]
+        cmd: ScrubCmd,
+    },
     /// Low-level inspection.
     Inspect {
         #[command(subcommand)]
@@ -377,6 +383,22 @@ enum RescueCmd {
     ZeroLog {
         /// Image file or block device (a multi-device filesystem: `a.img,b.img`).
         image: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum ScrubCmd {
+    /// Scrub an unmounted filesystem and print btrfs-progs' `scrub start -B` summary;
+    /// exit 1 when errors are left uncorrected.
+    Start {
+        /// Image file or block device (a multi-device filesystem: `a.img,b.img`).
+        image: String,
+        /// Stay in the foreground (always: accepted as btrfs-progs' `-B`).
+        #[arg(short = 'B')]
+        foreground: bool,
+        /// Read-only: report errors, repair nothing.
+        #[arg(short = 'r')]
+        readonly: bool,
     },
 }
 
@@ -875,6 +897,54 @@ fn run(cli: Cli) -> Result<()> {
             drop(ubtrfs_core::Trans::open_paths_with(&paths, opts)?);
             // The line btrfstune prints.
             println!("Converted to free space tree feature");
+        }
+        Cmd::Scrub {
+            cmd:
+                ScrubCmd::Start {
+                    image,
+                    foreground: _,
+                    readonly,
+                },
+        } => {
+            let paths: Vec<PathBuf> = image.split(',').map(PathBuf::from).collect();
+            let t0 = std::time::Instant::now();
+            let t = ubtrfs_core::Trans::open_paths(&paths)?;
+            let r = ubtrfs_core::tools::scrub::scrub(&t.fs.info, readonly)?;
+            drop(t);
+            let secs = t0.elapsed().as_secs();
+            let total = r.tree_bytes + r.data_bytes;
+            // The lines of btrfs-progs' `scrub start -B` summary.
+            writeln!(out, "Status:           finished")?;
+            writeln!(
+                out,
+                "Duration:         {}:{:02}:{:02}",
+                secs / 3600,
+                secs / 60 % 60,
+                secs % 60
+            )?;
+            writeln!(out, "Total to scrub:   {}", fmt::progs_size(total, false))?;
+            let mut errs = Vec::new();
+            for (n, what) in [
+                (r.read_errors, "read"),
+                (r.verify_errors, "verify"),
+                (r.csum_errors, "csum"),
+                (r.parity_errors, "parity"),
+            ] {
+                if n > 0 {
+                    errs.push(format!("{what}={n}"));
+                }
+            }
+            if errs.is_empty() {
+                writeln!(out, "Error summary:    no errors found")?;
+            } else {
+                writeln!(out, "Error summary:    {}", errs.join(" "))?;
+                writeln!(out, "  Corrected:      {}", r.corrected)?;
+                writeln!(out, "  Uncorrectable:  {}", r.uncorrectable)?;
+                writeln!(out, "  Unverified:     0")?;
+            }
+            if r.uncorrectable > 0 {
+                anyhow::bail!("{image}: {} uncorrectable errors", r.uncorrectable);
+            }
         }
         Cmd::Rescue {
             cmd: RescueCmd::ZeroLog { image },

@@ -702,3 +702,165 @@ fn mkfs_on_several_devices() {
         }
     }
 }
+
+/// Overwrites 4 KiB of the first sector-aligned place in one of `imgs` (the last
+/// first) where `needle` is found, with random bytes; returns (image index, offset,
+/// the bytes that were there).
+fn corrupt_where(imgs: &[PathBuf], needle: &[u8], skip: u64) -> (usize, u64, Vec<u8>) {
+    for (i, p) in imgs.iter().enumerate().rev() {
+        let data = std::fs::read(p).expect("read image");
+        let Some(at) = data.windows(needle.len()).position(|w| w == needle) else {
+            continue;
+        };
+        let off = (at as u64 + skip) / 4096 * 4096;
+        let old = data[off as usize..off as usize + 4096].to_vec();
+        sh(&format!(
+            "head -c 4096 /dev/urandom | dd of={} bs=4096 seek={} conv=notrunc status=none",
+            p.display(),
+            off / 4096
+        ));
+        return (i, off, old);
+    }
+    panic!("{:?} is in no image", String::from_utf8_lossy(needle));
+}
+
+/// Overwrites 4 KiB of the last copy of the top-level subvolume's root block (its
+/// second 4 KiB), found where btrfs-progs' btrfs-map-logical places it; returns (image
+/// index, offset, the bytes that were there).
+fn corrupt_fs_root_copy(imgs: &[PathBuf]) -> (usize, u64, Vec<u8>) {
+    let dump = bin().stdout(&["inspect", "dump-tree", &joined(imgs), "-t", "5"]);
+    let bytenr: u64 = dump
+        .lines()
+        .find_map(|l| l.strip_prefix("leaf ").or_else(|| l.strip_prefix("node ")))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no root block in {dump}"));
+    let out = on_loops(
+        imgs,
+        &format!(
+            "btrfs-map-logical -l {bytenr} -b 4096 $A 2>/dev/null | grep '^mirror' | tail -1 | \
+             while read -r _ _ _ _ _ phys _ dev; do \
+               for i in \"${{!L[@]}}\"; do [ \"${{L[$i]}}\" = \"$dev\" ] && echo $i $phys; done; \
+             done"
+        ),
+    );
+    let mut w = out.split_whitespace();
+    let (Some(i), Some(phys)) = (
+        w.next().and_then(|n| n.parse::<usize>().ok()),
+        w.next().and_then(|n| n.parse::<u64>().ok()),
+    ) else {
+        panic!("btrfs-map-logical of {bytenr}: {out:?}");
+    };
+    let off = phys + 4096;
+    let old = bytes_at(&imgs[i], off);
+    sh(&format!(
+        "head -c 4096 /dev/urandom | dd of={} bs=4096 seek={} conv=notrunc status=none",
+        imgs[i].display(),
+        off / 4096
+    ));
+    (i, off, old)
+}
+
+fn bytes_at(p: &Path, off: u64) -> Vec<u8> {
+    let data = std::fs::read(p).expect("read image");
+    data[off as usize..off as usize + 4096].to_vec()
+}
+
+/// The "Error summary", "Corrected" and "Uncorrectable" lines of a scrub's summary.
+fn scrub_lines(out: &str) -> Vec<String> {
+    out.lines()
+        .map(str::trim)
+        .filter(|l| {
+            l.starts_with("Error summary:")
+                || l.starts_with("Corrected:")
+                || l.starts_with("Uncorrectable:")
+        })
+        .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// `ubtrfs scrub` against the kernel's on RAID1, RAID5 and RAID6 (kernel-made): a
+/// data sector and a tree block copy damaged on one device are found; `-r` repairs
+/// nothing and fails; a scrub rewrites them from the good copy (RAID1) or rebuilds
+/// them from parity (RAID5/6): the device holds the original bytes again, btrfs
+/// check and the kernel's scrub are clean. On RAID1 the kernel's scrub of a copy of
+/// the damaged images counts the same errors (RAID5/6: the kernel repairs data
+/// sectors while it rebuilds the stripe without counting them).
+#[test]
+fn scrub_repairs_from_copies_and_parity() {
+    if !require_root("scrub_repairs_from_copies_and_parity") {
+        return;
+    }
+    let _s = serial();
+    for (profile, ndev) in [("raid1", 2usize), ("raid5", 3), ("raid6", 4)] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let imgs = mkfs_multi(
+            dir.path(),
+            &vec![256; ndev],
+            &[&format!("-d {profile}"), &format!("-m {profile}")],
+        );
+        let devs = joined(&imgs);
+        let mark = b"UBTRFS-SCRUB-MARK-".repeat(1 << 16);
+        {
+            let k = KernelMount::try_new(&imgs, "rw").unwrap_or_else(|e| panic!("{e}"));
+            std::fs::write(k.path("marker"), &mark[..1 << 20]).expect("write");
+            sh(&format!(
+                "cd {} && head -c 20M /dev/urandom > rand && touch scrub-tree-block-name-here",
+                k.q()
+            ));
+            k.try_umount().expect("umount");
+        }
+        let (di, doff, dold) = corrupt_where(&imgs, &mark[..4096], 8191);
+        let (ti, toff, told) = corrupt_fs_root_copy(&imgs);
+        let what = format!("{profile}: scrub");
+        if profile == "raid1" {
+            let kimgs = copy_images(&imgs, "k");
+            let k = KernelMount::try_new(&kimgs, "rw").unwrap_or_else(|e| panic!("{e}"));
+            let kernel = sh(&format!("btrfs scrub start -B {} 2>&1 || true", k.q()));
+            k.try_umount().expect("umount");
+            for p in &kimgs {
+                std::fs::remove_file(p).expect("rm");
+            }
+            let ours = bin().output(&["scrub", "start", "-B", &joined(&copy_images(&imgs, "o"))]);
+            assert_eq!(
+                scrub_lines(&String::from_utf8_lossy(&ours.stdout)),
+                scrub_lines(&kernel),
+                "{what}: ubtrfs {ours:?}, the kernel:\n{kernel}"
+            );
+        }
+        let ro = bin().output(&["scrub", "start", "-B", "-r", &devs]);
+        assert!(
+            !ro.status.success(),
+            "{what} -r left errors yet succeeded: {ro:?}"
+        );
+        let ro_text = String::from_utf8_lossy(&ro.stdout).into_owned();
+        assert!(ro_text.contains("csum="), "{what} -r: {ro_text}");
+        assert!(bytes_at(&imgs[di], doff) != dold, "{what} -r wrote");
+        let out = bin().output(&["scrub", "start", "-B", &devs]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{what}: {out:?}");
+        assert!(text.contains("Uncorrectable:  0"), "{what}: {text}");
+        assert!(
+            bytes_at(&imgs[di], doff) == dold,
+            "{what}: the data sector is not restored"
+        );
+        assert!(
+            bytes_at(&imgs[ti], toff) == told,
+            "{what}: the tree block is not restored"
+        );
+        checks_clean(&imgs, &what);
+        let k = KernelMount::try_new(&imgs, "rw").unwrap_or_else(|e| panic!("{e}"));
+        let kernel = sh(&format!("btrfs scrub start -B {} 2>&1 || true", k.q()));
+        assert!(
+            kernel.contains("no errors found"),
+            "{what}, then the kernel's:\n{kernel}"
+        );
+        assert!(
+            std::fs::read(k.path("marker")).expect("read") == mark[..1 << 20],
+            "{what}: the file differs"
+        );
+        k.try_umount().expect("umount");
+        let again = bin().stdout(&["scrub", "start", "-B", &devs]);
+        assert!(again.contains("no errors found"), "{what} again: {again}");
+    }
+}

@@ -10,6 +10,7 @@ pub mod fiemap;
 pub mod find_root;
 pub mod mkfs;
 pub mod print_tree;
+pub mod scrub;
 pub mod space_info;
 pub mod statfs;
 pub mod subvol_du;

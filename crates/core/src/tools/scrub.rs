@@ -1,0 +1,279 @@
+//! Offline scrub (the kernel's scrub.c, for an unmounted filesystem): every copy of
+//! every allocated tree block and of every checksummed data sector is read and
+//! verified (tree blocks: checksum and header; data: the checksum tree), and RAID5/6
+//! parity of every full stripe that holds them is recomputed and compared. Unless
+//! read-only, what is bad is repaired as the kernel repairs it: a bad copy is
+//! rewritten from a good one (DUP, RAID1*, RAID10), a bad RAID5/6 data sector is
+//! rebuilt from the other strips and P and written back with its parity, and stale
+//! parity is rewritten.
+//!
+//! Safe only on a filesystem nothing else writes: the caller holds the write lock
+//! (`Trans::open_paths`); repairs write whole sectors of a copy at the place
+//! `MapEntry::map` gives, never anything the checksums do not vouch for.
+
+use crate::error::{Error, Result};
+use crate::io::disk_io::FsInfo;
+use crate::io::raid56;
+use crate::tree::ctree::TreeIter;
+use crate::tree::tree_checker::{check_header, Expect};
+use std::collections::BTreeSet;
+use ubtrfs_format::consts::*;
+use ubtrfs_format::key::Key;
+
+/// What a scrub found and did (the counters of btrfs-progs' `scrub -B` summary).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ScrubReport {
+    /// Bytes of tree blocks scrubbed (every copy counted, as the kernel's "Total to
+    /// scrub").
+    pub tree_bytes: u64,
+    /// Bytes of checksummed data scrubbed (every copy counted).
+    pub data_bytes: u64,
+    /// Copies of data sectors whose checksum was wrong.
+    pub csum_errors: u64,
+    /// Copies of tree blocks whose checksum or header was wrong.
+    pub verify_errors: u64,
+    /// Copies that could not be read.
+    pub read_errors: u64,
+    /// RAID5/6 full stripes whose parity disagreed with their data.
+    pub parity_errors: u64,
+    /// Errors repaired.
+    pub corrected: u64,
+    /// Errors left (no good copy, or a read-only scrub).
+    pub uncorrectable: u64,
+}
+
+/// Scrubs `fs` (see the module documentation); `readonly` only reports.
+pub fn scrub(fs: &FsInfo, readonly: bool) -> Result<ScrubReport> {
+    let mut r = ScrubReport::default();
+    let mut rows: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut wrote = false;
+    // Tree blocks, from the extent tree.
+    let ext = fs
+        .tree_ptr(EXTENT_TREE_OBJECTID)
+        .ok_or_else(|| Error::corrupt("no extent tree"))?;
+    let ctx = fs.check_ctx();
+    let ns = fs.nodesize as usize;
+    let mut blocks = Vec::new();
+    for item in TreeIter::new(fs, &ext, Key::MIN, Key::MAX)? {
+        let item = item?;
+        let k = item.key();
+        let tree_block = k.ty == METADATA_ITEM_KEY
+            || (k.ty == EXTENT_ITEM_KEY
+                && item
+                    .data()
+                    .get(16..24)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u64::from_le_bytes)
+                    .is_some_and(|f| f & EXTENT_FLAG_TREE_BLOCK != 0));
+        if tree_block {
+            blocks.push(k.objectid);
+        }
+    }
+    // As the kernel's scrub counts them: a tree block copy with a wrong checksum or
+    // header (address, fsid, generation) is a verify error; data, a csum error.
+    let block_fault = |data: &[u8], bytenr: u64| -> Option<Fault> {
+        let n = fs.csum_type.size();
+        let found = fs.csum_type.compute(&data[CSUM_SIZE_MAX..]);
+        (found[..n] != data[..n] || check_header(&ctx, bytenr, data, &Expect::default()).is_err())
+            .then_some(Fault::Verify)
+    };
+    for bytenr in blocks {
+        r.tree_bytes += (ns * fs.num_mirrors(bytenr).unwrap_or(1)) as u64;
+        note_row(fs, bytenr, &mut rows);
+        wrote |= scrub_range(fs, bytenr, ns, readonly, &mut r, &|d: &[u8]| {
+            block_fault(d, bytenr)
+        })?;
+    }
+    // Data, from the checksum tree.
+    if let Some(csum) = fs.tree_ptr(CSUM_TREE_OBJECTID) {
+        let cs = fs.csum_type.size();
+        let ss = fs.sectorsize as usize;
+        for item in TreeIter::new(fs, &csum, Key::MIN, Key::MAX)? {
+            let item = item?;
+            let k = item.key();
+            if k.objectid != EXTENT_CSUM_OBJECTID || k.ty != EXTENT_CSUM_KEY {
+                continue;
+            }
+            let sums = item.data();
+            for (i, want) in sums.chunks_exact(cs).enumerate() {
+                let logical = k.offset + (i * ss) as u64;
+                r.data_bytes += (ss * fs.num_mirrors(logical).unwrap_or(1)) as u64;
+                note_row(fs, logical, &mut rows);
+                wrote |= scrub_range(fs, logical, ss, readonly, &mut r, &|d: &[u8]| {
+                    (fs.csum_type.compute(d)[..cs] != *want).then_some(Fault::Csum)
+                })?;
+            }
+        }
+    }
+    // RAID5/6 parity of every row that holds what was scrubbed.
+    for (chunk, logical) in rows {
+        let e = fs.chunk_map.lookup(chunk)?.clone();
+        let Some(fix) = raid56::row_of(&e, logical, &|d| fs.devices.get(&d).cloned())? else {
+            continue;
+        };
+        let len = fix.row.strip_bytes as usize;
+        let mut strips = Vec::new();
+        for (d, start) in &fix.row.data {
+            let mut b = vec![0u8; len];
+            d.read_at(*start, &mut b)
+                .map_err(|err| Error::io(format!("reading the row at {logical}"), err))?;
+            strips.push(b);
+        }
+        let (p, q) = raid56::syndromes(&strips, fix.row.q.is_some());
+        let mut stale = false;
+        for (want, place) in [(&p, Some(&fix.row.p)), (&q, fix.row.q.as_ref())] {
+            let Some((d, start)) = place else { continue };
+            let mut got = vec![0u8; len];
+            d.read_at(*start, &mut got)
+                .map_err(|err| Error::io(format!("reading parity at {logical}"), err))?;
+            if got != *want {
+                stale = true;
+                if !readonly {
+                    d.write_at(*start, want)
+                        .map_err(|err| Error::io(format!("writing parity at {logical}"), err))?;
+                    wrote = true;
+                }
+            }
+        }
+        if stale {
+            r.parity_errors += 1;
+            if readonly {
+                r.uncorrectable += 1;
+            } else {
+                r.corrected += 1;
+            }
+        }
+    }
+    if wrote {
+        for d in fs.devices.values() {
+            d.flush()
+                .map_err(|e| Error::io(format!("flushing {}", d.name()), e))?;
+        }
+    }
+    Ok(r)
+}
+
+/// What is wrong with a copy.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Csum,
+    Verify,
+}
+
+/// Remembers the RAID5/6 row (chunk start, first logical address of the row) that
+/// holds `logical`.
+fn note_row(fs: &FsInfo, logical: u64, rows: &mut BTreeSet<(u64, u64)>) {
+    if let Ok(e) = fs.chunk_map.lookup(logical) {
+        if e.ty & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) != 0 {
+            let data = e.stripes.len() as u64 - if e.ty & BLOCK_GROUP_RAID6 != 0 { 2 } else { 1 };
+            let row_bytes = e.stripe_len * data.max(1);
+            let row = (logical - e.start) / row_bytes.max(1);
+            rows.insert((e.start, e.start + row * row_bytes));
+        }
+    }
+}
+
+/// Verifies every copy of `[logical, logical + len)` with `fault`; repairs bad
+/// copies from a good one (or, in a RAID5/6 chunk, from parity). Returns whether it
+/// wrote.
+fn scrub_range(
+    fs: &FsInfo,
+    logical: u64,
+    len: usize,
+    readonly: bool,
+    r: &mut ScrubReport,
+    fault: &dyn Fn(&[u8]) -> Option<Fault>,
+) -> Result<bool> {
+    let e = fs.chunk_map.lookup(logical)?.clone();
+    let mirrors = e.num_mirrors();
+    let mut bad = Vec::new();
+    let mut ok: Option<Vec<u8>> = None;
+    for m in 0..mirrors {
+        let mut buf = vec![0u8; len];
+        match fs.read_logical(logical, &mut buf, m) {
+            Err(_) => {
+                r.read_errors += 1;
+                bad.push(m);
+            }
+            Ok(()) => match fault(&buf) {
+                None => ok = ok.or(Some(buf)),
+                Some(Fault::Csum) => {
+                    r.csum_errors += 1;
+                    bad.push(m);
+                }
+                Some(Fault::Verify) => {
+                    r.verify_errors += 1;
+                    bad.push(m);
+                }
+            },
+        }
+    }
+    if bad.is_empty() {
+        return Ok(false);
+    }
+    let parity = e.ty & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) != 0;
+    if ok.is_none() && parity {
+        ok = rebuilt_from_p(fs, &e, logical, len)?.filter(|b| fault(b).is_none());
+    }
+    let Some(data) = ok.filter(|_| !readonly) else {
+        r.uncorrectable += bad.len() as u64;
+        return Ok(false);
+    };
+    for m in bad {
+        let mut done = 0usize;
+        while done < len {
+            let l = logical + done as u64;
+            let p = e.map(l, m)?;
+            let n = (p.len as usize).min(len - done);
+            let dev = fs
+                .devices
+                .get(&p.devid)
+                .ok_or_else(|| Error::Invalid(format!("devid {} missing", p.devid)))?;
+            let piece = &data[done..done + n];
+            let res = match raid56::row_of(&e, l, &|d| fs.devices.get(&d).cloned())? {
+                Some(fix) => raid56::write_with_parity(&**dev, p.offset, piece, &fix),
+                None => dev.write_at(p.offset, piece),
+            };
+            res.map_err(|err| Error::io(format!("repairing logical {l}"), err))?;
+            done += n;
+        }
+        r.corrected += 1;
+    }
+    Ok(true)
+}
+
+/// A RAID5/6 data range (inside one strip) rebuilt from the row's other data strips
+/// and P; `None` when a strip cannot be read.
+fn rebuilt_from_p(
+    fs: &FsInfo,
+    e: &crate::io::volumes::MapEntry,
+    logical: u64,
+    len: usize,
+) -> Result<Option<Vec<u8>>> {
+    let Some(fix) = raid56::row_of(e, logical, &|d| fs.devices.get(&d).cloned())? else {
+        return Ok(None);
+    };
+    let here = e.map(logical, 0)?;
+    let mut out = vec![0u8; len];
+    let (pd, pstart) = &fix.row.p;
+    if pd.read_at(pstart + fix.in_strip, &mut out).is_err() {
+        return Ok(None);
+    }
+    let mut buf = vec![0u8; len];
+    for (d, start) in &fix.row.data {
+        let at = start + fix.in_strip;
+        let same_dev = fs.devices.get(&here.devid).is_some_and(|h| {
+            std::ptr::addr_eq(std::sync::Arc::as_ptr(h), std::sync::Arc::as_ptr(d))
+        });
+        if same_dev && at == here.offset {
+            continue;
+        }
+        if d.read_at(at, &mut buf).is_err() {
+            return Ok(None);
+        }
+        for (o, b) in out.iter_mut().zip(&buf) {
+            *o ^= b;
+        }
+    }
+    Ok(Some(out))
+}
