@@ -188,21 +188,10 @@ pub fn parse_size(s: &str) -> Result<u64> {
         .with_context(|| format!("size {s:?} too large"))
 }
 
+/// A mkfs profile name (progs' spelling): the block-group bits, 0 for single.
 fn parse_profile(s: &str) -> Result<u64> {
-    Ok(match s.to_ascii_lowercase().as_str() {
-        "single" => 0,
-        "dup" => BLOCK_GROUP_DUP,
-        "raid0" => BLOCK_GROUP_RAID0,
-        "raid1" => BLOCK_GROUP_RAID1,
-        "raid1c3" => BLOCK_GROUP_RAID1C3,
-        "raid1c4" => BLOCK_GROUP_RAID1C4,
-        "raid10" => BLOCK_GROUP_RAID10,
-        "raid5" => BLOCK_GROUP_RAID5,
-        "raid6" => BLOCK_GROUP_RAID6,
-        other => bail!(
-            "unknown profile {other:?} (single, dup, raid0, raid1, raid1c3, raid1c4, raid10, raid5, raid6)"
-        ),
-    })
+    let bits = ubtrfs_core::parse_balance_profile(s).map_err(anyhow::Error::msg)?;
+    Ok(bits & !ubtrfs_core::AVAIL_ALLOC_BIT_SINGLE)
 }
 
 fn parse_uuid(s: &str) -> Result<[u8; 16]> {
