@@ -41,12 +41,14 @@ pub struct MkfsArgs {
     pub label: String,
     #[arg(long, short = 'U')]
     pub uuid: Option<String>,
-    /// Data profile: single or dup.
+    /// Data profile: single, dup, raid0, raid1, raid1c3, raid1c4, raid10, raid5,
+    /// raid6 (the last seven on several devices).
     #[arg(long, short = 'd', default_value = "single")]
     pub data: String,
-    /// Metadata profile: dup or single.
-    #[arg(long, short = 'm', default_value = "dup")]
-    pub metadata: String,
+    /// Metadata profile (the same names); as mkfs.btrfs: dup on one device, raid1
+    /// on several.
+    #[arg(long, short = 'm')]
+    pub metadata: Option<String>,
     /// Features, comma separated: block-group-tree, ^no-holes, quota (qgroups on,
     /// counted, as mkfs.btrfs -O quota), squota (simple quotas, as -O squota).
     #[arg(long, short = 'O')]
@@ -236,7 +238,11 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         label: a.label.clone(),
         fsid: a.uuid.as_deref().map(parse_uuid).transpose()?,
         data_profile: parse_profile(&a.data)?,
-        metadata_profile: parse_profile(&a.metadata)?,
+        metadata_profile: parse_profile(a.metadata.as_deref().unwrap_or(if a.more.is_empty() {
+            "dup"
+        } else {
+            "raid1"
+        }))?,
         shrink: a.shrink,
         ..Default::default()
     };

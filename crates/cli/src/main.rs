@@ -389,7 +389,7 @@ enum RescueCmd {
 #[derive(Subcommand)]
 enum ScrubCmd {
     /// Scrub an unmounted filesystem and print btrfs-progs' `scrub start -B` summary;
-    /// exit 1 when errors are left uncorrected.
+    /// exit 1 when errors are left uncorrected (with `-r`: when any is found).
     Start {
         /// Image file or block device (a multi-device filesystem: `a.img,b.img`).
         image: String,
@@ -908,9 +908,18 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let paths: Vec<PathBuf> = image.split(',').map(PathBuf::from).collect();
             let t0 = std::time::Instant::now();
-            let t = ubtrfs_core::Trans::open_paths(&paths)?;
-            let r = ubtrfs_core::tools::scrub::scrub(&t.fs.info, readonly)?;
-            drop(t);
+            // Read-only opens without writing anything (a writing open would replay a
+            // tree log and commit); a repairing scrub takes the write lock.
+            let r = if readonly {
+                for p in &paths {
+                    ubtrfs_core::refuse_if_mounted(p)?;
+                }
+                let fs = ubtrfs_core::Filesystem::open_paths(&paths, Default::default())?;
+                ubtrfs_core::tools::scrub::scrub(&fs.info, true)?
+            } else {
+                let t = ubtrfs_core::Trans::open_paths(&paths)?;
+                ubtrfs_core::tools::scrub::scrub(&t.fs.info, false)?
+            };
             let secs = t0.elapsed().as_secs();
             let total = r.tree_bytes + r.data_bytes;
             // The lines of btrfs-progs' `scrub start -B` summary.
@@ -944,6 +953,9 @@ fn run(cli: Cli) -> Result<()> {
             }
             if r.uncorrectable > 0 {
                 anyhow::bail!("{image}: {} uncorrectable errors", r.uncorrectable);
+            }
+            if readonly && r.errors() {
+                anyhow::bail!("{image}: errors found (read-only scrub: nothing repaired)");
             }
         }
         Cmd::Rescue {

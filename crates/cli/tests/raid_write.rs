@@ -724,9 +724,9 @@ fn corrupt_where(imgs: &[PathBuf], needle: &[u8], skip: u64) -> (usize, u64, Vec
     panic!("{:?} is in no image", String::from_utf8_lossy(needle));
 }
 
-/// Overwrites 4 KiB of the last copy of the top-level subvolume's root block (its
-/// second 4 KiB), found where btrfs-progs' btrfs-map-logical places it; returns (image
-/// index, offset, the bytes that were there).
+/// Overwrites the second 4 KiB of the last copy of the top-level subvolume's root
+/// block (16 KiB nodes), found where btrfs-progs' btrfs-map-logical places it;
+/// returns (image index, offset, the bytes that were there).
 fn corrupt_fs_root_copy(imgs: &[PathBuf]) -> (usize, u64, Vec<u8>) {
     let dump = bin().stdout(&["inspect", "dump-tree", &joined(imgs), "-t", "5"]);
     let bytenr: u64 = dump
@@ -740,7 +740,7 @@ fn corrupt_fs_root_copy(imgs: &[PathBuf]) -> (usize, u64, Vec<u8>) {
         &format!(
             "btrfs-map-logical -l {bytenr} -b 4096 $A 2>/dev/null | grep '^mirror' | tail -1 | \
              while read -r _ _ _ _ _ phys _ dev; do \
-               for i in \"${{!L[@]}}\"; do [ \"${{L[$i]}}\" = \"$dev\" ] && echo $i $phys; done; \
+               for i in \"${{!L[@]}}\"; do if [ \"${{L[$i]}}\" = \"$dev\" ]; then echo $i $phys; fi; done; \
              done"
         ),
     );
@@ -797,7 +797,11 @@ fn scrub_repairs_from_copies_and_parity() {
         let imgs = mkfs_multi(
             dir.path(),
             &vec![256; ndev],
-            &[&format!("-d {profile}"), &format!("-m {profile}")],
+            &[
+                "-n 16384",
+                &format!("-d {profile}"),
+                &format!("-m {profile}"),
+            ],
         );
         let devs = joined(&imgs);
         let mark = b"UBTRFS-SCRUB-MARK-".repeat(1 << 16);
@@ -815,13 +819,21 @@ fn scrub_repairs_from_copies_and_parity() {
         let what = format!("{profile}: scrub");
         if profile == "raid1" {
             let kimgs = copy_images(&imgs, "k");
-            let k = KernelMount::try_new(&kimgs, "rw").unwrap_or_else(|e| panic!("{e}"));
-            let kernel = sh(&format!("btrfs scrub start -B {} 2>&1 || true", k.q()));
+            // Read-only on both sides: a read-write mount may CoW the damaged block
+            // before its scrub looks at it.
+            let k = KernelMount::try_new(&kimgs, "ro").unwrap_or_else(|e| panic!("{e}"));
+            let kernel = sh(&format!("btrfs scrub start -B -r {} 2>&1 || true", k.q()));
             k.try_umount().expect("umount");
             for p in &kimgs {
                 std::fs::remove_file(p).expect("rm");
             }
-            let ours = bin().output(&["scrub", "start", "-B", &joined(&copy_images(&imgs, "o"))]);
+            let ours = bin().output(&[
+                "scrub",
+                "start",
+                "-B",
+                "-r",
+                &joined(&copy_images(&imgs, "o")),
+            ]);
             assert_eq!(
                 scrub_lines(&String::from_utf8_lossy(&ours.stdout)),
                 scrub_lines(&kernel),

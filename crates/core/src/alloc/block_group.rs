@@ -698,6 +698,15 @@ impl Allocator {
         stripe_len: u64,
         length: u64,
     ) -> Result<u64> {
+        // The superblock says which new profiles the filesystem uses, as the kernel
+        // sets these flags when it creates such a block group (older kernels refuse
+        // what they do not know).
+        if flags & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) != 0 {
+            info.sb.incompat_flags |= FEATURE_INCOMPAT_RAID56;
+        }
+        if flags & (BLOCK_GROUP_RAID1C3 | BLOCK_GROUP_RAID1C4) != 0 {
+            info.sb.incompat_flags |= FEATURE_INCOMPAT_RAID1C34;
+        }
         let sub_stripes: u16 = if flags & BLOCK_GROUP_RAID10 != 0 {
             2
         } else {

@@ -16,7 +16,7 @@ use crate::io::disk_io::FsInfo;
 use crate::io::raid56;
 use crate::tree::ctree::TreeIter;
 use crate::tree::tree_checker::{check_header, Expect};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::key::Key;
 
@@ -36,16 +36,32 @@ pub struct ScrubReport {
     pub read_errors: u64,
     /// RAID5/6 full stripes whose parity disagreed with their data.
     pub parity_errors: u64,
-    /// Errors repaired.
+    /// Errors repaired (read-only: that a good copy could repair).
     pub corrected: u64,
-    /// Errors left (no good copy, or a read-only scrub).
+    /// Errors no good copy or parity can repair.
     pub uncorrectable: u64,
+}
+
+impl ScrubReport {
+    /// Whether anything was wrong.
+    pub fn errors(&self) -> bool {
+        self.csum_errors + self.verify_errors + self.read_errors + self.parity_errors > 0
+    }
+}
+
+/// What a RAID5/6 row holds that was scrubbed: the in-strip offsets of its sectors,
+/// and whether any of them is left bad (its parity is then left alone: it may be
+/// what can still rebuild it).
+#[derive(Default)]
+struct RowUse {
+    sectors: BTreeSet<u64>,
+    unfixed: bool,
 }
 
 /// Scrubs `fs` (see the module documentation); `readonly` only reports.
 pub fn scrub(fs: &FsInfo, readonly: bool) -> Result<ScrubReport> {
     let mut r = ScrubReport::default();
-    let mut rows: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut rows: BTreeMap<(u64, u64), RowUse> = BTreeMap::new();
     let mut wrote = false;
     // Tree blocks, from the extent tree.
     let ext = fs
@@ -79,10 +95,11 @@ pub fn scrub(fs: &FsInfo, readonly: bool) -> Result<ScrubReport> {
     };
     for bytenr in blocks {
         r.tree_bytes += (ns * fs.num_mirrors(bytenr).unwrap_or(1)) as u64;
-        note_row(fs, bytenr, &mut rows);
-        wrote |= scrub_range(fs, bytenr, ns, readonly, &mut r, &|d: &[u8]| {
+        let (w, unfixed) = scrub_range(fs, bytenr, ns, readonly, &mut r, &|d: &[u8]| {
             block_fault(d, bytenr)
         })?;
+        wrote |= w;
+        note_row(fs, bytenr, ns, unfixed, &mut rows);
     }
     // Data, from the checksum tree.
     if let Some(csum) = fs.tree_ptr(CSUM_TREE_OBJECTID) {
@@ -98,48 +115,57 @@ pub fn scrub(fs: &FsInfo, readonly: bool) -> Result<ScrubReport> {
             for (i, want) in sums.chunks_exact(cs).enumerate() {
                 let logical = k.offset + (i * ss) as u64;
                 r.data_bytes += (ss * fs.num_mirrors(logical).unwrap_or(1)) as u64;
-                note_row(fs, logical, &mut rows);
-                wrote |= scrub_range(fs, logical, ss, readonly, &mut r, &|d: &[u8]| {
-                    (fs.csum_type.compute(d)[..cs] != *want).then_some(Fault::Csum)
-                })?;
+                let (w, unfixed) =
+                    scrub_range(fs, logical, ss, readonly, &mut r, &|d: &[u8]| {
+                        (fs.csum_type.compute(d)[..cs] != *want).then_some(Fault::Csum)
+                    })?;
+                wrote |= w;
+                note_row(fs, logical, ss, unfixed, &mut rows);
             }
         }
     }
-    // RAID5/6 parity of every row that holds what was scrubbed.
-    for (chunk, logical) in rows {
+    // RAID5/6 parity of the sectors scrubbed, row by row (as the kernel: only
+    // sectors that hold extents, and not in a row with a sector left bad).
+    let ss = fs.sectorsize as usize;
+    for ((chunk, logical), used) in rows {
+        if used.unfixed {
+            continue;
+        }
         let e = fs.chunk_map.lookup(chunk)?.clone();
-        let Some(fix) = raid56::row_of(&e, logical, &|d| fs.devices.get(&d).cloned())? else {
+        let Ok(Some(fix)) = raid56::row_of(&e, logical, &|d| fs.devices.get(&d).cloned()) else {
+            r.read_errors += used.sectors.len() as u64;
+            r.uncorrectable += used.sectors.len() as u64;
             continue;
         };
-        let len = fix.row.strip_bytes as usize;
-        let mut strips = Vec::new();
-        for (d, start) in &fix.row.data {
-            let mut b = vec![0u8; len];
-            d.read_at(*start, &mut b)
-                .map_err(|err| Error::io(format!("reading the row at {logical}"), err))?;
-            strips.push(b);
-        }
-        let (p, q) = raid56::syndromes(&strips, fix.row.q.is_some());
-        let mut stale = false;
-        for (want, place) in [(&p, Some(&fix.row.p)), (&q, fix.row.q.as_ref())] {
-            let Some((d, start)) = place else { continue };
-            let mut got = vec![0u8; len];
-            d.read_at(*start, &mut got)
-                .map_err(|err| Error::io(format!("reading parity at {logical}"), err))?;
-            if got != *want {
+        for at in used.sectors {
+            let mut strips = Vec::new();
+            let mut unreadable = false;
+            for (d, start) in &fix.row.data {
+                let mut b = vec![0u8; ss];
+                unreadable |= d.read_at(start + at, &mut b).is_err();
+                strips.push(b);
+            }
+            let (p, q) = raid56::syndromes(&strips, fix.row.q.is_some());
+            let mut stale = false;
+            for (want, place) in [(&p, Some(&fix.row.p)), (&q, fix.row.q.as_ref())] {
+                let Some((d, start)) = place else { continue };
+                let mut got = vec![0u8; ss];
+                unreadable |= d.read_at(start + at, &mut got).is_err();
+                if unreadable || got == *want {
+                    continue;
+                }
                 stale = true;
                 if !readonly {
-                    d.write_at(*start, want)
+                    d.write_at(start + at, want)
                         .map_err(|err| Error::io(format!("writing parity at {logical}"), err))?;
                     wrote = true;
                 }
             }
-        }
-        if stale {
-            r.parity_errors += 1;
-            if readonly {
+            if unreadable {
+                r.read_errors += 1;
                 r.uncorrectable += 1;
-            } else {
+            } else if stale {
+                r.parity_errors += 1;
                 r.corrected += 1;
             }
         }
@@ -160,22 +186,40 @@ enum Fault {
     Verify,
 }
 
-/// Remembers the RAID5/6 row (chunk start, first logical address of the row) that
-/// holds `logical`.
-fn note_row(fs: &FsInfo, logical: u64, rows: &mut BTreeSet<(u64, u64)>) {
-    if let Ok(e) = fs.chunk_map.lookup(logical) {
-        if e.ty & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) != 0 {
-            let data = e.stripes.len() as u64 - if e.ty & BLOCK_GROUP_RAID6 != 0 { 2 } else { 1 };
-            let row_bytes = e.stripe_len * data.max(1);
-            let row = (logical - e.start) / row_bytes.max(1);
-            rows.insert((e.start, e.start + row * row_bytes));
-        }
+/// Records the sectors of `[logical, logical + len)` in their RAID5/6 row (chunk
+/// start, first logical address of the row), and whether one is left bad.
+fn note_row(
+    fs: &FsInfo,
+    logical: u64,
+    len: usize,
+    unfixed: bool,
+    rows: &mut BTreeMap<(u64, u64), RowUse>,
+) {
+    let Ok(e) = fs.chunk_map.lookup(logical) else {
+        return;
+    };
+    if e.ty & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) == 0 || e.stripe_len == 0 {
+        return;
+    }
+    let nparity = if e.ty & BLOCK_GROUP_RAID6 != 0 { 2 } else { 1 };
+    let data = (e.stripes.len() as u64).saturating_sub(nparity).max(1);
+    let row_bytes = e.stripe_len * data;
+    let ss = fs.sectorsize as u64;
+    let mut at = logical;
+    while at < logical + len as u64 {
+        let off = at - e.start;
+        let row = e.start + off / row_bytes * row_bytes;
+        let u = rows.entry((e.start, row)).or_default();
+        u.sectors.insert(off % e.stripe_len / ss * ss);
+        u.unfixed |= unfixed;
+        at += ss;
     }
 }
 
 /// Verifies every copy of `[logical, logical + len)` with `fault`; repairs bad
-/// copies from a good one (or, in a RAID5/6 chunk, from parity). Returns whether it
-/// wrote.
+/// copies from a good one (or, in a RAID5/6 chunk, from parity). Errors are counted
+/// per sector, as the kernel counts them. Returns whether it wrote, and whether a
+/// bad copy is left that nothing could repair.
 fn scrub_range(
     fs: &FsInfo,
     logical: u64,
@@ -183,7 +227,8 @@ fn scrub_range(
     readonly: bool,
     r: &mut ScrubReport,
     fault: &dyn Fn(&[u8]) -> Option<Fault>,
-) -> Result<bool> {
+) -> Result<(bool, bool)> {
+    let sectors = (len / fs.sectorsize as usize).max(1) as u64;
     let e = fs.chunk_map.lookup(logical)?.clone();
     let mirrors = e.num_mirrors();
     let mut bad = Vec::new();
@@ -192,33 +237,37 @@ fn scrub_range(
         let mut buf = vec![0u8; len];
         match fs.read_logical(logical, &mut buf, m) {
             Err(_) => {
-                r.read_errors += 1;
+                r.read_errors += sectors;
                 bad.push(m);
             }
             Ok(()) => match fault(&buf) {
                 None => ok = ok.or(Some(buf)),
                 Some(Fault::Csum) => {
-                    r.csum_errors += 1;
+                    r.csum_errors += sectors;
                     bad.push(m);
                 }
                 Some(Fault::Verify) => {
-                    r.verify_errors += 1;
+                    r.verify_errors += sectors;
                     bad.push(m);
                 }
             },
         }
     }
     if bad.is_empty() {
-        return Ok(false);
+        return Ok((false, false));
     }
     let parity = e.ty & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) != 0;
     if ok.is_none() && parity {
         ok = rebuilt_from_p(fs, &e, logical, len)?.filter(|b| fault(b).is_none());
     }
-    let Some(data) = ok.filter(|_| !readonly) else {
-        r.uncorrectable += bad.len() as u64;
-        return Ok(false);
+    let Some(data) = ok else {
+        r.uncorrectable += sectors * bad.len() as u64;
+        return Ok((false, true));
     };
+    if readonly {
+        r.corrected += sectors * bad.len() as u64;
+        return Ok((false, false));
+    }
     for m in bad {
         let mut done = 0usize;
         while done < len {
@@ -237,9 +286,9 @@ fn scrub_range(
             res.map_err(|err| Error::io(format!("repairing logical {l}"), err))?;
             done += n;
         }
-        r.corrected += 1;
+        r.corrected += sectors;
     }
-    Ok(true)
+    Ok((true, false))
 }
 
 /// A RAID5/6 data range (inside one strip) rebuilt from the row's other data strips
