@@ -14,7 +14,7 @@ use super::Allocator;
 use crate::alloc::free_space_cache::FreeSpaceIndex;
 use crate::error::{Error, Result};
 use crate::io::disk_io::FsInfo;
-use crate::io::volumes::{MapEntry, MapStripe};
+use crate::io::volumes::{data_stripes, nparity, MapEntry, MapStripe};
 use std::collections::BTreeMap;
 use ubtrfs_format::consts::*;
 use ubtrfs_format::items::{BlockGroupItem, Chunk, Stripe, CHUNK_BASE_SIZE, STRIPE_SIZE};
@@ -142,14 +142,7 @@ impl PendingChunk {
     /// length, except for striped profiles (RAID0, RAID10, RAID5/6), which spread it.
     pub(crate) fn stripe_bytes(&self) -> u64 {
         let c = &self.chunk;
-        let n = c.num_stripes.max(1) as u64;
-        match c.ty & BLOCK_GROUP_PROFILE_MASK {
-            BLOCK_GROUP_RAID0 => c.length / n,
-            BLOCK_GROUP_RAID10 => c.length / (n / c.sub_stripes.max(1) as u64).max(1),
-            BLOCK_GROUP_RAID5 => c.length / n.saturating_sub(1).max(1),
-            BLOCK_GROUP_RAID6 => c.length / n.saturating_sub(2).max(1),
-            _ => c.length,
-        }
+        c.length / data_stripes(c.ty, u64::from(c.num_stripes), c.sub_stripes)
     }
 }
 
@@ -160,29 +153,16 @@ pub(crate) fn super_stripes(e: &MapEntry) -> Vec<(u64, u64)> {
     let mut out = Vec::new();
     let profile = e.ty & BLOCK_GROUP_PROFILE_MASK;
     let nstripes = e.stripes.len() as u64;
-    let nparity = match profile {
-        BLOCK_GROUP_RAID5 => 1,
-        BLOCK_GROUP_RAID6 => 2,
-        _ => 0,
-    };
     // RAID5/6: a copy in any strip of a full stripe (data or parity) takes the
     // whole row out, as the kernel's btrfs_rmap_block maps it (its data, the
     // row's logical range, would be rewritten with its parity).
-    let data_stripes = nstripes.saturating_sub(nparity).max(1);
-    let rmap_len = if nparity > 0 {
-        STRIPE_LEN * data_stripes
+    let parity = nparity(e.ty) > 0;
+    let rmap_len = if parity {
+        STRIPE_LEN * data_stripes(e.ty, nstripes, e.sub_stripes)
     } else {
         STRIPE_LEN
     };
-    let per_stripe = if profile & BLOCK_GROUP_RAID10 != 0 {
-        e.length / (nstripes / e.sub_stripes.max(1) as u64).max(1)
-    } else if profile & BLOCK_GROUP_RAID0 != 0 {
-        e.length / nstripes.max(1)
-    } else if nparity > 0 {
-        e.length / data_stripes
-    } else {
-        e.length
-    };
+    let per_stripe = e.stripe_size();
     for i in 0..SUPER_MIRROR_MAX {
         let sb = super_offset(i);
         for (si, st) in e.stripes.iter().enumerate() {
@@ -602,11 +582,7 @@ impl Allocator {
         min_bytes: u64,
     ) -> Result<StripedPlace> {
         let r = raid(profile);
-        let nparity: usize = match profile {
-            BLOCK_GROUP_RAID5 => 1,
-            BLOCK_GROUP_RAID6 => 2,
-            _ => 0,
-        };
+        let nparity = nparity(profile) as usize;
         let total = info.sb.total_bytes;
         let type_chunk_bytes: u64 = match ty {
             BLOCK_GROUP_DATA => 10 << 30,

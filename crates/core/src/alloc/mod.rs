@@ -326,11 +326,7 @@ impl Allocator {
         }
         // RAID5/6: of every row of n strips, one or two hold parity.
         let n = self.dev_space.len() as u64;
-        let nparity = match profile {
-            BLOCK_GROUP_RAID5 => 1,
-            BLOCK_GROUP_RAID6 => 2,
-            _ => 0,
-        };
+        let nparity = crate::io::volumes::nparity(profile);
         let usable = if nparity > 0 && n > nparity {
             unallocated / n * (n - nparity)
         } else {

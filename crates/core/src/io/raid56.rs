@@ -27,7 +27,6 @@ use crate::error::{Error, Result};
 use crate::io::dev::Device;
 use crate::io::volumes::MapEntry;
 use std::sync::{Arc, Mutex};
-use ubtrfs_format::consts::*;
 
 /// One row's strips on their devices: where each begins.
 #[derive(Debug)]
@@ -59,12 +58,10 @@ pub(crate) fn row_of(
     logical: u64,
     device: &dyn Fn(u64) -> Option<Arc<dyn Device>>,
 ) -> Result<Option<ParityFix>> {
-    let profile = e.ty & BLOCK_GROUP_PROFILE_MASK;
-    let nparity = match profile {
-        BLOCK_GROUP_RAID5 => 1,
-        BLOCK_GROUP_RAID6 => 2,
-        _ => return Ok(None),
-    };
+    let nparity = crate::io::volumes::nparity(e.ty);
+    if nparity == 0 {
+        return Ok(None);
+    }
     let n = e.stripes.len() as u64;
     let sl = e.stripe_len;
     if n <= nparity || sl == 0 || logical < e.start {

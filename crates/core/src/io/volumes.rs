@@ -117,14 +117,7 @@ impl MapEntry {
 
     /// Size of the logical range each device stripe holds (dev extent length).
     pub fn stripe_size(&self) -> u64 {
-        let n = self.stripes.len() as u64;
-        match self.profile() {
-            BLOCK_GROUP_RAID0 => self.length / n,
-            BLOCK_GROUP_RAID10 => self.length / (n / self.sub_stripes as u64),
-            BLOCK_GROUP_RAID5 => self.length / (n - 1),
-            BLOCK_GROUP_RAID6 => self.length / (n - 2),
-            _ => self.length,
-        }
+        self.length / data_stripes(self.ty, self.stripes.len() as u64, self.sub_stripes)
     }
 
     /// Maps `logical` (inside this chunk) for mirror `mirror` (0-based).
@@ -194,6 +187,29 @@ impl MapEntry {
             ))
         })
     }
+}
+
+/// Parity strips per full stripe of a chunk of type `ty`: RAID5 1, RAID6 2, else 0.
+pub(crate) fn nparity(ty: u64) -> u64 {
+    match ty & BLOCK_GROUP_PROFILE_MASK {
+        BLOCK_GROUP_RAID5 => 1,
+        BLOCK_GROUP_RAID6 => 2,
+        _ => 0,
+    }
+}
+
+/// Over how many device stripes a chunk of type `ty` with `num_stripes` stripes
+/// spreads its logical bytes (RAID0 all, RAID10 one per mirrored pair, RAID5/6 all
+/// but parity, whole copies 1); at least 1, so a malformed chunk counts its whole
+/// length on each stripe.
+pub(crate) fn data_stripes(ty: u64, num_stripes: u64, sub_stripes: u16) -> u64 {
+    match ty & BLOCK_GROUP_PROFILE_MASK {
+        BLOCK_GROUP_RAID0 => num_stripes,
+        BLOCK_GROUP_RAID10 => num_stripes / u64::from(sub_stripes.max(1)),
+        BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6 => num_stripes.saturating_sub(nparity(ty)),
+        _ => 1,
+    }
+    .max(1)
 }
 
 /// All chunks, keyed by logical start.

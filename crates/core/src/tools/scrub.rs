@@ -14,6 +14,7 @@
 use crate::error::{Error, Result};
 use crate::io::disk_io::FsInfo;
 use crate::io::raid56;
+use crate::io::volumes::{data_stripes, nparity};
 use crate::tree::ctree::TreeIter;
 use crate::tree::tree_checker::{check_header, Expect};
 use std::collections::{BTreeMap, BTreeSet};
@@ -198,12 +199,10 @@ fn note_row(
     let Ok(e) = fs.chunk_map.lookup(logical) else {
         return;
     };
-    if e.ty & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) == 0 || e.stripe_len == 0 {
+    if nparity(e.ty) == 0 || e.stripe_len == 0 {
         return;
     }
-    let nparity = if e.ty & BLOCK_GROUP_RAID6 != 0 { 2 } else { 1 };
-    let data = (e.stripes.len() as u64).saturating_sub(nparity).max(1);
-    let row_bytes = e.stripe_len * data;
+    let row_bytes = e.stripe_len * data_stripes(e.ty, e.stripes.len() as u64, e.sub_stripes);
     let ss = fs.sectorsize as u64;
     let mut at = logical;
     while at < logical + len as u64 {
@@ -256,7 +255,7 @@ fn scrub_range(
     if bad.is_empty() {
         return Ok((false, false));
     }
-    let parity = e.ty & (BLOCK_GROUP_RAID5 | BLOCK_GROUP_RAID6) != 0;
+    let parity = nparity(e.ty) > 0;
     if ok.is_none() && parity {
         ok = rebuilt_from_p(fs, &e, logical, len)?.filter(|b| fault(b).is_none());
     }

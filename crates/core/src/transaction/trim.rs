@@ -210,20 +210,8 @@ fn copies(entry: &crate::io::volumes::MapEntry, logical: u64, end: u64) -> Vec<(
 
 /// Bytes of each device extent (one stripe) of a chunk.
 fn device_extent_bytes(e: &crate::io::volumes::MapEntry) -> u64 {
-    let n = e.stripes.len() as u64;
-    let data_stripes = if e.ty & BLOCK_GROUP_RAID0 != 0 {
-        n
-    } else if e.ty & BLOCK_GROUP_RAID10 != 0 {
-        n / u64::from(e.sub_stripes.max(1))
-    } else if e.ty & BLOCK_GROUP_RAID5 != 0 {
-        n.saturating_sub(1)
-    } else if e.ty & BLOCK_GROUP_RAID6 != 0 {
-        n.saturating_sub(2)
-    } else {
-        1
-    };
     // A malformed entry counts its whole length on every stripe: trims less.
-    e.length.checked_div(data_stripes).unwrap_or(e.length)
+    e.stripe_size()
 }
 
 /// `[offset, offset + len)` less the `[start, end)` ranges of `used`.
