@@ -483,7 +483,9 @@ impl Writer {
         }
         let p = d.files.entry(key).or_insert_with(|| Pending {
             start: offset,
-            data: Vec::new(),
+            // Room for eight such writes at once: a streaming writer's run would
+            // otherwise be copied again at every doubling (7 MiB for 8).
+            data: Vec::with_capacity(len.saturating_mul(8).min(DELALLOC_BYTES_MAX) as usize),
             time: now(),
         });
         p.data.extend_from_slice(data);

@@ -635,25 +635,35 @@ impl Trans {
             self.convert_inline(root, ino, &mut inode)?;
         }
         let mut buf_start = offset;
-        let mut buf: Vec<u8>;
-        if !offset.is_multiple_of(ss) {
-            // Read-modify-write of the first sector.
-            let s = offset - offset % ss;
-            let mut head = self.read_file_range(root, ino, s, (offset - s) as usize, &inode)?;
-            head.extend_from_slice(data);
-            buf = head;
-            buf_start = s;
+        // Whole sectors are written from the caller's bytes as they are (the
+        // mount's runs of delayed data are up to 8 MiB: a copy is not free).
+        let buf: std::borrow::Cow<'_, [u8]> = if offset.is_multiple_of(ss)
+            && (data.len() as u64).is_multiple_of(ss)
+        {
+            std::borrow::Cow::Borrowed(data)
         } else {
-            buf = data.to_vec();
-        }
-        let buf_end = buf_start + buf.len() as u64;
-        if !buf_end.is_multiple_of(ss) && buf_end < inode.size {
-            let e = buf_end.next_multiple_of(ss).min(inode.size);
-            let tail = self.read_file_range(root, ino, buf_end, (e - buf_end) as usize, &inode)?;
-            buf.extend_from_slice(&tail);
-        }
-        let aligned_len = (buf.len() as u64).next_multiple_of(ss);
-        buf.resize(aligned_len as usize, 0);
+            let mut buf: Vec<u8>;
+            if !offset.is_multiple_of(ss) {
+                // Read-modify-write of the first sector.
+                let s = offset - offset % ss;
+                let mut head = self.read_file_range(root, ino, s, (offset - s) as usize, &inode)?;
+                head.extend_from_slice(data);
+                buf = head;
+                buf_start = s;
+            } else {
+                buf = data.to_vec();
+            }
+            let buf_end = buf_start + buf.len() as u64;
+            if !buf_end.is_multiple_of(ss) && buf_end < inode.size {
+                let e = buf_end.next_multiple_of(ss).min(inode.size);
+                let tail =
+                    self.read_file_range(root, ino, buf_end, (e - buf_end) as usize, &inode)?;
+                buf.extend_from_slice(&tail);
+            }
+            buf.resize((buf.len() as u64).next_multiple_of(ss) as usize, 0);
+            std::borrow::Cow::Owned(buf)
+        };
+        let aligned_len = buf.len() as u64;
         if inode.flags & INODE_NODATACOW != 0
             && self.reflink_source.is_none()
             && self.nocow_write(root, ino, buf_start, &buf)?
@@ -903,13 +913,7 @@ impl Trans {
     /// The kernel's btrfs_compress_heuristic on data starting at a page boundary, as
     /// the page cache holds it (the last page padded with zeros).
     fn heuristic_says_compress(&self, data: &[u8]) -> bool {
-        const PAGE: usize = 4096;
-        if data.len().is_multiple_of(PAGE) {
-            return ubtrfs_compress::compress_heuristic(data);
-        }
-        let mut padded = data[..data.len().min(ubtrfs_compress::MAX_UNCOMPRESSED)].to_vec();
-        padded.resize(padded.len().next_multiple_of(PAGE), 0);
-        ubtrfs_compress::compress_heuristic(&padded)
+        heuristic_says_compress(data)
     }
 
     /// Whether new data of the inode is compressed, and how (the kernel's
@@ -968,25 +972,34 @@ impl Trans {
         prop: bool,
     ) -> Result<u64> {
         let ss = self.fs.info.sectorsize as u64;
+        let forced = self.compress_forced();
+        let inputs: Vec<&[u8]> = buf.chunks(ubtrfs_compress::MAX_UNCOMPRESSED).collect();
+        // The first extent alone, then the rest together on every CPU (the
+        // kernel's compression workers run on all CPUs too): data that does not
+        // compress usually shows it at once, and nothing more is tried then.
+        let mut packed = pack_extents(&inputs[..inputs.len().min(1)], alg, level, ss, forced)?;
+        if matches!(packed.first(), Some(Packed::Data(_))) && inputs.len() > 1 {
+            packed.extend(pack_extents(&inputs[1..], alg, level, ss, forced)?);
+        }
         let mut pos = 0usize;
-        while pos < buf.len() {
-            let n = (buf.len() - pos).min(ubtrfs_compress::MAX_UNCOMPRESSED);
-            let input = &buf[pos..pos + n];
-            // Data the kernel's heuristic would not try to compress is written plain
-            // from here on, the inode not marked (compress-force skips the heuristic).
-            if !self.compress_forced() && !self.heuristic_says_compress(input) {
-                break;
-            }
-            let packed = ubtrfs_compress::compress(alg, input, level, ss as u32)
-                .map_err(|e| Error::Invalid(format!("compression: {e}")))?;
-            let Some(mut c) = packed else {
-                // A piece of one sector can never save one: the kernel writes it
-                // plain without marking the inode (checked against it: 4 KiB that
-                // compress to half stay unmarked, 8 KiB that save no sector mark).
-                if !self.compress_force && !prop && n as u64 > ss {
-                    inode.flags |= INODE_NOCOMPRESS;
+        for (input, p) in inputs.iter().zip(packed) {
+            let n = input.len();
+            let mut c = match p {
+                // Data the kernel's heuristic would not try to compress is written
+                // plain from here on, the inode not marked (compress-force skips
+                // the heuristic).
+                Packed::Skipped => break,
+                Packed::NoGain => {
+                    // A piece of one sector can never save one: the kernel writes it
+                    // plain without marking the inode (checked against it: 4 KiB
+                    // that compress to half stay unmarked, 8 KiB that save no sector
+                    // mark).
+                    if !self.compress_force && !prop && n as u64 > ss {
+                        inode.flags |= INODE_NOCOMPRESS;
+                    }
+                    break;
                 }
-                break;
+                Packed::Data(c) => c,
             };
             let disk_len = (c.len() as u64).next_multiple_of(ss);
             c.resize(disk_len as usize, 0);
@@ -1360,4 +1373,90 @@ impl Trans {
         self.write_inode(root, ino, &inode)?;
         self.touch_root(root, t)
     }
+}
+
+/// What compressing one extent's worth of new data gave.
+enum Packed {
+    /// The kernel's heuristic would not try.
+    Skipped,
+    /// Compressed, it would not save a sector.
+    NoGain,
+    /// The compressed bytes.
+    Data(Vec<u8>),
+}
+
+/// The kernel's compression heuristic on `data` (padded to whole pages, as it
+/// looks at them).
+fn heuristic_says_compress(data: &[u8]) -> bool {
+    const PAGE: usize = 4096;
+    if data.len().is_multiple_of(PAGE) {
+        return ubtrfs_compress::compress_heuristic(data);
+    }
+    let mut padded = data[..data.len().min(ubtrfs_compress::MAX_UNCOMPRESSED)].to_vec();
+    padded.resize(padded.len().next_multiple_of(PAGE), 0);
+    ubtrfs_compress::compress_heuristic(&padded)
+}
+
+/// Most threads one write compresses on: the CPUs, at most four.
+fn compress_threads() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 4)
+    })
+}
+
+/// Compresses each of `inputs` (extents of new data, in file order), in
+/// contiguous shares on up to [`compress_threads`] threads. Pure work on the
+/// caller's bytes: whatever it gives, nothing has changed yet.
+fn pack_extents(
+    inputs: &[&[u8]],
+    alg: ubtrfs_compress::Compression,
+    level: Option<i32>,
+    ss: u64,
+    forced: bool,
+) -> Result<Vec<Packed>> {
+    let one = |input: &[u8]| -> Result<Packed> {
+        if !forced && !heuristic_says_compress(input) {
+            return Ok(Packed::Skipped);
+        }
+        Ok(
+            match ubtrfs_compress::compress(alg, input, level, ss as u32)
+                .map_err(|e| Error::Invalid(format!("compression: {e}")))?
+            {
+                Some(c) => Packed::Data(c),
+                None => Packed::NoGain,
+            },
+        )
+    };
+    let share = |part: &[&[u8]]| part.iter().map(|i| one(i)).collect::<Result<Vec<_>>>();
+    let threads = compress_threads().min(inputs.len());
+    if threads <= 1 {
+        return share(inputs);
+    }
+    let per = inputs.len().div_ceil(threads);
+    std::thread::scope(|sc| {
+        let mut parts = inputs.chunks(per);
+        let first = parts.next().unwrap_or(&[]);
+        // A helper that cannot be started leaves its share to this thread.
+        let helpers: Vec<_> = parts
+            .map(|part| {
+                std::thread::Builder::new()
+                    .name("ubtrfs-compress".into())
+                    .spawn_scoped(sc, move || share(part))
+                    .map_err(|_| part)
+            })
+            .collect();
+        let mut out = share(first)?;
+        for h in helpers {
+            out.extend(match h {
+                Ok(h) => h.join().unwrap_or_else(|_| {
+                    Err(Error::Invalid("compression thread panicked".into()))
+                })?,
+                Err(part) => share(part)?,
+            });
+        }
+        Ok(out)
+    })
 }
