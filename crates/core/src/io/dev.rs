@@ -50,12 +50,32 @@ pub struct FileDevice {
 }
 
 impl FileDevice {
-    /// Opens an image file or block device, read-only unless `writable`.
+    /// Opens an image file or block device, read-only unless `writable`. A block
+    /// device opened for writing is claimed exclusively (O_EXCL), as the kernel's
+    /// btrfs claims its devices: while it is held, the kernel's mount of it, a
+    /// second exclusive opener (mkfs.btrfs, btrfs check) and another ubtrfs writer
+    /// get EBUSY. An image file has no such claim (the advisory lock of
+    /// [`lock_exclusive`] keeps other ubtrfs processes off it, nothing keeps a
+    /// kernel loop mount of the same file away).
     pub fn open(path: &Path, writable: bool) -> io::Result<FileDevice> {
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .write(writable)
-            .open(path)?;
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let block = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+        let mut how = std::fs::OpenOptions::new();
+        how.read(true).write(writable);
+        if writable && block {
+            how.custom_flags(libc::O_EXCL);
+        }
+        let file = how.open(path).map_err(|e| {
+            if writable && block && e.raw_os_error() == Some(libc::EBUSY) {
+                // The caller names the device.
+                io::Error::new(
+                    io::ErrorKind::ResourceBusy,
+                    "device busy: mounted, or held open exclusively by another program",
+                )
+            } else {
+                e
+            }
+        })?;
         let size = device_size(&file)?;
         Ok(FileDevice {
             file,
