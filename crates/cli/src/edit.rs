@@ -317,6 +317,18 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
             let bytes = dir_bytes(src)?;
             file.set_len(bytes.saturating_mul(2).saturating_add(1 << 30))?;
         }
+        // As mkfs.btrfs --rootdir: an image file (new, empty or too small) grows to
+        // what the tree needs; a block device is what it is.
+        if let (Some(src), false) = (&a.rootdir, a.shrink) {
+            let md = file.metadata()?;
+            if md.is_file() && all.len() == 1 {
+                let need = rootdir_bytes(src, &opts)?;
+                if md.len() < need {
+                    file.set_len(need)
+                        .with_context(|| format!("sizing {}", path.display()))?;
+                }
+            }
+        }
     }
     if let Some(root) = &a.rootdir {
         let md = std::fs::metadata(root).with_context(|| root.display().to_string())?;
@@ -437,6 +449,38 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
 }
 
 /// Bytes of file data under a directory (a sizing estimate for --shrink).
+/// How large an image `mkfs -r SRC` makes when not told (the file is new or too
+/// small): the smallest filesystem of these profiles, plus the tree's data and a
+/// metadata estimate (per entry its inode, name items and an inline sector, and an
+/// eighth of the data, as the kernel's old 8:1 data:metadata ratio), each doubled
+/// under DUP; sparse, so the room is cheap.
+fn rootdir_bytes(src: &Path, opts: &MkfsOptions) -> Result<u64> {
+    let mut data = 0u64;
+    let mut entries = 0u64;
+    let ss = opts.sectorsize as u64;
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
+            let md = e?.path();
+            let m = md.symlink_metadata()?;
+            entries += 1;
+            if m.is_dir() {
+                stack.push(md);
+            } else if m.is_file() {
+                data = data.saturating_add(m.len().next_multiple_of(ss));
+            }
+        }
+    }
+    let copies = |p: u64| if p == BLOCK_GROUP_DUP { 2 } else { 1 };
+    let meta = entries
+        .saturating_mul(3 * 4096 + ss)
+        .saturating_add(data / 8);
+    let need = ubtrfs_core::tools::mkfs::min_size(opts)
+        .saturating_add(data.saturating_mul(copies(opts.data_profile)))
+        .saturating_add(meta.saturating_mul(copies(opts.metadata_profile)));
+    Ok(need.next_multiple_of(1 << 20))
+}
+
 fn dir_bytes(p: &Path) -> Result<u64> {
     let mut total = 0u64;
     let mut stack = vec![p.to_path_buf()];

@@ -1424,6 +1424,54 @@ fn mkfs_shrink_and_subvolumes() {
     k.umount();
 }
 
+/// `mkfs -r SRC IMAGE` without a size, as one types it after mkfs.btrfs: a new
+/// image file, an empty one and one too small all grow to what SRC needs (as
+/// mkfs.btrfs --rootdir enlarges them), pass check and show SRC in the kernel; a
+/// large enough file keeps its size.
+#[test]
+fn mkfs_rootdir_sizes_the_image_file_as_mkfs_btrfs() {
+    if !require_root("mkfs_rootdir_sizes_the_image_file_as_mkfs_btrfs") {
+        return;
+    }
+    let _s = serial();
+    set_limit(120);
+    let work = tmpdir("rootdir-size");
+    let src = work.path().join("src");
+    make_src_tree(&src);
+    write_file(&src.join("big"), &vec![7u8; 40 << 20]);
+    let srcs = src.display().to_string();
+    let want = walk(&src, WalkOpts { mtime: true }, &[]);
+    for (name, before) in [
+        ("new", None),
+        ("empty", Some(0)),
+        ("small", Some(1 << 20)),
+        ("large", Some(3u64 << 30)),
+    ] {
+        let img = work.path().join(format!("{name}.img"));
+        if let Some(len) = before {
+            fs::File::create(&img)
+                .and_then(|f| f.set_len(len))
+                .expect("image file");
+        }
+        let imgs = img.display().to_string();
+        ubtrfs(&["mkfs", "-q", "-r", &srcs, &imgs]);
+        let len = fs::metadata(&img).expect("stat image").len();
+        if name == "large" {
+            assert_eq!(len, 3 << 30, "{name}: a large enough file keeps its size");
+        } else {
+            assert!(
+                len > 40 << 20,
+                "{name}: the image has room for the tree ({len} bytes)"
+            );
+        }
+        check(&img, name);
+        let k = KernelMount::new(&img, "ro");
+        let got = walk(&k.mnt, WalkOpts { mtime: true }, &[]);
+        assert_same(name, "source", &want, "kernel", &got);
+        k.umount();
+    }
+}
+
 /// `mkfs --subvol TYPE:DIR` as mkfs.btrfs takes it (`ro:`, `default:`, `rw:`, a
 /// plain DIR): on the kernel's mount of each image the same subvolumes are
 /// read-only, the same one is the default (what a plain mount shows) and the
