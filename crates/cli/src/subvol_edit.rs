@@ -59,12 +59,16 @@ pub enum SubvolEditCmd {
     },
     /// Set the subvolume a mount without subvol= opens.
     SetDefault {
+        /// Image file, or a directory where ubtrfs mounted it (the mount does it).
         image: PathBuf,
         /// Subvolume id, or a path to a subvolume.
         subvol: String,
     },
     /// Print the default subvolume like `btrfs subvolume get-default`.
-    GetDefault { image: PathBuf },
+    GetDefault {
+        /// Image file, or a directory where ubtrfs mounted it.
+        image: PathBuf,
+    },
     /// Details of one subvolume like `btrfs subvolume show`.
     Show { image: PathBuf, path: String },
 }
@@ -109,6 +113,7 @@ pub struct DropLimits {
 pub enum PropertyCmd {
     /// Print a property (`ro` of a subvolume) like `btrfs property get`.
     Get {
+        /// Image file, or a directory where ubtrfs mounted it (PATH relative to it).
         image: PathBuf,
         path: String,
         /// Only `ro` is a subvolume property here.
@@ -116,6 +121,7 @@ pub enum PropertyCmd {
     },
     /// Set `ro` of a subvolume like `btrfs property set PATH ro true|false`.
     Set {
+        /// Image file, or a directory where ubtrfs mounted it (the mount does it).
         image: PathBuf,
         path: String,
         name: String,
@@ -461,6 +467,33 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
                 writeln!(out, "Subvolume id {id} is gone")?;
             }
         }
+        SubvolEditCmd::SetDefault { image, subvol } if image.is_dir() => {
+            use ubtrfs_fuse::subvol_props::client;
+            let (f, id) = match subvol.parse::<u64>() {
+                Ok(id) => (
+                    File::open(&image),
+                    if id == 0 { FS_TREE_OBJECTID } else { id },
+                ),
+                Err(_) => (File::open(image.join(subvol.trim_start_matches('/'))), 0),
+            };
+            let f = f.with_context(|| format!("{subvol}: cannot open"))?;
+            client::set_default(&f, id)
+                .with_context(|| format!("{subvol}: cannot set the default subvolume"))?;
+        }
+        SubvolEditCmd::GetDefault { image } if image.is_dir() => {
+            let f = File::open(&image).with_context(|| image.display().to_string())?;
+            let d = ubtrfs_fuse::subvol_props::client::get_default(&f)
+                .with_context(|| format!("{}: default subvolume", image.display()))?;
+            if d.value == FS_TREE_OBJECTID {
+                writeln!(out, "ID 5 (FS_TREE)")?;
+            } else {
+                writeln!(
+                    out,
+                    "ID {} gen {} top level {} path {}",
+                    d.value, d.gen, d.top_level, d.path
+                )?;
+            }
+        }
         SubvolEditCmd::SetDefault { image, subvol } => {
             let mut t = open_rw(&image)?;
             let id = match subvol.parse::<u64>() {
@@ -552,12 +585,23 @@ fn show(fs: &Filesystem, path: &str, out: &mut dyn Write) -> Result<()> {
 }
 
 pub fn property(cmd: PropertyCmd, out: &mut dyn Write) -> Result<()> {
+    use ubtrfs_fuse::subvol_props::client;
+    let mounted = |image: &Path, path: &str| -> Result<File> {
+        File::open(image.join(path.trim_start_matches('/')))
+            .with_context(|| format!("{path}: cannot open"))
+    };
     match cmd {
         PropertyCmd::Get { image, path, name } => {
             if let Some(n) = name.as_deref() {
                 if n != "ro" {
                     bail!("{n}: unknown property for a subvolume (only ro)");
                 }
+            }
+            if image.is_dir() {
+                let a = client::get_readonly(&mounted(&image, &path)?)
+                    .with_context(|| format!("{path}: not a subvolume, or cannot be read"))?;
+                writeln!(out, "ro={}", a.value != 0)?;
+                return Ok(());
             }
             let fs = open_ro(&image)?;
             let id = subvol_at(&fs, &path)?;
@@ -579,6 +623,20 @@ pub fn property(cmd: PropertyCmd, out: &mut dyn Write) -> Result<()> {
                 "false" => false,
                 v => bail!("{v}: invalid value for ro (true or false)"),
             };
+            if image.is_dir() {
+                let f = mounted(&image, &path)?;
+                let now_ro = client::get_readonly(&f)
+                    .with_context(|| format!("{path}: not a subvolume, or cannot be read"))?;
+                // btrfs-progs' rule, before the change (the mount applies the kernel's).
+                if !ro && now_ro.value != 0 && now_ro.received && !force {
+                    bail!(
+                        "{path}: cannot flip ro->rw with received_uuid set, use -f to clear it                          (received_uuid is what incremental send relies on; a snapshot keeps it)"
+                    );
+                }
+                client::set_readonly(&f, ro, force)
+                    .with_context(|| format!("{path}: cannot set ro={ro}"))?;
+                return Ok(());
+            }
             let mut t = open_rw(&image)?;
             let id = subvol_at(&t.fs, &path)?;
             t.set_subvolume_readonly(id, ro, force, now())?;

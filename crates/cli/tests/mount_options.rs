@@ -879,7 +879,21 @@ fn uuid_tree_is_rebuilt_and_checked_like_the_kernel() {
         );
         let kimg = dir.path().join(format!("case{n}-kernel.img"));
         copy(&img, &kimg);
-        KernelMount::new(&kimg, opts).umount();
+        let km = KernelMount::new(&kimg, opts);
+        // The kernel checks the tree in a thread of its own, which gives up when an
+        // unmount begins (btrfs_uuid_tree_iterate stops on btrfs_fs_closing): wait
+        // for it, as its commit then stamps uuid_tree_generation current.
+        let t0 = std::time::Instant::now();
+        loop {
+            bash_ok(Path::new("/"), &format!("btrfs filesystem sync {}", km.q()))
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let (ug, g) = uuid_generations(&kimg);
+            if ug == g || t0.elapsed() > std::time::Duration::from_secs(20) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        km.umount();
         let mut fm = FuseMount::start(&UBTRFS, &[&img], &["rw", opts]);
         let st = fm.unmount();
         assert!(st.success(), "{what}: ubtrfs mount: {}", fm.log());

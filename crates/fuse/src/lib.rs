@@ -36,6 +36,7 @@ mod reply;
 mod session;
 pub mod settings;
 pub mod subvol_ops;
+pub mod subvol_props;
 mod uring;
 mod write_ops;
 mod writer;

@@ -353,6 +353,13 @@ impl Ops {
         }
     }
 
+    /// A subvolume made writable through the mount.
+    pub(crate) fn remove_read_only_subvol(&self, subvol: u64) {
+        if let Ok(mut s) = self.ro_subvols.write() {
+            s.remove(&subvol);
+        }
+    }
+
     /// The (subvolume, inode) a node id names.
     pub(crate) fn node_key(&self, nodeid: u64) -> Result<NodeKey, i32> {
         self.node(nodeid)
@@ -1147,6 +1154,8 @@ impl Ops {
             Some(self.quota_ioctl(h, cmd, input))
         } else if cmd == crate::subvol_ops::BTRFS_IOC_INO_LOOKUP {
             Some(self.ino_lookup(h, input))
+        } else if cmd == crate::subvol_props::UBTRFS_IOC_SUBVOL_PROP {
+            Some(self.subvol_prop_ioctl(h, input))
         } else if cmd == FS_IOC_GETFSLABEL || cmd == FS_IOC_SETFSLABEL {
             Some(self.fslabel_ioctl(h, cmd, input))
         } else if cmd == FITRIM {

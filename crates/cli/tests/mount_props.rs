@@ -1,0 +1,111 @@
+//! Subvolume properties on a mounted filesystem: `ubtrfs property get|set MNT PATH
+//! ro` and `ubtrfs subvolume set-default|get-default MNT` ask the mount's process
+//! (never a second writer), with the kernel's rules: the flag only on a subvolume's
+//! root, set by its owner or CAP_FOWNER, the default by CAP_SYS_ADMIN; a read-only
+//! subvolume refuses writes at once, and writable again takes them. After the
+//! unmount the kernel's btrfs-progs see the same flag and the same default line.
+//!
+//! Needs root (/dev/fuse, loop devices); skipped with a line outside CI.
+
+use std::path::Path;
+use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, shell_quote, Ubtrfs};
+use ubtrfs_sim::mount::{mkfs_btrfs, FuseMount, KernelMount};
+
+const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
+
+#[test]
+fn subvolume_properties_through_the_mount_as_btrfs_progs_sees_them() {
+    if !require_fuse("subvolume_properties_through_the_mount_as_btrfs_progs_sees_them") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("img");
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    // allow_other: the other user's steps reach the server (and its checks).
+    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw,allow_other"]);
+    let m = shell_quote(&fm.mnt);
+    let script = format!(
+        r#"set +e
+        U={u}
+        M={m}
+        as() {{ setpriv --reuid=1234 --regid=1234 --clear-groups -- "$@"; }}
+        step() {{
+            local name=$1; shift
+            if out=$("$@" 2>&1); then echo "$name: ok $out"; else
+                echo "$name: $(echo "$out" | grep -o 'Permission denied\|Operation not permitted\|Read-only file system\|Invalid argument\|not a subvolume\|No such file or directory' | head -1)"
+            fi
+        }}
+        $U subvolume create $M a >/dev/null && $U subvolume create $M b >/dev/null || echo setup failed
+        mkdir $M/d; echo x > $M/a/f
+        step get-a $U property get $M a ro
+        step set-a $U property set $M a ro true
+        step write-ro sh -c "echo y > $M/a/g"
+        step get-a-ro $U property get $M a ro
+        step get-dir $U property get $M d ro
+        step get-top $U property get $M / ro
+        step user-set as $U property set $M b ro true
+        step user-default as $U subvolume set-default $M b
+        step default-missing $U subvolume set-default $M 999
+        step get-default-top $U subvolume get-default $M
+        step set-default $U subvolume set-default $M b
+        step get-default $U subvolume get-default $M
+        step set-a-rw $U property set $M a ro false
+        step write-rw sh -c "echo y > $M/a/g"
+        step set-a-ro-again $U property set $M a ro true
+        "#,
+        u = env!("CARGO_BIN_EXE_ubtrfs"),
+    );
+    let (out, err) = bash_in(Path::new("/"), &script);
+    let st = fm.unmount();
+    assert!(st.success(), "server exit {st}: {}", fm.log());
+    let want = "get-a: ok ro=false\n\
+                set-a: ok \n\
+                write-ro: Read-only file system\n\
+                get-a-ro: ok ro=true\n\
+                get-dir: not a subvolume\n\
+                get-top: ok ro=false\n\
+                user-set: Operation not permitted\n\
+                user-default: Operation not permitted\n\
+                default-missing: No such file or directory\n\
+                get-default-top: ok ID 5 (FS_TREE)\n\
+                set-default: ok \n";
+    assert!(
+        out.starts_with(want),
+        "outcomes on the ubtrfs mount:\n{out}\nwanted first:\n{want}\n{err}"
+    );
+    let default_line = out
+        .lines()
+        .find_map(|l| l.strip_prefix("get-default: ok "))
+        .unwrap_or_else(|| panic!("no get-default line: {out}"))
+        .to_string();
+    assert!(
+        default_line.starts_with("ID 257 gen ") && default_line.ends_with(" top level 5 path b"),
+        "get-default: {default_line}"
+    );
+    assert!(
+        out.ends_with("set-a-rw: ok \nwrite-rw: ok \nset-a-ro-again: ok \n"),
+        "after making it writable again:\n{out}"
+    );
+
+    // btrfs-progs on the kernel's mount of the image see the same.
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("{e}"));
+    let k = KernelMount::new(&img, "ro,subvolid=5");
+    let (kout, kerr) = bash_in(
+        &k.mnt,
+        "btrfs property get a ro; btrfs subvolume get-default .; cat a/f a/g",
+    );
+    k.umount();
+    assert_eq!(
+        kout,
+        format!("ro=true\n{default_line}\nx\ny\n"),
+        "the kernel's view: {kerr}"
+    );
+    // A plain kernel mount opens the default subvolume, b (empty).
+    let k = KernelMount::new(&img, "ro");
+    let listed = std::fs::read_dir(&k.mnt)
+        .map(|d| d.count())
+        .unwrap_or(usize::MAX);
+    k.umount();
+    assert_eq!(listed, 0, "a plain mount opens the default subvolume b");
+}
