@@ -52,7 +52,7 @@ import time
 EXPECTED_S = {
     "balance": 172, "mount_enospc": 144, "suites": 115, "log_crash": 93,
     "balance_crash": 78, "fuzz_regress": 68, "fstests": 66, "quota": 64,
-    "subvol_edit": 62, "log_replay": 57, "write": 53, "mount_fsstress": 65,
+    "subvol_edit": 130, "log_replay": 57, "write": 53, "mount_fsstress": 65,
     "model": 42, "mount_tools": 41, "golden": 41, "squota": 40, "subvol_crash": 55, "log_names_crash": 100,
     "resize": 24, "mount": 23, "check": 19, "salvage": 18, "ctree_model": 14,
     "crash": 12, "mount_options": 10, "raid_write": 170, "kernel_text": 10, "fresh-golden": 150,

@@ -673,3 +673,121 @@ fn read_only_snapshots_are_sent_by_the_kernel() {
         "ro=true"
     );
 }
+
+/// Snapshots of snapshots ten deep at 64 KiB nodes, each changed after it was
+/// taken (a new file, a removed one, an overwritten one), then deleted in an order
+/// that takes the middle, the origin and the newest first: offline by ubtrfs on
+/// one twin, by the kernel on the other. After the chain and after the deletions
+/// the kernel sees the same trees (`btrfs subvolume list -a -q -u -R` aside from
+/// uuids and generations: the same ids, parents and paths), `btrfs check` is clean
+/// with quotas counted, and the kernel then writes into every remaining snapshot
+/// of the ubtrfs twin and deletes one more, and the image stays clean.
+#[test]
+fn snapshot_chain_ten_deep_at_64k_nodes_as_the_kernel() {
+    if !require_root("snapshot_chain_ten_deep_at_64k_nodes_as_the_kernel") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("ubtrfs.img");
+    let kimg = dir.path().join("kernel.img");
+    mkfs_btrfs(&img, 1 << 30, &["-n", "65536"]);
+    kernel_writes(
+        &img,
+        r#"set -eu
+        btrfs quota enable .
+        btrfs -q subvolume create s0
+        python3 - <<'PY'
+import os, random
+random.seed(11)
+for d in range(4):
+    os.makedirs(f's0/d{d}')
+    for i in range(500):
+        with open(f's0/d{d}/f{i}', 'wb') as f:
+            f.write(random.randbytes(200 if i % 4 else 9000))
+PY
+        btrfs quota rescan -w . >/dev/null
+        sync"#,
+        "the origin",
+    );
+    std::fs::copy(&img, &kimg).expect("twin image");
+    let new_file = dir.path().join("new");
+    std::fs::write(&new_file, b"a new file in the snapshot\n").expect("write");
+    let s = img.to_str().expect("utf-8 path");
+    let nf = new_file.to_str().expect("utf-8 path");
+    let mut kernel_script = String::from("set -eu\n");
+    for i in 1..=10 {
+        let (prev, cur) = (format!("/s{}", i - 1), format!("/s{i}"));
+        for args in [
+            vec!["subvolume", "snapshot", s, &prev, &cur],
+            vec!["put", s, nf, &format!("{cur}/new{i}")],
+            vec!["rm", s, &format!("{cur}/d{}/f{}", i % 4, i * 7)],
+            // Replaced, not rewritten in place (put does not overwrite): both sides.
+            vec!["rm", s, &format!("{cur}/d{}/f{}", (i + 1) % 4, i * 11)],
+            vec!["put", s, nf, &format!("{cur}/d{}/f{}", (i + 1) % 4, i * 11)],
+        ] {
+            let (ok, _, err) = UBTRFS.run(&args);
+            assert!(ok, "{args:?}: {err}");
+        }
+        kernel_script.push_str(&format!(
+            "btrfs -q subvolume snapshot s{p} s{i}; cp {nf} s{i}/new{i}; rm s{i}/d{a}/f{b}; \
+             rm s{i}/d{c}/f{d}; cp {nf} s{i}/d{c}/f{d}\n",
+            p = i - 1,
+            a = i % 4,
+            b = i * 7,
+            c = (i + 1) % 4,
+            d = i * 11,
+        ));
+    }
+    kernel_script.push_str("sync\n");
+    kernel_writes(&kimg, &kernel_script, "the kernel's chain");
+    let list = |img: &Path| -> Vec<String> {
+        let k = KernelMount::new(img, "ro");
+        let text = sh(&format!(
+            "btrfs subvolume list -a -q -u -R {}",
+            shell_quote(&k.path(""))
+        ));
+        k.umount();
+        // ID n gen g top level t parent_uuid p received_uuid r uuid u path P: the
+        // ids, parents and paths (uuids are random, generations count commits).
+        text.lines()
+            .map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                let parent = if w[8] == "-" { "-" } else { "parent" };
+                format!("{} {} {parent} {}", w[1], w[6], w[14..].join(" "))
+            })
+            .collect()
+    };
+    let compare_twins = |what: &str| {
+        check(&img, what);
+        check(&kimg, what);
+        report(compare_walks(
+            what,
+            &kernel_tree(&kimg),
+            &kernel_tree(&img),
+            FIELDS,
+        ));
+        assert_eq!(list(&img), list(&kimg), "{what}: subvolume list");
+    };
+    compare_twins("a chain ten deep");
+    let order = ["/s5", "/s0", "/s10", "/s3"];
+    for p in order {
+        let (ok, _, err) = UBTRFS.run(&["subvolume", "delete", s, p]);
+        assert!(ok, "delete {p}: {err}");
+    }
+    kernel_writes(
+        &kimg,
+        "set -eu; for p in s5 s0 s10 s3; do btrfs -q subvolume delete $p; done
+         btrfs subvolume sync . >/dev/null; sync",
+        "the kernel's deletions",
+    );
+    compare_twins("after deleting s5, s0, s10, s3");
+    let out = kernel_writes(
+        &img,
+        "set -eu; for i in 1 2 4 6 7 8 9; do echo more > s$i/more; rm s$i/d1/f3; done
+         btrfs -q subvolume delete s7; btrfs subvolume sync . >/dev/null; sync; ls",
+        "the kernel after ubtrfs's chain",
+    );
+    assert!(!out.contains("s7"), "s7 deleted by the kernel: {out}");
+    check(&img, "after the kernel wrote into ubtrfs's snapshots");
+}
