@@ -460,6 +460,14 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
                 drop_all(&mut t, a.quiet, a.drop)?;
             }
         }
+        SubvolEditCmd::Sync { image, .. } if image.is_dir() => {
+            let f = File::open(&image).with_context(|| image.display().to_string())?;
+            for id in ubtrfs_fuse::subvol_props::client::sync(&f)
+                .with_context(|| format!("{}: subvolume sync", image.display()))?
+            {
+                writeln!(out, "Subvolume id {id} is gone")?;
+            }
+        }
         SubvolEditCmd::Sync { image, quiet, drop } => {
             let mut t = open_rw(&image)?;
             let done = drop_all(&mut t, quiet, drop)?;

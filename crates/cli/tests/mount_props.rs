@@ -53,6 +53,14 @@ fn subvolume_properties_through_the_mount_as_btrfs_progs_sees_them() {
         step set-a-rw $U property set $M a ro false
         step write-rw sh -c "echo y > $M/a/g"
         step set-a-ro-again $U property set $M a ro true
+        $U subvolume create $M c >/dev/null
+        python3 -c "
+import os
+for i in range(3000):
+    open('$M/c/f%d' % i, 'w').write('x' * 3000)
+"
+        $U subvolume delete $M c >/dev/null
+        step sync $U subvolume sync $M
         "#,
         u = env!("CARGO_BIN_EXE_ubtrfs"),
     );
@@ -84,8 +92,19 @@ fn subvolume_properties_through_the_mount_as_btrfs_progs_sees_them() {
         "get-default: {default_line}"
     );
     assert!(
-        out.ends_with("set-a-rw: ok \nwrite-rw: ok \nset-a-ro-again: ok \n"),
+        out.contains("set-a-rw: ok \nwrite-rw: ok \nset-a-ro-again: ok \n"),
         "after making it writable again:\n{out}"
+    );
+    // `subvolume sync` waited for the mount's cleaner (or it had finished already):
+    // no dead root is left after the unmount.
+    assert!(out.contains("sync: ok"), "subvolume sync: {out}");
+    let roots = ubtrfs_sim::host::sh(&format!(
+        "btrfs inspect-internal dump-tree -t root {}",
+        shell_quote(&img)
+    ));
+    assert!(
+        !roots.contains("ORPHAN_ITEM"),
+        "a deleted subvolume left after subvolume sync:\n{roots}"
     );
 
     // btrfs-progs on the kernel's mount of the image see the same.

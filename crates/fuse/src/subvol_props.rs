@@ -1,7 +1,7 @@
 //! Subvolume properties on a mounted ubtrfs filesystem: the read-only flag and the
 //! default subvolume, asked of the mount's own process so `ubtrfs property` and
-//! `ubtrfs subvolume set-default|get-default` work on a mounted directory as on an
-//! image (never a second writer). One private ioctl, UBTRFS_IOC_SUBVOL_PROP, whose
+//! `ubtrfs subvolume set-default|get-default|sync` work on a mounted directory as on
+//! an image (never a second writer). One private ioctl, UBTRFS_IOC_SUBVOL_PROP, whose
 //! argument says which of four things to do; the changes are the engine's offline
 //! ones (`Trans::set_subvolume_readonly`, `Trans::set_default_subvolume`), each
 //! committed at once as the kernel's SUBVOL_SETFLAGS and DEFAULT_SUBVOL commit.
@@ -40,6 +40,10 @@ const OP_SET_DEFAULT: u32 = 3;
 /// Answers the default subvolume: id in `value`, then its generation and top
 /// level, its path at byte 64 (empty for the top level).
 const OP_GET_DEFAULT: u32 = 4;
+
+/// Runs the cleaner until every deleted subvolume's tree is dropped (`subvolume
+/// sync`); answers how many went in `value` and their ids as words from byte 64.
+const OP_SYNC: u32 = 5;
 
 /// In `flags` of [`OP_SET_RO`]: clear received_uuid when making it writable.
 const PROP_FORCE: u32 = 1;
@@ -166,6 +170,28 @@ impl Ops {
                     .map_err(|e| e.errno())?;
                 answer(op, 0, [id, gen, top], &path)
             }
+            OP_SYNC => {
+                let Engine::ReadWrite(w) = &self.engine else {
+                    // Nothing is dropped on a read-only mount (as the kernel's).
+                    return answer(op, 0, [0, 0, 0], &[]);
+                };
+                let before = w.dead_roots()?;
+                w.clean();
+                let after = w.dead_roots()?;
+                if w.is_aborted() {
+                    return Err(errno::EIO);
+                }
+                let gone: Vec<u64> = before
+                    .into_iter()
+                    .filter(|id| !after.contains(id))
+                    .collect();
+                let ids: Vec<u8> = gone
+                    .iter()
+                    .take(400)
+                    .flat_map(|id| id.to_ne_bytes())
+                    .collect();
+                answer(op, 0, [gone.len() as u64, 0, 0], &ids)
+            }
             _ => Err(errno::EINVAL),
         }
     }
@@ -249,5 +275,19 @@ pub mod client {
     /// The default subvolume of the mount `f` is in.
     pub fn get_default(f: &File) -> io::Result<PropAnswer> {
         call(f, super::OP_GET_DEFAULT, 0, 0)
+    }
+
+    /// Has the mount's cleaner drop every deleted subvolume now; the ids dropped.
+    pub fn sync(f: &File) -> io::Result<Vec<u64>> {
+        let mut a = vec![0u8; super::PROP_ARG_BYTES];
+        a[..4].copy_from_slice(&super::OP_SYNC.to_ne_bytes());
+        crate::subvol_ops::client::ioctl(f, super::UBTRFS_IOC_SUBVOL_PROP, &mut a)?;
+        let word = |at: usize| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(&a[at..at + 8]);
+            u64::from_ne_bytes(b)
+        };
+        let n = (word(8) as usize).min(400);
+        Ok((0..n).map(|i| word(64 + 8 * i)).collect())
     }
 }

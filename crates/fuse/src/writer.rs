@@ -881,6 +881,12 @@ impl Writer {
         }
     }
 
+    /// Deleted subvolumes whose trees the cleaner has not dropped yet.
+    pub fn dead_roots(&self) -> Result<Vec<u64>, i32> {
+        let t = self.trans.read().unwrap_or_else(|p| p.into_inner());
+        t.dead_roots().map_err(|e| e.errno())
+    }
+
     /// Stops the commit thread (the caller commits one last time).
     pub fn stop(&self) {
         let (lock, cv) = &self.stop;
