@@ -21,7 +21,7 @@ use std::sync::Arc;
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::{Device, Filesystem, NewInode, OpenOptions, Synced, Trans, TreeLog};
 use ubtrfs_sim::fault_dev::{allowed_points, RecordingDevice};
-use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, write_sparse};
+use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, write_sparse, ScratchFile};
 use ubtrfs_sim::model::{write_data, FsConfig, Harness};
 use ubtrfs_sim::mount::KernelMount;
 use ubtrfs_sim::rng::Rng;
@@ -269,18 +269,14 @@ fn allowed(points: &[Point], n: usize, inside: bool) -> Vec<usize> {
     allowed_points(&at, n, inside)
 }
 
-/// A cut image as a file (the openers take paths); the directory goes with it.
-fn image_file(img: &[u8]) -> Result<(tempfile::TempDir, std::path::PathBuf), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let path = dir.path().join("cut.img");
-    let f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
-    f.set_len(img.len() as u64).map_err(|e| e.to_string())?;
-    write_sparse(&f, img).map_err(|e| e.to_string())?;
-    Ok((dir, path))
+/// A cut image as a sparse file (the openers take paths), removed on drop.
+fn image_file(img: &[u8]) -> Result<ScratchFile, String> {
+    ScratchFile::create("cut", img.len() as u64, |f| write_sparse(f, img))
 }
 
 fn verify(img: &[u8], points: &[Point], ok: &[usize]) -> Result<(), String> {
-    let (_dir, path) = image_file(img)?;
+    let cut = image_file(img)?;
+    let path = cut.path.clone();
     let fs = Filesystem::open_replayed(&[&path], OpenOptions::default())
         .map_err(|e| format!("does not open: {e}"))?;
     for w in fs.info.take_warnings() {
@@ -309,7 +305,8 @@ fn verify(img: &[u8], points: &[Point], ok: &[usize]) -> Result<(), String> {
 
 /// The kernel replays a cut image: btrfs check clean, the same files.
 fn kernel_sample(img: &[u8], want: &Files) -> Result<(), String> {
-    let (_dir, path) = image_file(img)?;
+    let cut = image_file(img)?;
+    let path = cut.path.clone();
     let k = KernelMount::try_new(&[&path], "")?;
     let mut got = Files::new();
     for (p, _) in want.iter() {

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::{Device, Filesystem, NewInode, OpenOptions, Synced, Trans, TreeLog};
 use ubtrfs_sim::fault_dev::RecordingDevice;
-use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, write_sparse};
+use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, write_sparse, ScratchFile};
 use ubtrfs_sim::model::{write_data, FsConfig, Harness};
 use ubtrfs_sim::mount::KernelMount;
 use ubtrfs_sim::rng::Rng;
@@ -255,14 +255,9 @@ fn run_workload() -> (Arc<RecordingDevice>, Vec<Frozen>, Vec<Gone>, usize, usize
     (rec, frozen, gone, logged, setup)
 }
 
-/// A cut image as a file (the openers take paths); the directory goes with it.
-fn image_file(img: &[u8]) -> Result<(tempfile::TempDir, std::path::PathBuf), String> {
-    let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let path = dir.path().join("cut.img");
-    let f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
-    f.set_len(img.len() as u64).map_err(|e| e.to_string())?;
-    write_sparse(&f, img).map_err(|e| e.to_string())?;
-    Ok((dir, path))
+/// A cut image as a sparse file (the openers take paths), removed on drop.
+fn image_file(img: &[u8]) -> Result<ScratchFile, String> {
+    ScratchFile::create("cut", img.len() as u64, |f| write_sparse(f, img))
 }
 
 fn read_tree(fs: &Filesystem) -> Result<Tree, String> {
@@ -357,7 +352,8 @@ fn names_survive_every_cut_as_fsynced() {
         }
         for (what, img, inside) in rec.cut_images(n, 2) {
             let r = catch_unwind(AssertUnwindSafe(|| -> Result<Option<Tree>, String> {
-                let (_dir, path) = image_file(&img)?;
+                let cut = image_file(&img)?;
+                let path = cut.path.clone();
                 let fs = Filesystem::open_replayed(&[&path], OpenOptions::default())
                     .map_err(|e| format!("does not open: {e}"))?;
                 for w in fs.info.take_warnings() {
@@ -384,7 +380,8 @@ fn names_survive_every_cut_as_fsynced() {
             if kernel && !inside && n % 7 == 3 {
                 sampled += 1;
                 let r = (|| -> Result<(), String> {
-                    let (_dir, path) = image_file(&img)?;
+                    let cut = image_file(&img)?;
+                    let path = cut.path.clone();
                     let k = KernelMount::try_new(&[&path], "")?;
                     let got = kernel_tree(&k.mnt);
                     k.try_umount()?;
