@@ -314,7 +314,7 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
         } else if a.shrink && file.metadata()?.len() == 0 {
             // A sparse working size from the source's size; --shrink trims it after.
             let src = a.rootdir.as_deref().context("--shrink needs --rootdir")?;
-            let bytes = dir_bytes(src)?;
+            let bytes = tree_sizes(src, opts.sectorsize as u64)?.rough_bytes;
             file.set_len(bytes.saturating_mul(2).saturating_add(1 << 30))?;
         }
         // As mkfs.btrfs --rootdir: an image file (new, empty or too small) grows to
@@ -448,54 +448,58 @@ pub fn mkfs(a: MkfsArgs) -> Result<()> {
     Ok(())
 }
 
-/// Bytes of file data under a directory (a sizing estimate for --shrink).
+/// What a source tree holds, from one walk (symlinks not followed).
+struct TreeSizes {
+    /// Entries below the top directory, of every type.
+    entries: u64,
+    /// Regular files' sizes, each rounded up to the sector size.
+    file_bytes: u64,
+    /// Every non-directory's size plus 4 KiB (the --shrink working estimate).
+    rough_bytes: u64,
+}
+
+fn tree_sizes(src: &Path, ss: u64) -> Result<TreeSizes> {
+    let mut z = TreeSizes {
+        entries: 0,
+        file_bytes: 0,
+        rough_bytes: 0,
+    };
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
+            let path = e?.path();
+            let m = path.symlink_metadata()?;
+            z.entries += 1;
+            if m.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            z.rough_bytes = z.rough_bytes.saturating_add(m.len() + 4096);
+            if m.is_file() {
+                z.file_bytes = z.file_bytes.saturating_add(m.len().next_multiple_of(ss));
+            }
+        }
+    }
+    Ok(z)
+}
+
 /// How large an image `mkfs -r SRC` makes when not told (the file is new or too
 /// small): the smallest filesystem of these profiles, plus the tree's data and a
 /// metadata estimate (per entry its inode, name items and an inline sector, and an
 /// eighth of the data, as the kernel's old 8:1 data:metadata ratio), each doubled
 /// under DUP; sparse, so the room is cheap.
 fn rootdir_bytes(src: &Path, opts: &MkfsOptions) -> Result<u64> {
-    let mut data = 0u64;
-    let mut entries = 0u64;
     let ss = opts.sectorsize as u64;
-    let mut stack = vec![src.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
-            let md = e?.path();
-            let m = md.symlink_metadata()?;
-            entries += 1;
-            if m.is_dir() {
-                stack.push(md);
-            } else if m.is_file() {
-                data = data.saturating_add(m.len().next_multiple_of(ss));
-            }
-        }
-    }
+    let z = tree_sizes(src, ss)?;
     let copies = |p: u64| if p == BLOCK_GROUP_DUP { 2 } else { 1 };
-    let meta = entries
+    let meta = z
+        .entries
         .saturating_mul(3 * 4096 + ss)
-        .saturating_add(data / 8);
+        .saturating_add(z.file_bytes / 8);
     let need = ubtrfs_core::tools::mkfs::min_size(opts)
-        .saturating_add(data.saturating_mul(copies(opts.data_profile)))
+        .saturating_add(z.file_bytes.saturating_mul(copies(opts.data_profile)))
         .saturating_add(meta.saturating_mul(copies(opts.metadata_profile)));
     Ok(need.next_multiple_of(1 << 20))
-}
-
-fn dir_bytes(p: &Path) -> Result<u64> {
-    let mut total = 0u64;
-    let mut stack = vec![p.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).with_context(|| d.display().to_string())? {
-            let e = e?;
-            let md = e.path().symlink_metadata()?;
-            if md.is_dir() {
-                stack.push(e.path());
-            } else {
-                total += md.len() + 4096;
-            }
-        }
-    }
-    Ok(total)
 }
 
 fn ts(sec: i64, nsec: i64) -> Timespec {

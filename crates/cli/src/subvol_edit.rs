@@ -638,7 +638,8 @@ pub fn property(cmd: PropertyCmd, out: &mut dyn Write) -> Result<()> {
                 // btrfs-progs' rule, before the change (the mount applies the kernel's).
                 if !ro && now_ro.value != 0 && now_ro.received && !force {
                     bail!(
-                        "{path}: cannot flip ro->rw with received_uuid set, use -f to clear it                          (received_uuid is what incremental send relies on; a snapshot keeps it)"
+                        "{path}: cannot flip ro->rw with received_uuid set, use -f to clear it \
+                         (received_uuid is what incremental send relies on; a snapshot keeps it)"
                     );
                 }
                 client::set_readonly(&f, ro, force)

@@ -29,6 +29,12 @@ use std::path::{Path, PathBuf};
 use ubtrfs_core::{now, Node, Stat};
 use ubtrfs_format::consts::{FIRST_FREE_OBJECTID, INODE_APPEND, INODE_IMMUTABLE};
 
+/// Who may do what the kernel's subvolume ioctls leave to CAP_SYS_ADMIN: a caller
+/// with it, or the user who mounted the image (an unprivileged mount's owner).
+pub(crate) fn subvol_admin(h: &InHeader, caller: &Caller) -> bool {
+    caller.capable(CAP_SYS_ADMIN) || (h.uid != 0 && h.uid == nix::unistd::getuid().as_raw())
+}
+
 /// `_IOW(0x94, nr, 4096)`: the commands taking `btrfs_ioctl_vol_args(_v2)`.
 const fn vol_ioctl(nr: u32) -> u32 {
     (1 << 30) | (4096 << 16) | (0x94 << 8) | nr
@@ -126,8 +132,7 @@ impl Ops {
         // caller own its source; deleting, CAP_SYS_ADMIN or `user_subvol_rm_allowed`
         // and write permission on the subvolume's root, then rmdir's rules.
         let caller = Caller::new(h);
-        let admin = caller.capable(CAP_SYS_ADMIN)
-            || (h.uid != 0 && h.uid == nix::unistd::getuid().as_raw());
+        let admin = subvol_admin(h, &caller);
         let a = parse(cmd, input)?;
         let dir = self.changeable(h.nodeid)?;
         let may = |node: Node, want: u32| -> Result<Stat, i32> {

@@ -14,7 +14,7 @@
 //! when forced) is applied by the client, which reads the flag first.
 
 use crate::abi::InHeader;
-use crate::creds::{Caller, CAP_SYS_ADMIN};
+use crate::creds::Caller;
 use crate::ops::{errno, Ops};
 use crate::writer::Engine;
 use ubtrfs_core::now;
@@ -137,10 +137,7 @@ impl Ops {
                 let Engine::ReadWrite(w) = &self.engine else {
                     return Err(errno::EROFS);
                 };
-                let caller = Caller::new(h);
-                if !(caller.capable(CAP_SYS_ADMIN)
-                    || (h.uid != 0 && h.uid == nix::unistd::getuid().as_raw()))
-                {
+                if !crate::subvol_ops::subvol_admin(h, &Caller::new(h)) {
                     return Err(errno::EPERM);
                 }
                 let id = if value == 0 { node.root } else { value };
@@ -217,7 +214,8 @@ pub mod client {
         pub received: bool,
     }
 
-    fn call(f: &File, op: u32, flags: u32, value: u64) -> io::Result<PropAnswer> {
+    /// One UBTRFS_IOC_SUBVOL_PROP: the argument as the mount answered it.
+    fn raw(f: &File, op: u32, flags: u32, value: u64) -> io::Result<Vec<u8>> {
         let mut a = vec![0u8; super::PROP_ARG_BYTES];
         a[..4].copy_from_slice(&op.to_ne_bytes());
         a[4..8].copy_from_slice(&flags.to_ne_bytes());
@@ -235,11 +233,20 @@ pub mod client {
                 }
             },
         )?;
-        let w = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&a[8 + 8 * i..16 + 8 * i]);
-            u64::from_ne_bytes(b)
-        };
+        Ok(a)
+    }
+
+    /// Word `i` of an answer: 0 to 2 the three after the header, 7 on the ids a
+    /// sync answers (from byte 64).
+    fn word(a: &[u8], i: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&a[8 + 8 * i..16 + 8 * i]);
+        u64::from_ne_bytes(b)
+    }
+
+    fn call(f: &File, op: u32, flags: u32, value: u64) -> io::Result<PropAnswer> {
+        let a = raw(f, op, flags, value)?;
+        let w = |i: usize| word(&a, i);
         let mut fl = [0u8; 4];
         fl.copy_from_slice(&a[4..8]);
         let end = a[64..]
@@ -279,15 +286,9 @@ pub mod client {
 
     /// Has the mount's cleaner drop every deleted subvolume now; the ids dropped.
     pub fn sync(f: &File) -> io::Result<Vec<u64>> {
-        let mut a = vec![0u8; super::PROP_ARG_BYTES];
-        a[..4].copy_from_slice(&super::OP_SYNC.to_ne_bytes());
-        crate::subvol_ops::client::ioctl(f, super::UBTRFS_IOC_SUBVOL_PROP, &mut a)?;
-        let word = |at: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&a[at..at + 8]);
-            u64::from_ne_bytes(b)
-        };
-        let n = (word(8) as usize).min(400);
-        Ok((0..n).map(|i| word(64 + 8 * i)).collect())
+        let a = raw(f, super::OP_SYNC, 0, 0)?;
+        // The ids start at byte 64: word 7 on.
+        let n = (word(&a, 0) as usize).min(400);
+        Ok((0..n).map(|i| word(&a, 7 + i)).collect())
     }
 }

@@ -598,7 +598,7 @@ impl Trans {
             let try_compress = match self.need_compress(root, ino, &inode)? {
                 // The kernel's heuristic looks at the page first (compress-force
                 // skips it); data it rejects is written plain, nothing marked.
-                Some(c) if self.compress_forced() || self.heuristic_says_compress(data) => Some(c),
+                Some(c) if self.compress_forced() || heuristic_says_compress(data) => Some(c),
                 _ => None,
             };
             if let Some((alg, level, prop)) = try_compress {
@@ -908,12 +908,6 @@ impl Trans {
     /// compress-force is on (the heuristic is skipped, nothing is marked NOCOMPRESS).
     fn compress_forced(&self) -> bool {
         self.compress_force && self.compress.is_some()
-    }
-
-    /// The kernel's btrfs_compress_heuristic on data starting at a page boundary, as
-    /// the page cache holds it (the last page padded with zeros).
-    fn heuristic_says_compress(&self, data: &[u8]) -> bool {
-        heuristic_says_compress(data)
     }
 
     /// Whether new data of the inode is compressed, and how (the kernel's
@@ -1385,8 +1379,8 @@ enum Packed {
     Data(Vec<u8>),
 }
 
-/// The kernel's compression heuristic on `data` (padded to whole pages, as it
-/// looks at them).
+/// The kernel's btrfs_compress_heuristic on data starting at a page boundary, as
+/// the page cache holds it (the last page padded with zeros).
 fn heuristic_says_compress(data: &[u8]) -> bool {
     const PAGE: usize = 4096;
     if data.len().is_multiple_of(PAGE) {
