@@ -134,7 +134,11 @@ fn source_repo(dir: &Path) -> PathBuf {
     repo
 }
 
-const GIT: &str = "git -c user.name=ubtrfs -c user.email=ubtrfs@example.com";
+/// No automatic gc or maintenance after a commit: git runs those detached, and one
+/// still running keeps the mount busy at the unmount that follows (it failed a CI
+/// run: "target is busy").
+const GIT: &str = "git -c user.name=ubtrfs -c user.email=ubtrfs@example.com \
+                   -c gc.auto=0 -c maintenance.auto=false";
 
 /// `git clone` of this repository into the mount, `git fsck --full`, a clean
 /// `git status`, a commit made inside the mount, `git gc`, and fsck again.
