@@ -50,7 +50,8 @@ pub struct CpArgs {
 
 #[derive(Args)]
 pub struct DedupeArgs {
-    /// Image file or block device.
+    /// Image file or block device, or a directory of a read-write `ubtrfs mount`
+    /// (its process does the work; PATHs are then relative to that directory).
     pub image: PathBuf,
     /// Directories or files inside the image to look at (default: everything below
     /// the top-level subvolume, subvolumes included).
@@ -297,6 +298,9 @@ impl Copy {
 
 /// `ubtrfs dedupe`.
 pub fn dedupe_cmd(a: DedupeArgs) -> Result<DedupeReport> {
+    if a.image.is_dir() {
+        return dedupe_mounted(&a);
+    }
     let mut t = open_rw(&a.image)?;
     let paths = if a.paths.is_empty() {
         vec!["/".to_string()]
@@ -344,6 +348,38 @@ pub fn dedupe_cmd(a: DedupeArgs) -> Result<DedupeReport> {
         eprintln!("ubtrfs: warning: {w}");
     }
     Ok(report)
+}
+
+/// `ubtrfs dedupe MNT [PATH...]`: the mount's process deduplicates (paths relative
+/// to MNT), as `ubtrfs_fuse::dedupe_ops` describes.
+fn dedupe_mounted(a: &DedupeArgs) -> Result<DedupeReport> {
+    let dir = std::fs::File::open(&a.image)
+        .with_context(|| format!("{}: cannot open", a.image.display()))?;
+    let rel: Vec<&[u8]> = a
+        .paths
+        .iter()
+        .map(|p| p.trim_start_matches('/').as_bytes())
+        .collect();
+    let bar = (!a.quiet && std::io::stderr().is_terminal()).then(|| {
+        let b = ProgressBar::new_spinner();
+        b.set_message("deduplicating through the mount");
+        b.enable_steady_tick(std::time::Duration::from_millis(120));
+        b
+    });
+    let r =
+        ubtrfs_fuse::dedupe_ops::client::dedupe(&dir, &rel, parse_size(&a.min_size)?, a.dry_run)
+            .with_context(|| format!("{}: dedupe through the mount", a.image.display()));
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let r = r?;
+    if r.bytes_unreadable > 0 {
+        eprintln!(
+            "ubtrfs: warning: {} bytes could not be read and were left unshared (the mount's log names them)",
+            r.bytes_unreadable
+        );
+    }
+    Ok(r)
 }
 
 /// The text summary of `dedupe`.

@@ -343,6 +343,9 @@ impl Worker {
             // FIDEDUPERANGE never reaches a FUSE server (the VFS answers EOPNOTSUPP):
             // left out by `expressible`.
             Op::Dedupe { .. } => Err(EOPNOTSUPP),
+            Op::SubvolCreate { .. } | Op::Snapshot { .. } | Op::SubvolDelete { .. } => {
+                unreachable!("gen_op makes no subvolume operations")
+            }
             Op::BulkUnlink { dir, keep_every } => {
                 let id = self.model.resolve(dir).ok_or(ENOENT)?;
                 let Kind::Dir(entries) = &self.model.node(id).kind else {

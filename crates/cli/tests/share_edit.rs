@@ -8,7 +8,10 @@
 //!   a twin image, the contents stay identical, `btrfs check` is clean, and the
 //!   kernel then overwrites one of the shared copies without touching the other.
 //!
-//! Needs root (loop devices); skipped with a line outside CI.
+//! - dedupe through a `ubtrfs mount` (the mount's process does it) finds and frees
+//!   what the offline command does on a twin image, unsynced writes included.
+//!
+//! Needs root (loop devices, /dev/fuse); skipped with a line outside CI.
 
 use std::path::{Path, PathBuf};
 use ubtrfs_sim::golden::{compare_walks, report, walk_mounted};
@@ -228,6 +231,90 @@ fn dedupe_frees_what_duperemove_frees() {
         "set -e; want=$(sha256sum < a/f7); \
          dd if=/dev/zero of=b/f7 bs=4K count=8 seek=5 conv=notrunc status=none; sync; \
          test \"$(sha256sum < a/f7)\" = \"$want\"; ! cmp -s a/f7 b/f7",
+    )
+    .unwrap_or_else(|e| panic!("kernel overwrite of a deduplicated file: {e}"));
+    k.umount();
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after the kernel: {e}"));
+}
+
+/// `ubtrfs dedupe MNT` asks the mount's process (UBTRFS_IOC_DEDUPE): on twin images
+/// it finds and frees exactly what the offline command does; then data written
+/// through the mount and not yet synced (waiting for extents) is deduplicated too;
+/// after the unmount the image is `btrfs check` clean, the kernel shows what the
+/// mount showed and counts the data used the mount's report gave, and it overwrites
+/// one shared copy without touching the other.
+#[test]
+fn dedupe_through_a_mount_as_offline() {
+    if !ubtrfs_sim::host::require_fuse("dedupe_through_a_mount_as_offline") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (img, offline) = twin_images(dir.path(), DUPLICATES);
+    let json = |out: &str| -> serde_json::Value {
+        serde_json::from_str(out).unwrap_or_else(|e| panic!("dedupe json ({e}): {out}"))
+    };
+    let keys = [
+        "files",
+        "bytes_scanned",
+        "ranges",
+        "bytes_deduped",
+        "bytes_freed",
+    ];
+    let off = json(&UBTRFS.stdout(&[
+        "dedupe",
+        offline.to_str().expect("utf-8"),
+        "--format",
+        "json",
+    ]));
+
+    let mut fm = ubtrfs_sim::mount::FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let mnt = fm.mnt.to_str().expect("utf-8").to_string();
+    let dry = UBTRFS.stdout(&["dedupe", &mnt, "--dry-run"]);
+    assert!(dry.contains("Would deduplicate"), "{dry}");
+    let on = json(&UBTRFS.stdout(&["dedupe", &mnt, "--format", "json"]));
+    for k in keys {
+        assert_eq!(on[k], off[k], "{k}: through the mount {on}, offline {off}");
+    }
+    assert!(on["bytes_freed"].as_u64().unwrap_or(0) > 20 << 20, "{on}");
+    // A copy written through the mount, still in the daemon's delayed allocation.
+    bash_ok(&fm.mnt, "cp -r --reflink=never a c").unwrap_or_else(|e| panic!("cp: {e}"));
+    let again = json(&UBTRFS.stdout(&["dedupe", &mnt, "a", "/c", "--format", "json"]));
+    let a_bytes: u64 = sh(&format!(
+        "du -sb --apparent-size {}/a | cut -f1",
+        shell_quote(&fm.mnt)
+    ))
+    .trim()
+    .parse()
+    .expect("du");
+    assert!(
+        again["bytes_deduped"].as_u64().unwrap_or(0) >= a_bytes - (1 << 20),
+        "the unsynced copy of a ({a_bytes} bytes) shares it: {again}"
+    );
+    let (ok, _, err) = UBTRFS.run(&["dedupe", &mnt, "../x"]);
+    assert!(!ok && err.contains("Invalid argument"), "{err}");
+    let seen = walk_mounted(&fm.mnt);
+    let st = fm.unmount();
+    assert!(st.success(), "server exit {st}: {}", fm.log());
+
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after dedupe: {e}"));
+    let k = KernelMount::new(&img, "rw");
+    report(compare_walks(
+        "the kernel against the mount after dedupe",
+        &seen,
+        &walk_mounted(&k.path("")),
+        CONTENT_FIELDS,
+    ));
+    assert_eq!(
+        data_used(&k.path("")),
+        again["data_used_after"].as_u64().expect("data_used_after"),
+        "data used as the mount's report said: {again}"
+    );
+    bash_ok(
+        &k.path(""),
+        "set -e; want=$(sha256sum < a/f7); \
+         dd if=/dev/zero of=c/f7 bs=4K count=8 seek=5 conv=notrunc status=none; sync; \
+         test \"$(sha256sum < a/f7)\" = \"$want\"; ! cmp -s a/f7 c/f7",
     )
     .unwrap_or_else(|e| panic!("kernel overwrite of a deduplicated file: {e}"));
     k.umount();

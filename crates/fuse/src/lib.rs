@@ -27,6 +27,7 @@ pub mod atime;
 pub mod balance_ops;
 mod channel;
 mod creds;
+pub mod dedupe_ops;
 mod ino;
 mod killpriv;
 mod nodes;

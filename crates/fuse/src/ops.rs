@@ -1156,6 +1156,8 @@ impl Ops {
             Some(self.ino_lookup(h, input))
         } else if cmd == crate::subvol_props::UBTRFS_IOC_SUBVOL_PROP {
             Some(self.subvol_prop_ioctl(h, input))
+        } else if cmd == crate::dedupe_ops::UBTRFS_IOC_DEDUPE {
+            Some(self.dedupe_ioctl(h, input))
         } else if cmd == FS_IOC_GETFSLABEL || cmd == FS_IOC_SETFSLABEL {
             Some(self.fslabel_ioctl(h, cmd, input))
         } else if cmd == FITRIM {

@@ -785,6 +785,40 @@ impl Writer {
             .map_err(|e| e.errno())
     }
 
+    /// `ubtrfs dedupe` through the mount: with the transaction held and no commit
+    /// in flight, delayed data is written and committed (the comparison reads what
+    /// the files hold), `starts` resolves the paths, then the engine's
+    /// deduplication runs (it commits at its end unless `dry_run`). Ranges that
+    /// could not be read are logged as the offline command warns of them.
+    pub fn dedupe(
+        &self,
+        starts: impl FnOnce(&Filesystem) -> Result<Vec<Node>, i32>,
+        opts: &ubtrfs_core::tools::dedupe::DedupeOptions,
+    ) -> Result<ubtrfs_core::tools::dedupe::DedupeReport, i32> {
+        if self.aborted.load(Ordering::Acquire) {
+            return Err(errno::EROFS);
+        }
+        let _serial = self.commit_serial.lock().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
+        self.commit_locked(&mut t)?;
+        let starts = starts(&t.fs)?;
+        let r = ubtrfs_core::tools::dedupe::dedupe(&mut t, &starts, opts, &mut |_, _| {});
+        for w in t.fs.info.take_warnings() {
+            eprintln!("ubtrfs: dedupe: warning: {w}");
+        }
+        match r {
+            Ok(report) => {
+                self.retire_log(&t);
+                Ok(report)
+            }
+            Err(e) if is_fatal(&e) => {
+                self.abort(&format!("dedupe: {e}"));
+                Err(errno::EIO)
+            }
+            Err(e) => Err(e.errno()),
+        }
+    }
+
     /// Commits, with the transaction held: delayed data first; a failure aborts.
     fn commit_locked(&self, t: &mut Trans) -> Result<(), i32> {
         self.changes.store(0, Ordering::Release);

@@ -9,6 +9,12 @@
 //! fsync cuts, replayed), and, as root, the kernel replays its first logged cut: its
 //! mount must show the same tree as ubtrfs's replay.
 //!
+//! Subvolumes: one op in twenty creates, snapshots or deletes one (or changes
+//! something in a read-only snapshot, which must fail with EROFS); the model copies
+//! for a snapshot. Right after a snapshot, `subvolume du`'s recount must give it no
+//! data of its own and its source's referenced data; every deletion must free
+//! exactly the data bytes the recount predicted for it.
+//!
 //! Environment:
 //! * `UBTRFS_MODEL_SEEDS=N`: run N seeds (default 1000; more for a long run), from
 //!   `UBTRFS_MODEL_FIRST_SEED` (default 0);
@@ -48,6 +54,9 @@ struct Totals {
     kernel_replays: u64,
     expected_errors: u64,
     unsupported: u64,
+    snapshots: u64,
+    subvols_created: u64,
+    deletes_checked: u64,
     btrfs_checks: u64,
     max_level: u8,
     max_nodes: usize,
@@ -65,6 +74,9 @@ impl Totals {
         self.kernel_replays += st.kernel_replays;
         self.expected_errors += st.expected_errors;
         self.unsupported += st.unsupported;
+        self.snapshots += st.snapshots;
+        self.subvols_created += st.subvols_created;
+        self.deletes_checked += st.deletes_checked;
         self.btrfs_checks += u64::from(checked);
         self.max_level = self.max_level.max(st.max_fs_tree_level);
         self.max_nodes = self.max_nodes.max(st.max_nodes);
@@ -155,7 +167,8 @@ fn model_random_workloads() {
     let t = totals.into_inner().unwrap();
     eprintln!(
         "model: {} of {} seeds x {} ops passed in {:.1?} ({threads} threads): {} ops, {} commits, {} balances, {} fsyncs \
-         with a power cut after each ({} through the tree log, {} replayed by the kernel too), {} reopens for writing, {} expected errors matched, {} fallocate calls refused as unsupported, {} final images passed \
+         with a power cut after each ({} through the tree log, {} replayed by the kernel too), {} reopens for writing, {} expected errors matched, {} fallocate calls refused as unsupported, \
+         {} snapshots and {} subvolumes made, {} subvolume deletions freeing what subvolume du predicted, {} final images passed \
          btrfs check; deepest FS tree: level {}, most files: {}",
         t.seeds,
         seeds.len(),
@@ -170,6 +183,9 @@ fn model_random_workloads() {
         t.reopens,
         t.expected_errors,
         t.unsupported,
+        t.snapshots,
+        t.subvols_created,
+        t.deletes_checked,
         t.btrfs_checks,
         t.max_level,
         t.max_nodes
@@ -261,12 +277,15 @@ fn fsync_after_the_parent_directory_moved() {
     .expect("write");
     let synced = h.fsync(b"b/d/f", false).expect("fsync");
     assert_eq!(synced, Synced::Logged);
-    check_fsync_cut(&mem, &h.model, b"b/d/f", synced, btrfs, kernel).expect("cut after fsync");
+    check_fsync_cut(&mem, &h.model, &h.tree_of, b"b/d/f", synced, btrfs, kernel)
+        .expect("cut after fsync");
     h.step(&make(b"b/d", b"new", 0o100644)).expect("create");
     let synced = h.fsync(b"b/d/new", false).expect("fsync of the new file");
     assert_eq!(synced, Synced::Logged);
-    check_fsync_cut(&mem, &h.model, b"b/d/new", synced, btrfs, kernel)
-        .expect("cut after the second fsync");
+    check_fsync_cut(
+        &mem, &h.model, &h.tree_of, b"b/d/new", synced, btrfs, kernel,
+    )
+    .expect("cut after the second fsync");
 }
 
 /// Model seed 938 at 87 operations, reduced: a directory `l/b` moved out to `y/y`,
@@ -308,5 +327,14 @@ fn fsync_after_a_directory_moved_below_its_old_child() {
     .expect("write");
     let synced = h.fsync(b"y/y/dir/zz", false).expect("fsync");
     assert_eq!(synced, Synced::Logged);
-    check_fsync_cut(&mem, &h.model, b"y/y/dir/zz", synced, btrfs, kernel).expect("cut after fsync");
+    check_fsync_cut(
+        &mem,
+        &h.model,
+        &h.tree_of,
+        b"y/y/dir/zz",
+        synced,
+        btrfs,
+        kernel,
+    )
+    .expect("cut after fsync");
 }

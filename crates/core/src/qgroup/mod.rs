@@ -469,6 +469,7 @@ mod tests {
                 (vec![256, 257], 2),
                 (vec![5, 257], 4),
             ],
+            data_by_set: Vec::new(),
             subvolumes: vec![5, 256, 257],
             tree_blocks: 0,
             data_extents: 0,

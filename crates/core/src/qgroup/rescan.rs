@@ -74,6 +74,8 @@ impl Sets {
 pub struct Sharing {
     /// (subvolumes, bytes), subvolume lists sorted.
     pub by_set: Vec<(Vec<u64>, u64)>,
+    /// The data part of `by_set`: (subvolumes, bytes of data extents).
+    pub data_by_set: Vec<(Vec<u64>, u64)>,
     /// The live subvolumes, by id.
     pub subvolumes: Vec<u64>,
     /// Tree blocks read.
@@ -125,12 +127,31 @@ impl Sharing {
 
     /// Bytes that deleting all of `subvols` together would free.
     pub fn freed_by(&self, subvols: &[u64]) -> u64 {
-        self.by_set
+        freed_in(&self.by_set, subvols)
+    }
+
+    /// Data bytes that deleting all of `subvols` together would free: what the data
+    /// block groups' used bytes drop by once their trees are dropped.
+    pub fn data_freed_by(&self, subvols: &[u64]) -> u64 {
+        freed_in(&self.data_by_set, subvols)
+    }
+
+    /// Data bytes reachable from subvolume `subvol`.
+    pub fn data_referenced(&self, subvol: u64) -> u64 {
+        self.data_by_set
             .iter()
-            .filter(|(set, _)| set.iter().all(|r| subvols.contains(r)))
+            .filter(|(set, _)| set.contains(&subvol))
             .map(|(_, b)| b)
             .sum()
     }
+}
+
+fn freed_in(by_set: &[(Vec<u64>, u64)], subvols: &[u64]) -> u64 {
+    by_set
+        .iter()
+        .filter(|(set, _)| set.iter().all(|r| subvols.contains(r)))
+        .map(|(_, b)| b)
+        .sum()
 }
 
 /// Subvolume trees that count: the top level and every live subvolume/snapshot.
@@ -252,17 +273,25 @@ pub fn compute_sharing(fs: &FsInfo) -> Result<Sharing> {
         }
     }
     let mut bytes: HashMap<SetId, u64> = block_bytes;
+    let mut data_bytes: HashMap<SetId, u64> = HashMap::new();
     let data_extents = data.len() as u64;
     for (_, (len, set)) in data {
         *bytes.entry(set).or_default() += len;
+        *data_bytes.entry(set).or_default() += len;
     }
-    let mut by_set: Vec<(Vec<u64>, u64)> = bytes
-        .into_iter()
-        .map(|(s, b)| (sets.sets[s as usize].clone(), b))
-        .collect();
-    by_set.sort();
+    let listed = |m: HashMap<SetId, u64>| {
+        let mut v: Vec<(Vec<u64>, u64)> = m
+            .into_iter()
+            .map(|(s, b)| (sets.sets[s as usize].clone(), b))
+            .collect();
+        v.sort();
+        v
+    };
+    let by_set = listed(bytes);
+    let data_by_set = listed(data_bytes);
     Ok(Sharing {
         by_set,
+        data_by_set,
         subvolumes: roots.iter().map(|(id, _)| *id).collect(),
         tree_blocks,
         data_extents,

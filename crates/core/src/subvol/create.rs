@@ -34,6 +34,15 @@ impl Trans {
         Ok(id)
     }
 
+    /// ENOTDIR unless inode `dir` of tree `root` is a directory: a subvolume's
+    /// entry goes into one (the ioctls take a directory's fd).
+    pub(crate) fn require_dir(&self, root: u64, dir: u64) -> Result<()> {
+        if self.read_inode(root, dir)?.mode & 0o170000 != 0o040000 {
+            return Err(Error::NotDir(format!("inode {dir} of tree {root}")));
+        }
+        Ok(())
+    }
+
     /// Creates an empty subvolume named `name` in directory `dir` of tree `parent`;
     /// returns its tree id (its root directory is inode 256).
     #[allow(clippy::too_many_arguments)]
@@ -47,6 +56,7 @@ impl Trans {
         gid: u32,
         t: Timespec,
     ) -> Result<u64> {
+        self.require_dir(parent, dir)?;
         if self.lookup(parent, dir, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }

@@ -86,6 +86,7 @@ impl Trans {
         t: Timespec,
     ) -> Result<u64> {
         let shown = || String::from_utf8_lossy(name).into_owned();
+        self.require_dir(parent, dir)?;
         let (id, _, loc) = self
             .lookup(parent, dir, name)?
             .ok_or_else(|| Error::NotFound(shown()))?;
@@ -220,6 +221,8 @@ impl Trans {
         index: Option<u64>,
         t: Timespec,
     ) -> Result<()> {
+        // A replay cannot move or drop a name that points at another tree.
+        self.log_full_commit = Some("subvolume entry renamed or removed in this transaction");
         let index = match index {
             Some(i) => i,
             None => self.dir_index_of(parent, dir, name)?,

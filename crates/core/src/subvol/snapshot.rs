@@ -28,6 +28,7 @@ impl Trans {
         t: Timespec,
     ) -> Result<u64> {
         crate::inode::inode::check_name(name)?;
+        self.require_dir(parent, dir)?;
         if self.lookup(parent, dir, name)?.is_some() {
             return Err(Error::Exists(String::from_utf8_lossy(name).into_owned()));
         }

@@ -104,6 +104,11 @@ pub struct Trans {
     /// Per (tree, directory): the lowest index a new name may take in this
     /// transaction (inode/dir_item.rs `next_dir_index`); emptied at commit.
     pub(crate) dir_index_next: HashMap<(u64, u64), u64>,
+    /// Set by a change no tree log can carry (a subvolume's entry renamed or
+    /// removed: its name lives in another tree than its inode): every fsync of this
+    /// transaction commits instead, as the kernel's btrfs_set_log_full_commit makes
+    /// it. Cleared at commit.
+    pub(crate) log_full_commit: Option<&'static str>,
     /// Keep inodes whose last link goes as orphans (a mount: they may still be open)
     /// instead of deleting them at once; see [`Trans::evict_orphan`].
     pub defer_eviction: bool,
@@ -305,6 +310,7 @@ impl Trans {
             next_ino: HashMap::new(),
             root_id_floor: 0,
             dir_index_next: HashMap::new(),
+            log_full_commit: None,
             defer_eviction: false,
             orphans: Vec::new(),
             file_extent_changes: None,
@@ -638,6 +644,7 @@ impl Trans {
         self.commit_view = Self::view_of(&self.fs.info);
         self.quota_reserved.clear();
         self.dir_index_next.clear();
+        self.log_full_commit = None;
         if let Some(c) = self.file_extent_changes.as_mut() {
             c.clear();
         }

@@ -29,7 +29,8 @@
 //! Where a log could not say what the fsync must make durable, the fsync commits the
 //! transaction instead, as the kernel falls back to a full commit, and counts why
 //! ([`LogStats::full_commits`]): an old parent directory removed, a directory
-//! logged earlier in the transaction removed, a subvolume entry in a directory to log, a chunk allocated in this transaction
+//! logged earlier in the transaction removed, a subvolume entry in a directory to log,
+//! a subvolume's entry renamed or removed in this transaction, a chunk allocated in this transaction
 //! (the log could not be read before the commit), metadata space short, items this
 //! log does not copy (verity), or a log past its size limit.
 //!
@@ -418,6 +419,9 @@ impl TreeLog {
         }
         if self.committed_root(t, root)?.is_none() {
             return Ok(Some("subvolume made in this transaction"));
+        }
+        if let Some(why) = t.log_full_commit {
+            return Ok(Some(why));
         }
         let mut v = Visit {
             seen: BTreeSet::new(),

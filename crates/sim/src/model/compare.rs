@@ -10,7 +10,7 @@ use ubtrfs_core::Device;
 use ubtrfs_core::{Error, FsInfo, OpenOptions};
 use ubtrfs_core::{Filesystem, Node};
 
-use super::{join, show, Id, Kind, Model, FS_TREE, ROOT};
+use super::{join, show, Id, Kind, Model, ROOT, TOP_DIR};
 
 fn ftype_of_mode(mode: u32) -> u8 {
     ubtrfs_core::file_type_of(mode)
@@ -185,27 +185,48 @@ pub fn compare_tree(fs: &Filesystem, m: &Model) -> Result<(), String> {
 /// [`compare_tree`] for a model of the subtree under directory `top` (a model per
 /// directory, as the concurrent mount test keeps one per thread).
 pub fn compare_subtree(fs: &Filesystem, top: Node, m: &Model) -> Result<(), String> {
-    let mut ino_of: HashMap<Id, u64> = HashMap::new();
-    let mut id_of: HashMap<u64, Id> = HashMap::new();
-    let mut stack = vec![(Vec::new(), top, ROOT)];
+    let mut ino_of: HashMap<Id, (u64, u64)> = HashMap::new();
+    let mut id_of: HashMap<(u64, u64), Id> = HashMap::new();
+    // (path, engine node, model node, the tree of the directory holding the entry)
+    let mut stack = vec![(Vec::new(), top, ROOT, top.root)];
     let mut seen = BTreeSet::new();
-    while let Some((p, node, id)) = stack.pop() {
-        if node.root != FS_TREE {
-            return Err(format!("{}: in subvolume {}", show(&p), node.root));
+    while let Some((p, node, id, parent_tree)) = stack.pop() {
+        // A subvolume's root is inode 256 of a tree of its own; a stand-in is the
+        // kernel's inode 2; anything else is in its parent's tree.
+        let placeholder = m.placeholders.contains(&id);
+        let subvol = id != ROOT && m.subvols.contains_key(&id);
+        let fits = if placeholder {
+            node.is_placeholder()
+        } else if subvol {
+            node.root != parent_tree && node.ino == TOP_DIR
+        } else {
+            !node.is_placeholder() && node.root == parent_tree
+        };
+        if !fits {
+            let what = match (placeholder, subvol) {
+                (true, _) => "a subvolume's stand-in",
+                (_, true) => "a subvolume root",
+                _ => "an inode of its parent's subvolume",
+            };
+            return Err(format!(
+                "{}: inode {} of tree {} (parent's tree {parent_tree}), the model has {what}",
+                show(&p),
+                node.ino,
+                node.root
+            ));
         }
-        match (ino_of.insert(id, node.ino), id_of.insert(node.ino, id)) {
-            (Some(a), _) if a != node.ino => {
+        let key = (node.root, node.ino);
+        match (ino_of.insert(id, key), id_of.insert(key, id)) {
+            (Some(a), _) if a != key => {
                 return Err(format!(
-                    "{}: hard links of one model node are inodes {a} and {}",
+                    "{}: hard links of one model node are inodes {a:?} and {key:?}",
                     show(&p),
-                    node.ino
                 ))
             }
-            (_, Some(b)) if b != id => {
+            (_, Some(b)) if b != id && !placeholder => {
                 return Err(format!(
-                    "{}: inode {} also stands for another model node",
+                    "{}: inode {key:?} also stands for another model node",
                     show(&p),
-                    node.ino
                 ))
             }
             _ => {}
@@ -220,7 +241,7 @@ pub fn compare_subtree(fs: &Filesystem, top: Node, m: &Model) -> Result<(), Stri
                     .lookup(node, name)
                     .map_err(|err| format!("{}: lookup: {err}", show(&join(&p, name))))?
                     .ok_or_else(|| format!("{}: missing", show(&join(&p, name))))?;
-                stack.push((join(&p, name), child.node, c));
+                stack.push((join(&p, name), child.node, c, node.root));
             }
         }
     }

@@ -4,7 +4,8 @@
 //! offsets and past EOF, truncates, punch hole, zero range, fallocate, unlink, rmdir,
 //! renames (replacing, noreplace, exchange), hard links (up to INODE_EXTREF overflow),
 //! xattrs, chmod, bulk creates/unlinks that grow and shrink trees by levels, names with
-//! equal hashes, and a share of calls that must fail with a given errno. [`FsConfig`]
+//! equal hashes, and a share of calls that must fail with a given errno; with
+//! [`gen_op_with`], subvolume create, snapshot and delete too. [`FsConfig`]
 //! is the features a run uses (node size, dup metadata, NO_HOLES, checksum algorithm,
 //! block group tree, compression).
 
@@ -120,13 +121,115 @@ fn pick_entry(r: &mut Rng, paths: &[Vec<u8>]) -> (Vec<u8>, Vec<u8>) {
 
 /// A random operation for the model's current state. Most are valid; some target
 /// existing names, non-empty directories and so on, and must fail the same way.
+/// No subvolume operations (see [`gen_op_with`]).
 pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
+    gen_op_with(m, r, false)
+}
+
+/// A random subvolume operation: create, snapshot (of the top level, of
+/// subvolumes, of snapshots, read-only or not), delete (of subvolumes, snapshots,
+/// stand-ins, refused ones), rmdir of one, and changes inside a read-only snapshot
+/// (EROFS). None when the state offers nothing for the drawn kind.
+fn gen_subvol_op(m: &Model, r: &mut Rng, dirs: &[Vec<u8>], ro: &[Vec<u8>]) -> Option<Op> {
+    let paths = m.paths();
+    let roots: Vec<&Vec<u8>> = paths
+        .iter()
+        .filter(|(_, id)| m.subvols.contains_key(id))
+        .map(|(p, _)| p)
+        .collect();
+    // Entries that may be deleted: in a writable parent.
+    let entries: Vec<&Vec<u8>> = paths
+        .iter()
+        .filter(|(p, id)| {
+            m.is_subvol_entry(**id)
+                && split(p)
+                    .is_some_and(|(d, _)| m.resolve_sv(d).is_some_and(|(sv, _)| !m.subvols[&sv]))
+        })
+        .map(|(p, _)| p)
+        .collect();
+    Some(match r.below(10) {
+        0..=2 => Op::SubvolCreate {
+            dir: pick(r, dirs).clone(),
+            name: gen_name(r),
+        },
+        3..=5 => Op::Snapshot {
+            src: (*pick(r, &roots)).clone(),
+            dir: pick(r, dirs).clone(),
+            name: gen_name(r),
+            readonly: r.chance(1, 3),
+        },
+        6 | 7 => {
+            if entries.is_empty() || r.chance(1, 8) {
+                Op::SubvolDelete {
+                    dir: pick(r, dirs).clone(),
+                    name: gen_name(r),
+                }
+            } else {
+                let (d, n) = split(pick::<&Vec<u8>>(r, &entries)).expect("not the root");
+                Op::SubvolDelete {
+                    dir: d.to_vec(),
+                    name: n.to_vec(),
+                }
+            }
+        }
+        8 => {
+            if entries.is_empty() {
+                return None;
+            }
+            let (d, n) = split(pick::<&Vec<u8>>(r, &entries)).expect("not the root");
+            Op::Rmdir {
+                dir: d.to_vec(),
+                name: n.to_vec(),
+            }
+        }
+        _ => {
+            if ro.is_empty() {
+                return None;
+            }
+            let p = pick(r, ro).clone();
+            match &m.node(m.resolve(&p)?).kind {
+                Kind::File(_) if r.chance(1, 2) => Op::Write {
+                    path: p,
+                    offset: r.below(5000),
+                    len: r.range(1, 9000),
+                    seed: r.next_u64(),
+                },
+                Kind::Dir(_) if r.chance(1, 2) => Op::Create {
+                    dir: p,
+                    name: gen_name(r),
+                    mode: S_IFREG | 0o644,
+                    rdev: 0,
+                },
+                _ => Op::SetXattr {
+                    path: p,
+                    name: pick(r, &XATTR_NAMES).to_vec(),
+                    value: b"v".to_vec(),
+                },
+            }
+        }
+    })
+}
+
+/// [`gen_op`]; with `subvols`, one op in twenty is a subvolume operation
+/// (`gen_subvol_op`: create, snapshot, delete; those may commit, so never inside
+/// an overlapped commit).
+/// Paths inside read-only snapshots and the stand-ins of nested subvolumes are
+/// left to those: every other op picks paths elsewhere.
+pub fn gen_op_with(m: &Model, r: &mut Rng, subvols: bool) -> Op {
     let paths = m.paths();
     let mut dirs = Vec::new();
     let mut files = Vec::new();
     let mut nondirs = Vec::new();
     let mut all = Vec::new();
+    let mut ro = Vec::new();
     for (p, &id) in &paths {
+        if m.placeholders.contains(&id) {
+            continue;
+        }
+        if m.resolve_sv(p).is_some_and(|(sv, _)| m.subvols[&sv]) {
+            ro.push(p.clone());
+            continue;
+        }
         let n = m.node(id);
         match n.kind {
             Kind::Dir(_) => dirs.push(p.clone()),
@@ -150,6 +253,12 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
         Some((path, len))
     };
     loop {
+        if subvols && r.chance(1, 20) {
+            match gen_subvol_op(m, r, &dirs, &ro) {
+                Some(op) => return op,
+                None => continue,
+            }
+        }
         let w = r.below(100);
         let op = match w {
             0..=13 => Op::Create {
@@ -285,11 +394,17 @@ pub fn gen_op(m: &Model, r: &mut Rng) -> Op {
                 }
             }
             69..=71 => {
-                if all.is_empty() {
+                // Subvolume entries: the engine does not exchange them.
+                let plain: Vec<Vec<u8>> = all
+                    .iter()
+                    .filter(|p| m.resolve(p).is_some_and(|id| !m.is_subvol_entry(id)))
+                    .cloned()
+                    .collect();
+                if plain.is_empty() {
                     continue;
                 }
-                let (adir, aname) = pick_entry(r, &all);
-                let (bdir, bname) = pick_entry(r, &all);
+                let (adir, aname) = pick_entry(r, &plain);
+                let (bdir, bname) = pick_entry(r, &plain);
                 Op::RenameExchange {
                     adir,
                     aname,

@@ -15,7 +15,7 @@
 //!
 //! Everything public is re-exported here: `ubtrfs_sim::model::NAME` works for all.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ubtrfs_core::mode::{S_IFDIR, S_IFMT, S_IFREG};
 
@@ -27,7 +27,7 @@ pub mod run;
 pub use compare::{
     compare_node, compare_paths, compare_quotas, compare_subtree, compare_tree, open_ro,
 };
-pub use gen::{gen_op, FsConfig};
+pub use gen::{gen_op, gen_op_with, FsConfig};
 pub use op::{bulk_data, bulk_name, bulk_victims, link_name, write_data, Op};
 pub use run::{
     apply_engine, check_fsync_cut, failure_signature, minimize, replay, run_seed,
@@ -55,6 +55,10 @@ pub const ENOSPC: i32 = 28;
 pub const ENOTEMPTY: i32 = 39;
 /// errno EOPNOTSUPP: operation not supported.
 pub const EOPNOTSUPP: i32 = 95;
+/// errno EROFS: read-only file system (a read-only snapshot).
+pub const EROFS: i32 = 30;
+/// errno EXDEV: cross-device link (between subvolumes).
+pub const EXDEV: i32 = 18;
 
 /// Identity of a model node (survives renames; shared by hard links).
 pub type Id = u64;
@@ -108,6 +112,12 @@ pub struct Model {
     /// Every node by identity.
     pub nodes: BTreeMap<Id, MNode>,
     next_id: Id,
+    /// Subvolume roots: the top level ([`ROOT`]) and the root directory of every
+    /// subvolume and snapshot, with its read-only flag.
+    pub subvols: BTreeMap<Id, bool>,
+    /// The empty stand-in directories (the kernel's inode 2) that a snapshot shows
+    /// for the subvolumes nested in its source.
+    pub placeholders: BTreeSet<Id>,
     /// Largest item a leaf holds (nodesize - header - item header): bounds xattrs and
     /// symlink targets.
     pub max_item: usize,
@@ -133,6 +143,17 @@ pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
         p.push(b'/');
         p.extend_from_slice(name);
         p
+    }
+}
+
+/// The kernel's stand-in for a nested subvolume inside a snapshot: an empty
+/// directory, mode 0755, one link, no xattrs.
+fn placeholder_node() -> MNode {
+    MNode {
+        kind: Kind::Dir(BTreeMap::new()),
+        mode: S_IFDIR | 0o755,
+        nlink: 1,
+        xattrs: BTreeMap::new(),
     }
 }
 
@@ -163,6 +184,8 @@ impl Model {
         Model {
             nodes,
             next_id: 1,
+            subvols: BTreeMap::from([(ROOT, false)]),
+            placeholders: BTreeSet::new(),
             max_item: nodesize as usize - 101 - 25,
         }
     }
@@ -179,6 +202,135 @@ impl Model {
             cur = *self.nodes[&cur].entries()?.get(comp)?;
         }
         Some(cur)
+    }
+
+    /// Resolves a path to (the root of the subvolume it is in, the node); a
+    /// subvolume's root directory is in itself.
+    pub fn resolve_sv(&self, path: &[u8]) -> Option<(Id, Id)> {
+        let (mut sv, mut cur) = (ROOT, ROOT);
+        for comp in path.split(|&b| b == b'/').filter(|c| !c.is_empty()) {
+            cur = *self.nodes[&cur].entries()?.get(comp)?;
+            if self.subvols.contains_key(&cur) {
+                sv = cur;
+            }
+        }
+        Some((sv, cur))
+    }
+
+    /// True for a subvolume's entry: its root directory or a stand-in.
+    pub fn is_subvol_entry(&self, id: Id) -> bool {
+        (id != ROOT && self.subvols.contains_key(&id)) || self.placeholders.contains(&id)
+    }
+
+    /// The nodes of subvolume `sv` (its root first), not descending into nested
+    /// subvolumes; stand-ins are included.
+    pub fn subvol_nodes(&self, sv: Id) -> Vec<Id> {
+        let mut out = Vec::new();
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![sv];
+        while let Some(id) = stack.pop() {
+            if !seen.insert(id) {
+                continue;
+            }
+            out.push(id);
+            if let Some(e) = self.nodes[&id].entries() {
+                stack.extend(
+                    e.values()
+                        .filter(|c| !self.subvols.contains_key(c))
+                        .rev()
+                        .copied(),
+                );
+            }
+        }
+        out
+    }
+
+    /// The subvolumes whose entries are in subvolume `sv` (a subvolume holding any
+    /// cannot be deleted).
+    fn nested_subvols(&self, sv: Id) -> Vec<Id> {
+        self.subvol_nodes(sv)
+            .into_iter()
+            .filter_map(|id| self.nodes[&id].entries())
+            .flat_map(|e| e.values().copied())
+            .filter(|c| self.subvols.contains_key(c))
+            .collect()
+    }
+
+    /// The checks every op passes first, as the harness makes them before the
+    /// engine sees the op: a change inside a read-only subvolume (EROFS), a name
+    /// moved or linked between subvolumes (EXDEV). Paths that do not resolve are
+    /// left to the op (ENOENT there).
+    fn subvol_rules(&self, op: &Op) -> Result<(), i32> {
+        for p in op.written() {
+            if let Some((sv, _)) = self.resolve_sv(p) {
+                if self.subvols[&sv] {
+                    return Err(EROFS);
+                }
+            }
+        }
+        if let Some((a, b)) = op.linked_dirs() {
+            if let (Some((x, _)), Some((y, _))) = (self.resolve_sv(a), self.resolve_sv(b)) {
+                if x != y {
+                    return Err(EXDEV);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A snapshot of subvolume `src` named `name` in directory `dir`: a copy of its
+    /// nodes (hard links stay one node; nested subvolumes become stand-ins).
+    fn snapshot(&mut self, src: Id, dir: Id, name: &[u8], readonly: bool) -> Id {
+        let mut copy_of: BTreeMap<Id, Id> = BTreeMap::new();
+        for old in self.subvol_nodes(src) {
+            let id = self.next_id;
+            self.next_id += 1;
+            copy_of.insert(old, id);
+        }
+        for (&old, &new) in &copy_of {
+            if self.placeholders.contains(&old) {
+                self.placeholders.insert(new);
+            }
+            let mut n = self.nodes[&old].clone();
+            if let Kind::Dir(e) = &mut n.kind {
+                for c in e.values_mut() {
+                    *c = match copy_of.get(c) {
+                        Some(&x) => x,
+                        None => {
+                            // A nested subvolume: an empty stand-in.
+                            let id = self.next_id;
+                            self.next_id += 1;
+                            self.placeholders.insert(id);
+                            id
+                        }
+                    };
+                }
+            }
+            self.nodes.insert(new, n);
+        }
+        // The stand-ins' nodes (made while copying the entries).
+        let standins: Vec<Id> = self
+            .placeholders
+            .iter()
+            .filter(|p| !self.nodes.contains_key(p))
+            .copied()
+            .collect();
+        for p in standins {
+            self.nodes.insert(p, placeholder_node());
+        }
+        let root = copy_of[&src];
+        self.dir_mut(dir).insert(name.to_vec(), root);
+        self.subvols.insert(root, readonly);
+        root
+    }
+
+    /// Removes subvolume `sv` (or a stand-in) with everything in it.
+    fn remove_subvol(&mut self, sv: Id) {
+        for id in self.subvol_nodes(sv) {
+            self.nodes.remove(&id);
+            self.placeholders.remove(&id);
+        }
+        self.subvols.remove(&sv);
     }
 
     /// Every path, parents before children (the root is "").
@@ -260,6 +412,9 @@ impl Model {
         n.nlink -= 1;
         if n.nlink == 0 || n.is_dir() {
             self.nodes.remove(&id);
+            // An empty subvolume (rmdir deletes it) or a stand-in.
+            self.subvols.remove(&id);
+            self.placeholders.remove(&id);
         }
     }
 
@@ -274,7 +429,45 @@ impl Model {
     /// Applies an operation; returns the new node's identity for creating ops, or
     /// the errno the engine must fail with (the model is then unchanged).
     pub fn apply(&mut self, op: &Op) -> Result<Option<Id>, i32> {
+        self.subvol_rules(op)?;
         match op {
+            Op::SubvolCreate { dir, name } => {
+                let (d, existing) = self.lookup(dir, name)?;
+                if existing.is_some() {
+                    return Err(EEXIST);
+                }
+                let id = self.add(d, name, placeholder_node());
+                self.subvols.insert(id, false);
+                return Ok(Some(id));
+            }
+            Op::Snapshot {
+                src,
+                dir,
+                name,
+                readonly,
+            } => {
+                let (_, s) = self.resolve_sv(src).ok_or(ENOENT)?;
+                if !self.subvols.contains_key(&s) {
+                    return Err(EINVAL);
+                }
+                let (d, existing) = self.lookup(dir, name)?;
+                if existing.is_some() {
+                    return Err(EEXIST);
+                }
+                return Ok(Some(self.snapshot(s, d, name, *readonly)));
+            }
+            Op::SubvolDelete { dir, name } => {
+                let (d, existing) = self.lookup(dir, name)?;
+                let id = existing.ok_or(ENOENT)?;
+                if !self.is_subvol_entry(id) {
+                    return Err(EINVAL);
+                }
+                if self.subvols.contains_key(&id) && !self.nested_subvols(id).is_empty() {
+                    return Err(ENOTEMPTY);
+                }
+                self.dir_mut(d).remove(name.as_slice());
+                self.remove_subvol(id);
+            }
             Op::Create {
                 dir,
                 name,
@@ -411,12 +604,20 @@ impl Model {
                     return Ok(None);
                 }
                 let src_dir = self.nodes[&src].is_dir();
+                if self.placeholders.contains(&src) {
+                    // The engine's answer; the kernel's btrfs_rename: EPERM.
+                    return Err(EINVAL);
+                }
                 if src_dir && self.is_ancestor_or_self(src, nd) {
                     return Err(EINVAL);
                 }
                 if let Some(dst) = dst {
                     if *noreplace {
                         return Err(EEXIST);
+                    }
+                    if self.is_subvol_entry(dst) {
+                        // Over a subvolume's entry: ENOTEMPTY, empty or not.
+                        return Err(ENOTEMPTY);
                     }
                     if dst == src {
                         return Ok(None);
@@ -504,6 +705,10 @@ impl Model {
                 let a = a.ok_or(ENOENT)?;
                 let (bd, b) = self.lookup(bdir, bname)?;
                 let b = b.ok_or(ENOENT)?;
+                if self.is_subvol_entry(a) || self.is_subvol_entry(b) {
+                    // Not implemented by the engine (the kernel exchanges them).
+                    return Err(EOPNOTSUPP);
+                }
                 if a == b {
                     return Ok(None);
                 }

@@ -225,6 +225,34 @@ pub enum Op {
         /// Number of names.
         count: u64,
     },
+    /// Creates an empty subvolume `name` in `dir` ([`ubtrfs_core::Trans::create_subvolume`]).
+    SubvolCreate {
+        /// Parent directory.
+        dir: Vec<u8>,
+        /// New name.
+        name: Vec<u8>,
+    },
+    /// Snapshots the subvolume whose root directory is `src` ("" = the top level) as
+    /// `name` in `dir` ([`ubtrfs_core::Trans::create_snapshot`]); nested subvolumes
+    /// show in the snapshot as the kernel's empty stand-in directories.
+    Snapshot {
+        /// Root directory of the source subvolume.
+        src: Vec<u8>,
+        /// Parent directory of the snapshot.
+        dir: Vec<u8>,
+        /// Snapshot name.
+        name: Vec<u8>,
+        /// A read-only snapshot (changes inside it fail with EROFS).
+        readonly: bool,
+    },
+    /// Deletes the subvolume (or stand-in) entry `name` of `dir` and drops the tree to
+    /// the end, as an offline `subvolume delete` does.
+    SubvolDelete {
+        /// Parent directory.
+        dir: Vec<u8>,
+        /// Name of the subvolume.
+        name: Vec<u8>,
+    },
 }
 
 /// The name of the `i`-th link [`Op::BulkLink`] adds (200 bytes and more).
@@ -399,6 +427,19 @@ impl fmt::Debug for Op {
                 "bulk unlink in {} keeping every {keep_every}th",
                 show(dir)
             ),
+            Op::SubvolCreate { dir, name } => write!(f, "subvolume create {}", p(dir, name)),
+            Op::Snapshot {
+                src,
+                dir,
+                name,
+                readonly,
+            } => write!(
+                f,
+                "subvolume snapshot {} {} readonly {readonly}",
+                show(src),
+                p(dir, name)
+            ),
+            Op::SubvolDelete { dir, name } => write!(f, "subvolume delete {}", p(dir, name)),
         }
     }
 }
@@ -453,6 +494,51 @@ impl Op {
             Op::CopyRange { src, dst, .. } | Op::Dedupe { src, dst, .. } => {
                 vec![src.clone(), dst.clone()]
             }
+            Op::SubvolCreate { dir, name }
+            | Op::Snapshot { dir, name, .. }
+            | Op::SubvolDelete { dir, name } => vec![dir.clone(), join(dir, name)],
+        }
+    }
+
+    /// Paths the op changes (directories for the entry ops): a change inside a
+    /// read-only subvolume fails with EROFS. The source of a copy or snapshot is
+    /// only read.
+    pub fn written(&self) -> Vec<&[u8]> {
+        match self {
+            Op::Create { dir, .. }
+            | Op::Symlink { dir, .. }
+            | Op::Unlink { dir, .. }
+            | Op::Rmdir { dir, .. }
+            | Op::Link { dir, .. }
+            | Op::BulkCreate { dir, .. }
+            | Op::BulkUnlink { dir, .. }
+            | Op::BulkLink { dir, .. }
+            | Op::SubvolCreate { dir, .. }
+            | Op::Snapshot { dir, .. }
+            | Op::SubvolDelete { dir, .. } => vec![dir],
+            Op::Write { path, .. }
+            | Op::Truncate { path, .. }
+            | Op::Fallocate { path, .. }
+            | Op::SetXattr { path, .. }
+            | Op::RemoveXattr { path, .. }
+            | Op::Chmod { path, .. }
+            | Op::PunchHole { path, .. }
+            | Op::ZeroRange { path, .. } => vec![path],
+            Op::Rename { odir, ndir, .. } => vec![odir, ndir],
+            Op::RenameExchange { adir, bdir, .. } => vec![adir, bdir],
+            Op::CopyRange { dst, .. } | Op::Dedupe { dst, .. } => vec![dst],
+        }
+    }
+
+    /// For ops that move or link names between two directories: the two. Across
+    /// subvolumes they fail with EXDEV (on a mount the VFS refuses them before the
+    /// filesystem sees them: every subvolume is its own FUSE connection).
+    pub fn linked_dirs(&self) -> Option<(&[u8], &[u8])> {
+        match self {
+            Op::Rename { odir, ndir, .. } => Some((odir, ndir)),
+            Op::RenameExchange { adir, bdir, .. } => Some((adir, bdir)),
+            Op::Link { src, dir, .. } | Op::BulkLink { src, dir, .. } => Some((src, dir)),
+            _ => None,
         }
     }
 }
