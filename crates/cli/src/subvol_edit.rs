@@ -530,6 +530,19 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
             }
         }
         SubvolEditCmd::Show { image, path } => {
+            if image.is_dir() {
+                let f = File::open(image.join(path.trim_start_matches('/')))
+                    .with_context(|| format!("{path}: cannot access"))?;
+                let s = ubtrfs_fuse::subvol_props::client::show(&f).map_err(|e| {
+                    if e.raw_os_error() == Some(22) {
+                        anyhow::anyhow!("{path}: Not a Btrfs subvolume")
+                    } else {
+                        anyhow::Error::new(e)
+                            .context(format!("{path}: subvolume show through the mount"))
+                    }
+                })?;
+                return print_show(&s, out);
+            }
             show(&open_ro(&image)?, &path, out)?;
         }
     }
@@ -538,9 +551,12 @@ pub fn run(cmd: SubvolEditCmd, out: &mut dyn Write) -> Result<()> {
 
 fn show(fs: &Filesystem, path: &str, out: &mut dyn Write) -> Result<()> {
     let id = subvol_at(fs, path)?;
-    let item = fs.subvol_root_item(id)?;
-    let subs = fs.subvolumes()?;
-    let me = subs.iter().find(|s| s.id == id);
+    print_show(&ubtrfs_core::tools::subvol_show::subvol_show(fs, id)?, out)
+}
+
+/// `subvolume show`'s text, as btrfs-progs prints it.
+fn print_show(s: &ubtrfs_core::tools::subvol_show::SubvolShow, out: &mut dyn Write) -> Result<()> {
+    let item = &s.item;
     let uuid = |u: &[u8; 16]| {
         if u.iter().all(|&b| b == 0) {
             "-".to_string()
@@ -555,21 +571,21 @@ fn show(fs: &Filesystem, path: &str, out: &mut dyn Write) -> Result<()> {
             format!("{} +0000", crate::fmt::datetime(sec))
         }
     };
-    let name = match me {
-        Some(s) => s.path.rsplit('/').next().unwrap_or("").to_string(),
+    let name = match &s.path {
+        Some(p) => p.rsplit('/').next().unwrap_or("").to_string(),
         None => "<FS_TREE>".to_string(),
     };
-    writeln!(out, "{}", me.map_or("/".to_string(), |s| s.path.clone()))?;
+    writeln!(out, "{}", s.path.as_deref().unwrap_or("/"))?;
     writeln!(out, "\tName: \t\t\t{name}")?;
     writeln!(out, "\tUUID: \t\t\t{}", uuid(&item.uuid))?;
     writeln!(out, "\tParent UUID: \t\t{}", uuid(&item.parent_uuid))?;
     writeln!(out, "\tReceived UUID: \t\t{}", uuid(&item.received_uuid))?;
     writeln!(out, "\tCreation time: \t\t{}", time(item.otime.sec))?;
-    writeln!(out, "\tSubvolume ID: \t\t{id}")?;
+    writeln!(out, "\tSubvolume ID: \t\t{}", s.id)?;
     writeln!(out, "\tGeneration: \t\t{}", item.generation)?;
     writeln!(out, "\tGen at creation: \t{}", item.otransid)?;
-    writeln!(out, "\tParent ID: \t\t{}", me.map_or(0, |s| s.top_level))?;
-    writeln!(out, "\tTop level ID: \t\t{}", me.map_or(0, |s| s.top_level))?;
+    writeln!(out, "\tParent ID: \t\t{}", s.top_level)?;
+    writeln!(out, "\tTop level ID: \t\t{}", s.top_level)?;
     let ro = item.flags & ROOT_SUBVOL_RDONLY != 0;
     writeln!(out, "\tFlags: \t\t\t{}", if ro { "readonly" } else { "-" })?;
     writeln!(out, "\tSend transid: \t\t{}", item.stransid)?;
@@ -579,13 +595,11 @@ fn show(fs: &Filesystem, path: &str, out: &mut dyn Write) -> Result<()> {
     writeln!(out, "\tReceive transid: \t{}", item.rtransid)?;
     writeln!(out, "\tReceive time: \t\t{}", time(item.rtime.sec))?;
     writeln!(out, "\tSnapshot(s):")?;
-    if item.uuid != [0; 16] {
-        for s in subs.iter().filter(|s| s.parent_uuid == uuid(&item.uuid)) {
-            writeln!(out, "\t\t\t\t{}", s.path)?;
-        }
+    for p in &s.snapshots {
+        writeln!(out, "\t\t\t\t{p}")?;
     }
-    if fs.try_root(QUOTA_TREE_OBJECTID)?.is_some() {
-        writeln!(out, "\tQuota group:\t\t0/{id}")?;
+    if s.quota_enabled {
+        writeln!(out, "\tQuota group:\t\t0/{}", s.id)?;
     } else {
         writeln!(out, "\tQuota group:\t\tn/a")?;
     }

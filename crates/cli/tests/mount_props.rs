@@ -4,6 +4,8 @@
 //! root, set by its owner or CAP_FOWNER, the default by CAP_SYS_ADMIN; a read-only
 //! subvolume refuses writes at once, and writable again takes them. After the
 //! unmount the kernel's btrfs-progs see the same flag and the same default line.
+//! `ubtrfs subvolume show MNT PATH` prints what the offline command prints after
+//! the unmount, a snapshot list longer than one answer included.
 //!
 //! Needs root (/dev/fuse, loop devices); skipped with a line outside CI.
 
@@ -127,4 +129,76 @@ for i in range(3000):
         .unwrap_or(usize::MAX);
     k.umount();
     assert_eq!(listed, 0, "a plain mount opens the default subvolume b");
+}
+
+/// `ubtrfs subvolume show MNT PATH` asks the mount's process (its snapshot list in
+/// several answers when it is long) and prints what the offline command prints of
+/// the same image after the unmount; btrfs-progs on the kernel's mount lists as
+/// many snapshots; a plain directory is "Not a Btrfs subvolume".
+#[test]
+fn subvolume_show_through_the_mount_as_offline() {
+    if !require_fuse("subvolume_show_through_the_mount_as_offline") {
+        return;
+    }
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("img");
+    mkfs_btrfs(&img, 1 << 30, &[]);
+    let mut fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
+    let m = shell_quote(&fm.mnt);
+    // 120 snapshots with long names: more than one answer's worth of paths.
+    let setup = format!(
+        r#"set -e
+        U={u}; M={m}
+        $U subvolume create $M a >/dev/null
+        echo data > $M/a/f; mkdir $M/d
+        $U subvolume create $M a/inner >/dev/null
+        for i in $(seq 1 120); do
+            ro=; [ $((i % 2)) = 0 ] && ro=-r
+            $U subvolume snapshot $ro $M a d/snapshot-with-a-long-name-to-page-through-$i >/dev/null
+        done
+        echo setup done
+        "#,
+        u = env!("CARGO_BIN_EXE_ubtrfs"),
+    );
+    let (out, err) = bash_in(Path::new("/"), &setup);
+    assert!(out.contains("setup done"), "setup through the mount: {out}{err}");
+    let paths = [
+        "a",
+        "/",
+        "a/inner",
+        "d/snapshot-with-a-long-name-to-page-through-7",
+        "d/snapshot-with-a-long-name-to-page-through-8",
+    ];
+    let mnt = fm.mnt.to_str().expect("utf-8").to_string();
+    let mounted: Vec<String> = paths
+        .iter()
+        .map(|p| UBTRFS.stdout(&["subvolume", "show", &mnt, p]))
+        .collect();
+    let (ok, _, not_sub) = UBTRFS.run(&["subvolume", "show", &mnt, "d"]);
+    assert!(
+        !ok && not_sub.contains("d: Not a Btrfs subvolume"),
+        "{not_sub}"
+    );
+    let st = fm.unmount();
+    assert!(st.success(), "server exit {st}: {} {err}", fm.log());
+    let img_s = img.to_str().expect("utf-8");
+    for (p, on) in paths.iter().zip(&mounted) {
+        let off = UBTRFS.stdout(&["subvolume", "show", img_s, p]);
+        assert_eq!(
+            on, &off,
+            "subvolume show {p}: through the mount, then offline"
+        );
+    }
+    assert_eq!(
+        mounted[0].matches("snapshot-with-a-long-name").count(),
+        120,
+        "{}",
+        mounted[0]
+    );
+    btrfs_check(&img, None).unwrap_or_else(|e| panic!("{e}"));
+    let k = KernelMount::new(&img, "ro");
+    let (kout, kerr) = bash_in(&k.mnt, "btrfs subvolume show a | grep -c snapshot-with");
+    k.umount();
+    assert_eq!(kout.trim(), "120", "btrfs-progs' snapshot list: {kerr}");
 }

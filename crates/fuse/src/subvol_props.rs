@@ -1,8 +1,8 @@
 //! Subvolume properties on a mounted ubtrfs filesystem: the read-only flag and the
 //! default subvolume, asked of the mount's own process so `ubtrfs property` and
-//! `ubtrfs subvolume set-default|get-default|sync` work on a mounted directory as on
+//! `ubtrfs subvolume set-default|get-default|sync|show` work on a mounted directory as on
 //! an image (never a second writer). One private ioctl, UBTRFS_IOC_SUBVOL_PROP, whose
-//! argument says which of four things to do; the changes are the engine's offline
+//! argument says which of six things to do; the changes are the engine's offline
 //! ones (`Trans::set_subvolume_readonly`, `Trans::set_default_subvolume`), each
 //! committed at once as the kernel's SUBVOL_SETFLAGS and DEFAULT_SUBVOL commit.
 //!
@@ -18,6 +18,7 @@ use crate::creds::Caller;
 use crate::ops::{errno, Ops};
 use crate::writer::Engine;
 use ubtrfs_core::now;
+use ubtrfs_core::tools::subvol_show::SubvolShow;
 use ubtrfs_format::consts::{FIRST_FREE_OBJECTID, FS_TREE_OBJECTID, ROOT_SUBVOL_RDONLY};
 
 /// Size of the argument: a 64-byte header, then a path (NUL-terminated).
@@ -44,6 +45,11 @@ const OP_GET_DEFAULT: u32 = 4;
 /// Runs the cleaner until every deleted subvolume's tree is dropped (`subvolume
 /// sync`); answers how many went in `value` and their ids as words from byte 64.
 const OP_SYNC: u32 = 5;
+
+/// What `subvolume show` prints of the subvolume whose root the ioctl is issued
+/// on, its snapshots from number `value` on (as many as fit; the client asks again
+/// for the rest): the layout of [`show_answer`].
+const OP_SHOW: u32 = 6;
 
 /// In `flags` of [`OP_SET_RO`]: clear received_uuid when making it writable.
 const PROP_FORCE: u32 = 1;
@@ -77,6 +83,64 @@ fn answer(op: u32, flags: u32, words: [u64; 3], path: &[u8]) -> Result<Vec<u8>, 
         o[8 + 8 * i..16 + 8 * i].copy_from_slice(&w.to_ne_bytes());
     }
     o[64..64 + path.len()].copy_from_slice(path);
+    Ok(o)
+}
+
+/// Where [`OP_SHOW`]'s answer has its words (13 from byte 8), the three uuids
+/// (byte 112), and the NUL-terminated paths: the subvolume's own (empty for the
+/// top level), then its snapshots' (byte 160 on).
+const SHOW_UUIDS_AT: usize = 112;
+const SHOW_PATHS_AT: usize = 160;
+
+/// [`OP_SHOW`]'s answer: words id, generation, otransid, top level, root flags,
+/// stransid, rtransid, otime, rtime, quotas on, snapshots in all, snapshots here,
+/// has a path; the uuid, parent uuid and received uuid; the paths.
+fn show_answer(s: &SubvolShow, first: usize) -> Result<Vec<u8>, i32> {
+    let i = &s.item;
+    let mut o = vec![0u8; PROP_ARG_BYTES];
+    o[..4].copy_from_slice(&OP_SHOW.to_ne_bytes());
+    for (k, u) in [i.uuid, i.parent_uuid, i.received_uuid].iter().enumerate() {
+        o[SHOW_UUIDS_AT + 16 * k..SHOW_UUIDS_AT + 16 * k + 16].copy_from_slice(u);
+    }
+    let own = s.path.as_deref().unwrap_or("").as_bytes();
+    let mut at = SHOW_PATHS_AT;
+    if at + own.len() + 1 > o.len() {
+        return Err(errno::ENAMETOOLONG);
+    }
+    o[at..at + own.len()].copy_from_slice(own);
+    at += own.len() + 1;
+    let mut here = 0u64;
+    for p in s.snapshots.iter().skip(first) {
+        let p = p.as_bytes();
+        if at + p.len() + 1 > o.len() {
+            break;
+        }
+        o[at..at + p.len()].copy_from_slice(p);
+        at += p.len() + 1;
+        here += 1;
+    }
+    if here == 0 && first < s.snapshots.len() {
+        // One path longer than the whole answer.
+        return Err(errno::ENAMETOOLONG);
+    }
+    let words = [
+        s.id,
+        i.generation,
+        i.otransid,
+        s.top_level,
+        i.flags,
+        i.stransid,
+        i.rtransid,
+        i.otime.sec as u64,
+        i.rtime.sec as u64,
+        u64::from(s.quota_enabled),
+        s.snapshots.len() as u64,
+        here,
+        u64::from(s.path.is_some()),
+    ];
+    for (k, w) in words.iter().enumerate() {
+        o[8 + 8 * k..16 + 8 * k].copy_from_slice(&w.to_ne_bytes());
+    }
     Ok(o)
 }
 
@@ -189,6 +253,14 @@ impl Ops {
                     .collect();
                 answer(op, 0, [gone.len() as u64, 0, 0], &ids)
             }
+            OP_SHOW => {
+                let n = subvol_root()?;
+                let s = self
+                    .engine
+                    .read(|fs| ubtrfs_core::tools::subvol_show::subvol_show(fs, n.root))
+                    .map_err(|e| e.errno())?;
+                show_answer(&s, usize::try_from(value).map_err(|_| errno::EINVAL)?)
+            }
             _ => Err(errno::EINVAL),
         }
     }
@@ -282,6 +354,43 @@ pub mod client {
     /// The default subvolume of the mount `f` is in.
     pub fn get_default(f: &File) -> io::Result<PropAnswer> {
         call(f, super::OP_GET_DEFAULT, 0, 0)
+    }
+
+    /// What `subvolume show` prints of the subvolume whose root directory `f` is
+    /// (EINVAL for anything else), asked of the mount's process.
+    pub fn show(f: &File) -> io::Result<super::SubvolShow> {
+        use super::{SHOW_PATHS_AT, SHOW_UUIDS_AT};
+        let mut s = super::SubvolShow::default();
+        loop {
+            let a = raw(f, super::OP_SHOW, 0, s.snapshots.len() as u64)?;
+            let w = |i: usize| word(&a, i);
+            let uuid = |k: usize| {
+                let mut u = [0u8; 16];
+                u.copy_from_slice(&a[SHOW_UUIDS_AT + 16 * k..SHOW_UUIDS_AT + 16 * k + 16]);
+                u
+            };
+            s.id = w(0);
+            s.item.generation = w(1);
+            s.item.otransid = w(2);
+            s.top_level = w(3);
+            s.item.flags = w(4);
+            s.item.stransid = w(5);
+            s.item.rtransid = w(6);
+            s.item.otime.sec = w(7) as i64;
+            s.item.rtime.sec = w(8) as i64;
+            s.quota_enabled = w(9) != 0;
+            let (total, here) = (w(10) as usize, w(11) as usize);
+            (s.item.uuid, s.item.parent_uuid, s.item.received_uuid) = (uuid(0), uuid(1), uuid(2));
+            let mut paths = a[SHOW_PATHS_AT..]
+                .split(|&b| b == 0)
+                .map(|p| String::from_utf8_lossy(p).into_owned());
+            let own = paths.next().unwrap_or_default();
+            s.path = (w(12) != 0).then_some(own);
+            s.snapshots.extend(paths.take(here));
+            if here == 0 || s.snapshots.len() >= total {
+                return Ok(s);
+            }
+        }
     }
 
     /// Has the mount's cleaner drop every deleted subvolume now; the ids dropped.

@@ -1,5 +1,5 @@
 //! Tools built on the engine, as btrfs-progs builds its commands on kernel-shared/:
-//! the dump-super/dump-tree printer, fiemap, find-root, dedupe, `filesystem du`, `filesystem df` (space_info), statfs (`df`, `filesystem usage`), `subvolume du`, scrub and mkfs.
+//! the dump-super/dump-tree printer, fiemap, find-root, dedupe, `filesystem du`, `filesystem df` (space_info), statfs (`df`, `filesystem usage`), `subvolume du`, `subvolume show`, scrub and mkfs.
 //!
 //! Architecture invariant: nothing outside `tools/` imports from it; the engine does not
 //! know its tools exist.
@@ -14,4 +14,5 @@ pub mod scrub;
 pub mod space_info;
 pub mod statfs;
 pub mod subvol_du;
+pub mod subvol_show;
 pub mod usage;
