@@ -162,7 +162,10 @@ fn subvolume_show_through_the_mount_as_offline() {
         u = env!("CARGO_BIN_EXE_ubtrfs"),
     );
     let (out, err) = bash_in(Path::new("/"), &setup);
-    assert!(out.contains("setup done"), "setup through the mount: {out}{err}");
+    assert!(
+        out.contains("setup done"),
+        "setup through the mount: {out}{err}"
+    );
     let paths = [
         "a",
         "/",

@@ -338,3 +338,83 @@ fn fsync_after_a_directory_moved_below_its_old_child() {
     )
     .expect("cut after fsync");
 }
+
+/// Model seed 3153 at 100 operations, reduced: a committed directory holding a
+/// snapshot's entry is exchanged with a new file, and the file (now at the
+/// directory's old name) fsynced. The replay once tried to remove the snapshot's
+/// entry, which is never in a log, and failed; it now keeps it. Both replays (ubtrfs,
+/// and as root the kernel: the same tree) show the file, `btrfs check` is clean.
+#[test]
+fn fsync_after_exchanging_a_directory_holding_a_snapshot() {
+    let (mem, mut h, kernel, btrfs) =
+        fsync_case("fsync_after_exchanging_a_directory_holding_a_snapshot");
+    let make = create_op;
+    h.step(&make(b"", b"x.txt", 0o40755)).expect("mkdir");
+    h.step(&Op::Snapshot {
+        src: Vec::new(),
+        dir: b"x.txt".to_vec(),
+        name: b"y".to_vec(),
+        readonly: false,
+    })
+    .expect("snapshot");
+    h.commit().expect("commit");
+    h.step(&make(b"", b"a", 0o40644)).expect("mkdir a");
+    h.step(&make(b"a", b"laomblew", 0o100755)).expect("create");
+    h.step(&Op::RenameExchange {
+        adir: Vec::new(),
+        aname: b"x.txt".to_vec(),
+        bdir: b"a".to_vec(),
+        bname: b"laomblew".to_vec(),
+    })
+    .expect("exchange");
+    let synced = h.fsync(b"x.txt", false).expect("fsync");
+    check_fsync_cut(&mem, &h.model, &h.tree_of, b"x.txt", synced, btrfs, kernel)
+        .expect("cut after fsync");
+}
+
+/// The same without a snapshot: a committed directory with a file in it is
+/// exchanged with a new file, which is fsynced. The replay gives the file the
+/// directory's old name and so unlinks the directory's: the log must say where the
+/// directory is now, or the replay drops it with its committed contents. Both
+/// replays (ubtrfs, and as root the kernel: the same tree) keep it at its new name.
+#[test]
+fn fsync_of_a_file_that_took_a_moved_directory_s_name() {
+    let (mem, mut h, kernel, btrfs) =
+        fsync_case("fsync_of_a_file_that_took_a_moved_directory_s_name");
+    let make = create_op;
+    h.step(&make(b"", b"x.txt", 0o40755)).expect("mkdir");
+    h.step(&make(b"x.txt", b"kept", 0o100644)).expect("create");
+    h.step(&Op::Write {
+        path: b"x.txt/kept".to_vec(),
+        offset: 0,
+        len: 9000,
+        seed: 3,
+    })
+    .expect("write");
+    h.commit().expect("commit");
+    h.step(&make(b"", b"a", 0o40755)).expect("mkdir a");
+    h.step(&make(b"a", b"new", 0o100644)).expect("create");
+    h.step(&Op::RenameExchange {
+        adir: Vec::new(),
+        aname: b"x.txt".to_vec(),
+        bdir: b"a".to_vec(),
+        bname: b"new".to_vec(),
+    })
+    .expect("exchange");
+    let synced = h.fsync(b"x.txt", false).expect("fsync");
+    assert_eq!(synced, Synced::Logged);
+    check_fsync_cut(&mem, &h.model, &h.tree_of, b"x.txt", synced, btrfs, kernel)
+        .expect("cut after fsync: the file");
+    check_fsync_cut(&mem, &h.model, &h.tree_of, b"a/new", synced, false, false)
+        .expect("cut after fsync: the moved directory");
+    check_fsync_cut(
+        &mem,
+        &h.model,
+        &h.tree_of,
+        b"a/new/kept",
+        synced,
+        false,
+        false,
+    )
+    .expect("cut after fsync: the moved directory's file");
+}

@@ -30,7 +30,8 @@
 //! transaction instead, as the kernel falls back to a full commit, and counts why
 //! ([`LogStats::full_commits`]): an old parent directory removed, a directory
 //! logged earlier in the transaction removed, a subvolume entry in a directory to log,
-//! a subvolume's entry renamed or removed in this transaction, a chunk allocated in this transaction
+//! a subvolume's entry renamed or removed in this transaction, a directory holding a
+//! subvolume's entry moved away from a logged name, a chunk allocated in this transaction
 //! (the log could not be read before the commit), metadata space short, items this
 //! log does not copy (verity), or a log past its size limit.
 //!
@@ -691,6 +692,11 @@ impl TreeLog {
                 return Ok(Some(why));
             }
         }
+        if inode.transid >= t.transid {
+            if let Some(why) = self.log_conflicting(t, root, ino, &parents, v)? {
+                return Ok(Some(why));
+            }
+        }
         if mode == Mode::Full && is_dir(inode.mode) {
             if is_new {
                 // Made in this transaction: every name (copied above), and one range
@@ -1003,7 +1009,15 @@ impl TreeLog {
                     return Ok(Some("subvolume entry in a logged directory"));
                 }
                 if let Some(b) = current_inode_bytes(t, root, e.location.objectid)? {
-                    if InodeItem::parse(&b).map_or(true, |i| i.nlink > 0) {
+                    let i = InodeItem::parse(&b).ok();
+                    if i.as_ref().is_none_or(|i| i.nlink > 0) {
+                        // A moved directory holding a subvolume's entry: a replay
+                        // that did not link it where it is now would drop it with
+                        // that entry (which no log holds).
+                        let dir = i.is_some_and(|i| i.mode & S_IFMT == S_IFDIR);
+                        if dir && holds_subvol_entry(t, root, e.location.objectid)? {
+                            return Ok(Some("moved directory holding a subvolume entry"));
+                        }
                         moved.push(e.location.objectid);
                     }
                 }
@@ -1012,6 +1026,58 @@ impl TreeLog {
         for m in moved {
             if let Some(why) = self.log_inode(t, root, m, Mode::Full, v)? {
                 return Ok(Some(why));
+            }
+        }
+        Ok(None)
+    }
+
+    /// A name the inode has now that another inode had at the last commit (a
+    /// rename over it, an exchange): the replay, adding the name, unlinks the other
+    /// inode's, which would leave that inode without a name if it is still linked
+    /// elsewhere and the log does not say where (a committed directory dropped with
+    /// everything in it). So that inode is logged too, a directory whole, anything
+    /// else with its names, and the replay links it where it is now (the kernel's
+    /// conflicting inodes, btrfs_check_ref_name_override). One holding a
+    /// subvolume's entry: commit instead.
+    fn log_conflicting(
+        &mut self,
+        t: &Trans,
+        root: u64,
+        ino: u64,
+        names: &[(u64, Vec<u8>)],
+        v: &mut Visit,
+    ) -> Result<Fallback> {
+        for (parent, name) in names {
+            let key = Key::new(*parent, DIR_ITEM_KEY, ubtrfs_format::csum::name_hash(name));
+            for (k, d) in self.committed_items(t, root, key, key)? {
+                let entries = parse_dir_items(&d)
+                    .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?;
+                for e in entries.into_iter().filter(|e| e.name == *name) {
+                    if e.location.ty != INODE_ITEM_KEY {
+                        return Ok(Some("subvolume entry in a logged directory"));
+                    }
+                    let other = e.location.objectid;
+                    if other == ino {
+                        continue;
+                    }
+                    let Some(b) = current_inode_bytes(t, root, other)? else {
+                        continue;
+                    };
+                    let Ok(oi) = InodeItem::parse(&b) else {
+                        continue;
+                    };
+                    if oi.nlink == 0 {
+                        continue;
+                    }
+                    let dir = is_dir(oi.mode);
+                    if dir && holds_subvol_entry(t, root, other)? {
+                        return Ok(Some("moved directory holding a subvolume entry"));
+                    }
+                    let mode = if dir { Mode::Full } else { Mode::Exists };
+                    if let Some(why) = self.log_inode(t, root, other, mode, v)? {
+                        return Ok(Some(why));
+                    }
+                }
             }
         }
         Ok(None)
@@ -1221,6 +1287,27 @@ fn flush_all(t: &Trans) -> Result<()> {
             .map_err(|e| Error::io(format!("flushing {}", d.name()), e))?;
     }
     Ok(())
+}
+
+/// Whether directory `dir` of tree `root` has a subvolume's entry (one DIR_INDEX
+/// item per name: a walk of the directory's items).
+fn holds_subvol_entry(t: &Trans, root: u64, dir: u64) -> Result<bool> {
+    let ptr = t.root_ptr(root)?;
+    for it in crate::tree::ctree::TreeIter::new(
+        &t.fs.info,
+        &ptr,
+        Key::new(dir, DIR_INDEX_KEY, 0),
+        Key::new(dir, DIR_INDEX_KEY, u64::MAX),
+    )? {
+        let it = it?;
+        let k = it.key();
+        let items = parse_dir_items(it.data())
+            .map_err(|e| Error::corrupt(format!("tree {root} item {k}: {e}")))?;
+        if items.iter().any(|d| d.location.ty == ROOT_ITEM_KEY) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 fn current_inode_bytes(t: &Trans, root: u64, ino: u64) -> Result<Option<Vec<u8>>> {

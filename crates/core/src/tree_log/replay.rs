@@ -459,10 +459,15 @@ impl Trans {
                     let item = item?;
                     let k = item.key();
                     for e in parse_dir_items(item.data()).map_err(|e| bad("dir item", &k, e))? {
-                        let keep = match log {
-                            Some(l) => l.has_dir_entry(&k, &e.name)?,
-                            None => false,
-                        };
+                        // A subvolume's entry is never in a log (an fsync that would
+                        // log one commits instead, and renaming or removing one makes
+                        // every fsync of its transaction commit): absent from the
+                        // log, it is still there.
+                        let keep = e.location.ty == ROOT_ITEM_KEY
+                            || match log {
+                                Some(l) => l.has_dir_entry(&k, &e.name)?,
+                                None => false,
+                            };
                         if !keep {
                             gone.push(e.name);
                         }
