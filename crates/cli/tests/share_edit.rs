@@ -82,6 +82,21 @@ fn cp_reflink_shares_as_the_kernel() {
     if !require_root("cp_reflink_shares_as_the_kernel") {
         return;
     }
+    cp_as_the_kernel(false);
+}
+
+/// The same copies made through a `ubtrfs mount` (its process copies: UBTRFS_IOC_CP),
+/// `--reflink=always` included; the mount shows them at once, and the kernel's
+/// view of the image after the unmount is the same as after the offline copies.
+#[test]
+fn cp_through_a_mount_shares_as_the_kernel() {
+    if !ubtrfs_sim::host::require_fuse("cp_through_a_mount_shares_as_the_kernel") {
+        return;
+    }
+    cp_as_the_kernel(true);
+}
+
+fn cp_as_the_kernel(through_mount: bool) {
     let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let (img, kimg) = twin_images(dir.path(), SOURCE);
@@ -92,7 +107,18 @@ fn cp_reflink_shares_as_the_kernel() {
          cp --reflink=never d/big bignever; cp --reflink=auto d/aligned autocopy; sync",
         "kernel copies",
     );
-    let img_s = img.to_str().expect("utf-8 path");
+    let mut fm = through_mount
+        .then(|| ubtrfs_sim::mount::FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]));
+    let target = match &fm {
+        Some(m) => m.mnt.to_str().expect("utf-8 path").to_string(),
+        None => img.to_str().expect("utf-8 path").to_string(),
+    };
+    let img_s = target.as_str();
+    if let Some(m) = &fm {
+        // Looked up before they exist: the kernel may cache "no such name".
+        bash_ok(&m.mnt, "test ! -e bignever && test ! -e d2 && test ! -e sv/big")
+            .unwrap_or_else(|e| panic!("before the copies: {e}"));
+    }
     for args in [
         &["cp", img_s, "/d", "/d2", "-r", "--reflink=always"][..],
         &["cp", img_s, "/d/big", "/sv/", "--reflink=always"],
@@ -110,9 +136,22 @@ fn cp_reflink_shares_as_the_kernel() {
     );
     let (ok, _, err) = UBTRFS.run(&["cp", img_s, "/d", "/d3"]);
     assert!(
-        !ok && err.contains("is a directory"),
+        !ok && err.to_lowercase().contains("is a directory"),
         "cp of a directory: {err}"
     );
+    if let Some(m) = fm.as_mut() {
+        // Through a mount an existing destination is refused.
+        let (ok, _, err) = UBTRFS.run(&["cp", img_s, "/d/big", "/autocopy"]);
+        assert!(!ok && err.contains("File exists"), "cp over a file: {err}");
+        // The mount shows the copies at once (no stale "no such name").
+        bash_ok(
+            &m.mnt,
+            "cmp d/big bignever && cmp d/big sv/big && cmp -s d/small d2/small",
+        )
+        .unwrap_or_else(|e| panic!("copies seen through the mount: {e}"));
+        let st = m.unmount();
+        assert!(st.success(), "server exit {st}: {}", m.log());
+    }
 
     btrfs_check(&img, None).unwrap_or_else(|e| panic!("btrfs check after ubtrfs cp: {e}"));
     let k = KernelMount::new(&kimg, "ro");

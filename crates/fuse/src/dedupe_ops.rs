@@ -15,7 +15,7 @@ use crate::creds::Caller;
 use crate::ops::{errno, Ops};
 use crate::writer::Engine;
 use ubtrfs_core::tools::dedupe::{DedupeOptions, DedupeReport};
-use ubtrfs_core::{Filesystem, Node};
+use ubtrfs_core::Node;
 
 /// Size of the argument: a 64-byte header, then NUL-terminated relative paths, an
 /// empty one last.
@@ -43,25 +43,6 @@ fn paths(input: &[u8]) -> Result<Vec<&[u8]>, i32> {
     }
     // No terminating empty path: the argument was cut short.
     Err(errno::EINVAL)
-}
-
-/// Resolves `rel` below `from` (no `..`: a path must stay below the directory the
-/// ioctl is issued on).
-fn resolve_below(fs: &Filesystem, from: Node, rel: &[u8]) -> Result<Node, i32> {
-    let mut cur = from;
-    for comp in rel.split(|&b| b == b'/') {
-        match comp {
-            b"" | b"." => continue,
-            b".." => return Err(errno::EINVAL),
-            _ => {}
-        }
-        cur = fs
-            .lookup(cur, comp)
-            .map_err(|e| e.errno())?
-            .ok_or(errno::ENOENT)?
-            .node;
-    }
-    Ok(cur)
 }
 
 fn encode(r: &DedupeReport) -> Vec<u8> {
@@ -108,15 +89,16 @@ impl Ops {
         let Engine::ReadWrite(w) = &self.engine else {
             return Err(errno::EROFS);
         };
-        let report = w.dedupe(
-            |fs| {
-                if rel.is_empty() {
-                    return Ok(vec![from]);
-                }
-                rel.iter().map(|p| resolve_below(fs, from, p)).collect()
-            },
-            &opts,
-        )?;
+        let report = w.exclusive("dedupe", false, |t| {
+            let starts = if rel.is_empty() {
+                vec![from]
+            } else {
+                rel.iter()
+                    .map(|p| crate::cp_ops::resolve_below(&t.fs, from, p))
+                    .collect::<ubtrfs_core::Result<Vec<Node>>>()?
+            };
+            ubtrfs_core::tools::dedupe::dedupe(t, &starts, &opts, &mut |_, _| {})
+        })?;
         Ok(encode(&report))
     }
 }

@@ -26,6 +26,7 @@ mod acl;
 pub mod atime;
 pub mod balance_ops;
 mod channel;
+pub mod cp_ops;
 mod creds;
 pub mod dedupe_ops;
 mod ino;

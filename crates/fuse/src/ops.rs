@@ -73,7 +73,7 @@ struct OpenFile {
 
 pub struct Ops {
     pub(crate) engine: Engine,
-    nodes: Nodes,
+    pub(crate) nodes: Nodes,
     files: RwLock<HashMap<u64, Arc<OpenFile>>>,
     pub(crate) next_fh: AtomicU64,
     statfs: StatFs,
@@ -1175,6 +1175,19 @@ impl Ops {
                 }
                 Err(e) => reply.error(e),
             };
+        }
+        if cmd == crate::cp_ops::UBTRFS_IOC_CP {
+            let ch = reply.channel();
+            match self.cp_ioctl(h, input, ch) {
+                Ok(data) => {
+                    let n = data.len().min(out_size as usize);
+                    let mut o = Out::with_capacity(16);
+                    o.i32(0).u32(0).u32(0).u32(0);
+                    reply.ok_parts(&[&o.buf, &data[..n]]);
+                }
+                Err(e) => reply.error(e),
+            }
+            return;
         }
         if crate::subvol_ops::is_subvol_ioctl(cmd) {
             let ch = reply.channel();

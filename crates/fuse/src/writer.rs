@@ -785,34 +785,38 @@ impl Writer {
             .map_err(|e| e.errno())
     }
 
-    /// `ubtrfs dedupe` through the mount: with the transaction held and no commit
-    /// in flight, delayed data is written and committed (the comparison reads what
-    /// the files hold), `starts` resolves the paths, then the engine's
-    /// deduplication runs (it commits at its end unless `dry_run`). Ranges that
-    /// could not be read are logged as the offline command warns of them.
-    pub fn dedupe(
+    /// A tool's whole run on the engine (`ubtrfs dedupe` or `cp` through the
+    /// mount): with the transaction held and no commit in flight, delayed data is
+    /// written and committed (the tool reads what files hold), then `f` runs, then
+    /// (`commit_after`) what it changed is committed. Warnings it met (ranges that
+    /// could not be read) are logged as the offline commands print them. A fatal
+    /// error aborts, named by `what`.
+    pub fn exclusive<R>(
         &self,
-        starts: impl FnOnce(&Filesystem) -> Result<Vec<Node>, i32>,
-        opts: &ubtrfs_core::tools::dedupe::DedupeOptions,
-    ) -> Result<ubtrfs_core::tools::dedupe::DedupeReport, i32> {
+        what: &str,
+        commit_after: bool,
+        f: impl FnOnce(&mut Trans) -> ubtrfs_core::Result<R>,
+    ) -> Result<R, i32> {
         if self.aborted.load(Ordering::Acquire) {
             return Err(errno::EROFS);
         }
         let _serial = self.commit_serial.lock().unwrap_or_else(|p| p.into_inner());
         let mut t = self.trans.write().unwrap_or_else(|p| p.into_inner());
         self.commit_locked(&mut t)?;
-        let starts = starts(&t.fs)?;
-        let r = ubtrfs_core::tools::dedupe::dedupe(&mut t, &starts, opts, &mut |_, _| {});
+        let r = f(&mut t);
         for w in t.fs.info.take_warnings() {
-            eprintln!("ubtrfs: dedupe: warning: {w}");
+            eprintln!("ubtrfs: {what}: warning: {w}");
         }
         match r {
-            Ok(report) => {
+            Ok(out) => {
+                if commit_after {
+                    self.commit_locked(&mut t)?;
+                }
                 self.retire_log(&t);
-                Ok(report)
+                Ok(out)
             }
             Err(e) if is_fatal(&e) => {
-                self.abort(&format!("dedupe: {e}"));
+                self.abort(&format!("{what}: {e}"));
                 Err(errno::EIO)
             }
             Err(e) => Err(e.errno()),

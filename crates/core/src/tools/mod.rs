@@ -1,9 +1,10 @@
 //! Tools built on the engine, as btrfs-progs builds its commands on kernel-shared/:
-//! the dump-super/dump-tree printer, fiemap, find-root, dedupe, `filesystem du`, `filesystem df` (space_info), statfs (`df`, `filesystem usage`), `subvolume du`, `subvolume show`, scrub and mkfs.
+//! the dump-super/dump-tree printer, fiemap, find-root, cp, dedupe, `filesystem du`, `filesystem df` (space_info), statfs (`df`, `filesystem usage`), `subvolume du`, `subvolume show`, scrub and mkfs.
 //!
 //! Architecture invariant: nothing outside `tools/` imports from it; the engine does not
 //! know its tools exist.
 
+pub mod cp;
 pub mod dedupe;
 pub mod du;
 pub mod fiemap;
