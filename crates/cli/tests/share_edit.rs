@@ -116,8 +116,11 @@ fn cp_as_the_kernel(through_mount: bool) {
     let img_s = target.as_str();
     if let Some(m) = &fm {
         // Looked up before they exist: the kernel may cache "no such name".
-        bash_ok(&m.mnt, "test ! -e bignever && test ! -e d2 && test ! -e sv/big")
-            .unwrap_or_else(|e| panic!("before the copies: {e}"));
+        bash_ok(
+            &m.mnt,
+            "test ! -e bignever && test ! -e d2 && test ! -e sv/big",
+        )
+        .unwrap_or_else(|e| panic!("before the copies: {e}"));
     }
     for args in [
         &["cp", img_s, "/d", "/d2", "-r", "--reflink=always"][..],
