@@ -152,7 +152,8 @@ fn snapshot_of_a_million_files_costs_what_an_empty_one_does() {
          test \"$(od -An -tu1 -N1 big/file-0000100 | tr -d ' ')\" = {}; \
          btrfs -q subvolume delete snap-big; btrfs filesystem sync .; btrfs subvolume sync .",
         files + 2,
-        100 % 251
+        // file-0000100's data: 100 bytes of 100 % 251.
+        100
     );
     bash_ok(&k.path(""), &script).unwrap_or_else(|e| panic!("the kernel's view: {e}"));
     k.umount();
