@@ -167,21 +167,8 @@ pub mod client {
         a[64..64 + s.len()].copy_from_slice(s.as_bytes());
         let at = 64 + s.len() + 1;
         a[at..at + d.len()].copy_from_slice(d.as_bytes());
-        crate::subvol_ops::client::ioctl(dir, UBTRFS_IOC_CP, &mut a).map_err(|e| {
-            if e.raw_os_error() == Some(25) {
-                io::Error::new(
-                    e.kind(),
-                    "not a ubtrfs mount (on a kernel btrfs mount use cp --reflink)",
-                )
-            } else {
-                e
-            }
-        })?;
-        let w = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&a[8 * i..8 * i + 8]);
-            u64::from_ne_bytes(b)
-        };
+        crate::subvol_ops::client::ubtrfs_ioctl(dir, UBTRFS_IOC_CP, &mut a, "cp --reflink")?;
+        let w = |i: usize| crate::subvol_ops::client::answer_word(&a, i);
         let n = w(2) as usize;
         let warnings = a[WARNINGS_AT..]
             .split(|&b| b == 0)

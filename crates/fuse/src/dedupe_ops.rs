@@ -130,21 +130,8 @@ pub mod client {
             a[at..at + p.len()].copy_from_slice(p);
             at += p.len() + 1;
         }
-        crate::subvol_ops::client::ioctl(dir, UBTRFS_IOC_DEDUPE, &mut a).map_err(|e| {
-            if e.raw_os_error() == Some(25) {
-                io::Error::new(
-                    e.kind(),
-                    "not a ubtrfs mount (on a kernel btrfs mount use duperemove)",
-                )
-            } else {
-                e
-            }
-        })?;
-        let w = |i: usize| {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(&a[8 * i..8 * i + 8]);
-            u64::from_ne_bytes(b)
-        };
+        crate::subvol_ops::client::ubtrfs_ioctl(dir, UBTRFS_IOC_DEDUPE, &mut a, "duperemove")?;
+        let w = |i: usize| crate::subvol_ops::client::answer_word(&a, i);
         Ok(DedupeReport {
             files: w(0),
             bytes_scanned: w(1),

@@ -1158,6 +1158,9 @@ impl Ops {
             Some(self.subvol_prop_ioctl(h, input))
         } else if cmd == crate::dedupe_ops::UBTRFS_IOC_DEDUPE {
             Some(self.dedupe_ioctl(h, input))
+        } else if cmd == crate::cp_ops::UBTRFS_IOC_CP {
+            // The kernel is told of the new name through the channel.
+            Some(self.cp_ioctl(h, input, reply.channel()))
         } else if cmd == FS_IOC_GETFSLABEL || cmd == FS_IOC_SETFSLABEL {
             Some(self.fslabel_ioctl(h, cmd, input))
         } else if cmd == FITRIM {
@@ -1175,19 +1178,6 @@ impl Ops {
                 }
                 Err(e) => reply.error(e),
             };
-        }
-        if cmd == crate::cp_ops::UBTRFS_IOC_CP {
-            let ch = reply.channel();
-            match self.cp_ioctl(h, input, ch) {
-                Ok(data) => {
-                    let n = data.len().min(out_size as usize);
-                    let mut o = Out::with_capacity(16);
-                    o.i32(0).u32(0).u32(0).u32(0);
-                    reply.ok_parts(&[&o.buf, &data[..n]]);
-                }
-                Err(e) => reply.error(e),
-            }
-            return;
         }
         if crate::subvol_ops::is_subvol_ioctl(cmd) {
             let ch = reply.channel();

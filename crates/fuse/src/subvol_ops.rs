@@ -382,6 +382,33 @@ pub mod client {
     /// One ioctl on an open file or directory; `arg` must be as long as the size
     /// the command number declares (every client of this crate passes such a
     /// buffer).
+    /// One of ubtrfs's private ioctls: [`ioctl`], ENOTTY (not a ubtrfs mount)
+    /// said so, naming what to use on a kernel btrfs mount instead.
+    pub(crate) fn ubtrfs_ioctl(
+        dir: &File,
+        cmd: u32,
+        arg: &mut [u8],
+        on_kernel: &str,
+    ) -> io::Result<()> {
+        ioctl(dir, cmd, arg).map_err(|e| {
+            if e.raw_os_error() == Some(25) {
+                io::Error::new(
+                    e.kind(),
+                    format!("not a ubtrfs mount (on a kernel btrfs mount use {on_kernel})"),
+                )
+            } else {
+                e
+            }
+        })
+    }
+
+    /// Word `i` (native endian) of an ioctl's answer.
+    pub(crate) fn answer_word(a: &[u8], i: usize) -> u64 {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&a[8 * i..8 * i + 8]);
+        u64::from_ne_bytes(b)
+    }
+
     pub(crate) fn ioctl(dir: &File, cmd: u32, arg: &mut [u8]) -> io::Result<()> {
         // SAFETY: `arg` is a live, writable buffer; callers size it as the command
         // number declares, and the descriptor is open for the call's duration.

@@ -292,18 +292,11 @@ pub mod client {
         a[..4].copy_from_slice(&op.to_ne_bytes());
         a[4..8].copy_from_slice(&flags.to_ne_bytes());
         a[8..16].copy_from_slice(&value.to_ne_bytes());
-        crate::subvol_ops::client::ioctl(f, super::UBTRFS_IOC_SUBVOL_PROP, &mut a).map_err(
-            |e| {
-                if e.raw_os_error() == Some(25) {
-                    // ENOTTY: not a ubtrfs mount (a kernel btrfs mount has btrfs-progs).
-                    io::Error::new(
-                        e.kind(),
-                        "not a ubtrfs mount (on a kernel btrfs mount use btrfs-progs)",
-                    )
-                } else {
-                    e
-                }
-            },
+        crate::subvol_ops::client::ubtrfs_ioctl(
+            f,
+            super::UBTRFS_IOC_SUBVOL_PROP,
+            &mut a,
+            "btrfs-progs",
         )?;
         Ok(a)
     }
@@ -311,9 +304,7 @@ pub mod client {
     /// Word `i` of an answer: 0 to 2 the three after the header, 7 on the ids a
     /// sync answers (from byte 64).
     fn word(a: &[u8], i: usize) -> u64 {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&a[8 + 8 * i..16 + 8 * i]);
-        u64::from_ne_bytes(b)
+        crate::subvol_ops::client::answer_word(a, i + 1)
     }
 
     fn call(f: &File, op: u32, flags: u32, value: u64) -> io::Result<PropAnswer> {
