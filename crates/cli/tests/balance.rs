@@ -454,7 +454,7 @@ fn convert_raid1_on_two_devices() {
                 let copy = dir.path().join("alone.img");
                 std::fs::copy(keep, &copy).expect("copy");
                 let _ = wipe;
-                sh("btrfs device scan --forget >/dev/null 2>&1 || true");
+                ubtrfs_sim::host::forget_devices(None);
                 assert_eq!(
                     view("ro,degraded", &[&copy]),
                     before,

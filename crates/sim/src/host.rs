@@ -325,9 +325,35 @@ pub fn have_btrfs() -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
+/// A host-wide lock (flock on a file in /tmp) held while the kernel registers
+/// devices for a mount: `btrfs device scan --forget` of every device in another
+/// test process, between a multi-device mount's scan of its devices and its open,
+/// made that mount find one missing (failed a CI run: "devid 2 ... is missing").
+/// Held by [`forget_devices`] for all devices and by `KernelMount` around its mount.
+pub fn device_registry_lock() -> Option<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open("/tmp/ubtrfs-test-btrfs-devices.lock")
+        .ok()?;
+    f.lock().ok()?;
+    Some(f)
+}
+
 /// Unregisters btrfs devices that are not mounted (`dev`, or all): test images reuse
-/// fsids, across runs and within one.
+/// fsids, across runs and within one. Forgetting all takes [`device_registry_lock`].
 pub fn forget_devices(dev: Option<&str>) {
+    let _lock = if dev.is_none() {
+        device_registry_lock()
+    } else {
+        None
+    };
+    forget_devices_unlocked(dev);
+}
+
+/// [`forget_devices`] for a caller that holds [`device_registry_lock`].
+pub fn forget_devices_unlocked(dev: Option<&str>) {
     let _ = Command::new("btrfs")
         .args(["device", "scan", "--forget"])
         .args(dev)

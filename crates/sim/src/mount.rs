@@ -73,7 +73,9 @@ impl KernelMount {
     /// them). Unregisters unmounted btrfs devices first: images reuse fsids.
     pub fn try_new<P: AsRef<Path>>(devices: &[P], opts: &str) -> Result<KernelMount, String> {
         assert!(!devices.is_empty(), "KernelMount of no device");
-        forget_devices(None);
+        // Until the mount has opened its devices, no other test forgets them.
+        let _registry = crate::host::device_registry_lock();
+        crate::host::forget_devices_unlocked(None);
         let dir = tempdir("ubtrfs-mnt.")?;
         let mnt = dir.path().join("mnt");
         std::fs::create_dir(&mnt).map_err(|e| format!("mkdir {}: {e}", mnt.display()))?;
