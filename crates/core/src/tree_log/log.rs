@@ -1008,18 +1008,10 @@ impl TreeLog {
                 if e.location.ty != INODE_ITEM_KEY {
                     return Ok(Some("subvolume entry in a logged directory"));
                 }
-                if let Some(b) = current_inode_bytes(t, root, e.location.objectid)? {
-                    let i = InodeItem::parse(&b).ok();
-                    if i.as_ref().is_none_or(|i| i.nlink > 0) {
-                        // A moved directory holding a subvolume's entry: a replay
-                        // that did not link it where it is now would drop it with
-                        // that entry (which no log holds).
-                        let dir = i.is_some_and(|i| i.mode & S_IFMT == S_IFDIR);
-                        if dir && holds_subvol_entry(t, root, e.location.objectid)? {
-                            return Ok(Some("moved directory holding a subvolume entry"));
-                        }
-                        moved.push(e.location.objectid);
-                    }
+                match relink(t, root, e.location.objectid)? {
+                    Relink::Nothing => {}
+                    Relink::Log { .. } => moved.push(e.location.objectid),
+                    Relink::Commit(why) => return Ok(Some(why)),
                 }
             }
         }
@@ -1060,20 +1052,12 @@ impl TreeLog {
                     if other == ino {
                         continue;
                     }
-                    let Some(b) = current_inode_bytes(t, root, other)? else {
-                        continue;
+                    let mode = match relink(t, root, other)? {
+                        Relink::Nothing => continue,
+                        Relink::Log { dir: true } => Mode::Full,
+                        Relink::Log { dir: false } => Mode::Exists,
+                        Relink::Commit(why) => return Ok(Some(why)),
                     };
-                    let Ok(oi) = InodeItem::parse(&b) else {
-                        continue;
-                    };
-                    if oi.nlink == 0 {
-                        continue;
-                    }
-                    let dir = is_dir(oi.mode);
-                    if dir && holds_subvol_entry(t, root, other)? {
-                        return Ok(Some("moved directory holding a subvolume entry"));
-                    }
-                    let mode = if dir { Mode::Full } else { Mode::Exists };
                     if let Some(why) = self.log_inode(t, root, other, mode, v)? {
                         return Ok(Some(why));
                     }
@@ -1287,6 +1271,36 @@ fn flush_all(t: &Trans) -> Result<()> {
             .map_err(|e| Error::io(format!("flushing {}", d.name()), e))?;
     }
     Ok(())
+}
+
+/// What to do about an inode that the replay will take a name from (one in a logged
+/// directory's changed range, or one another inode takes over).
+enum Relink {
+    /// Gone, or without a name left: nothing to keep.
+    Nothing,
+    /// Still linked elsewhere: log it, so the replay links it where it is now (an
+    /// inode item that does not parse is logged too, and reported there).
+    Log { dir: bool },
+    /// A directory holding a subvolume's entry: a replay that did not link it
+    /// where it is now would drop it with that entry, which no log holds.
+    Commit(&'static str),
+}
+
+fn relink(t: &Trans, root: u64, ino: u64) -> Result<Relink> {
+    let Some(b) = current_inode_bytes(t, root, ino)? else {
+        return Ok(Relink::Nothing);
+    };
+    let Ok(i) = InodeItem::parse(&b) else {
+        return Ok(Relink::Log { dir: false });
+    };
+    if i.nlink == 0 {
+        return Ok(Relink::Nothing);
+    }
+    let dir = is_dir(i.mode);
+    if dir && holds_subvol_entry(t, root, ino)? {
+        return Ok(Relink::Commit("moved directory holding a subvolume entry"));
+    }
+    Ok(Relink::Log { dir })
 }
 
 /// Whether directory `dir` of tree `root` has a subvolume's entry (one DIR_INDEX
