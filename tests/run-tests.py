@@ -56,6 +56,7 @@ EXPECTED_S = {
     "model": 42, "mount_tools": 41, "golden": 41, "squota": 40, "subvol_crash": 55, "log_names_crash": 100,
     "resize": 24, "mount": 23, "check": 19, "salvage": 18, "ctree_model": 14,
     "crash": 12, "mount_options": 10, "snapshot_scale": 60, "raid_write": 170, "kernel_text": 10, "fresh-golden": 150,
+    "mount_crash": 90,
 }
 
 EXCLUSIVE = ["fresh-golden-treelog", "log_replay", "subvol_edit"]
