@@ -480,6 +480,22 @@ impl ScratchFile {
         fill(&f).map_err(|e| format!("writing {}: {e}", s.path.display()))?;
         Ok(s)
     }
+
+    /// A crash image `img` as a sparse file (the openers take paths).
+    pub fn of_image(prefix: &str, img: &[u8]) -> Result<ScratchFile, String> {
+        ScratchFile::create(prefix, img.len() as u64, |f| write_sparse(f, img))
+    }
+}
+
+/// Fails the test with the count and the first 30 of `failures`, if there are any:
+/// a crash test collects every bad cut before it reports.
+pub fn assert_no_failures(failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures[..failures.len().min(30)].join("\n")
+    );
 }
 
 impl Drop for ScratchFile {

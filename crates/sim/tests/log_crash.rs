@@ -21,7 +21,7 @@ use std::sync::Arc;
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::{Device, Filesystem, NewInode, OpenOptions, Synced, Trans, TreeLog};
 use ubtrfs_sim::fault_dev::{allowed_points, RecordingDevice};
-use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, write_sparse, ScratchFile};
+use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, ScratchFile};
 use ubtrfs_sim::model::{write_data, FsConfig, Harness};
 use ubtrfs_sim::mount::KernelMount;
 use ubtrfs_sim::rng::Rng;
@@ -271,7 +271,7 @@ fn allowed(points: &[Point], n: usize, inside: bool) -> Vec<usize> {
 
 /// A cut image as a sparse file (the openers take paths), removed on drop.
 fn image_file(img: &[u8]) -> Result<ScratchFile, String> {
-    ScratchFile::create("cut", img.len() as u64, |f| write_sparse(f, img))
+    ScratchFile::of_image("cut", img)
 }
 
 fn verify(img: &[u8], points: &[Point], ok: &[usize]) -> Result<(), String> {
@@ -358,15 +358,5 @@ fn fsync_log_survives_every_cut() {
     );
     assert!(logged > 20, "most fsyncs are logged ({logged})");
     assert!(fast > 10, "files logged again take the fast path ({fast})");
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures
-            .iter()
-            .take(30)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    ubtrfs_sim::host::assert_no_failures(&failures);
 }

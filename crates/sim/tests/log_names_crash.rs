@@ -23,7 +23,7 @@ use std::sync::Arc;
 use ubtrfs_core::format::items::Timespec;
 use ubtrfs_core::{Device, Filesystem, NewInode, OpenOptions, Synced, Trans, TreeLog};
 use ubtrfs_sim::fault_dev::RecordingDevice;
-use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, write_sparse, ScratchFile};
+use ubtrfs_sim::host::{btrfs_check, panic_message, require_root, ScratchFile};
 use ubtrfs_sim::model::{write_data, FsConfig, Harness};
 use ubtrfs_sim::mount::KernelMount;
 use ubtrfs_sim::rng::Rng;
@@ -257,7 +257,7 @@ fn run_workload() -> (Arc<RecordingDevice>, Vec<Frozen>, Vec<Gone>, usize, usize
 
 /// A cut image as a sparse file (the openers take paths), removed on drop.
 fn image_file(img: &[u8]) -> Result<ScratchFile, String> {
-    ScratchFile::create("cut", img.len() as u64, |f| write_sparse(f, img))
+    ScratchFile::of_image("cut", img)
 }
 
 fn read_tree(fs: &Filesystem) -> Result<Tree, String> {
@@ -422,15 +422,5 @@ fn names_survive_every_cut_as_fsynced() {
         frozen.len() > 10 && gone.len() > 5,
         "the workload exercised both rules"
     );
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures
-            .iter()
-            .take(30)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    ubtrfs_sim::host::assert_no_failures(&failures);
 }

@@ -30,7 +30,7 @@ use std::time::Duration;
 use ubtrfs_core::{Device, Filesystem, OpenOptions, Trans};
 use ubtrfs_fuse::{Config, Engine, Writer};
 use ubtrfs_sim::fault_dev::RecordingDevice;
-use ubtrfs_sim::host::{btrfs_check, require_fuse, write_sparse, ScratchFile};
+use ubtrfs_sim::host::{btrfs_check, require_fuse, ScratchFile};
 use ubtrfs_sim::model::{write_data, FsConfig, Harness};
 use ubtrfs_sim::mount::{fuse_unmount, KernelMount};
 use ubtrfs_sim::rng::Rng;
@@ -411,8 +411,7 @@ fn check_cut(
 }
 
 fn image_file(img: &[u8]) -> ScratchFile {
-    ScratchFile::create("mount-cut", img.len() as u64, |f| write_sparse(f, img))
-        .expect("scratch image")
+    ScratchFile::of_image("mount-cut", img).expect("scratch image")
 }
 
 /// The kernel's replay of a cut: the same files as ubtrfs's, btrfs check clean.
@@ -589,15 +588,5 @@ fn mount_workload_survives_every_cut() {
         final_flushes - base_flushes,
     );
     assert!(stats.logged > 10, "most fsyncs are logged: {stats:?}");
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures
-            .iter()
-            .take(30)
-            .cloned()
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    ubtrfs_sim::host::assert_no_failures(&failures);
 }
