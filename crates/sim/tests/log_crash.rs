@@ -360,3 +360,63 @@ fn fsync_log_survives_every_cut() {
     assert!(fast > 10, "files logged again take the fast path ({fast})");
     ubtrfs_sim::host::assert_no_failures(&failures);
 }
+
+/// A directory of many new files whose log could not fit into the free metadata
+/// space: the fsync commits at once, after copying the directory's own items and
+/// before logging any child (a million files in the benchmark of seed 004: the log
+/// of all of them would cost more than the commit that makes them durable). The
+/// commit makes every file durable: the image opens with all of them, check clean.
+#[test]
+fn fsync_commits_at_once_when_the_log_cannot_fit() {
+    let rec = RecordingDevice::new(vec![0u8; DEV_BYTES], "log-short");
+    let dev: Arc<dyn Device> = rec.clone();
+    let h = Harness::mkfs(dev, &FsConfig::default()).unwrap_or_else(|e| panic!("mkfs: {e}"));
+    let mut t = h.t;
+    let mut log = TreeLog::new();
+    let a = |mode| NewInode {
+        mode,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        time: t0(1),
+    };
+    // Fill the metadata chunk mkfs made until the transaction allocates another,
+    // and commit it: the next transaction has that new chunk's free space only.
+    let pre = t.create(5, 256, b"pre", a(0o40755)).expect("mkdir");
+    let mut i = 0u64;
+    while !t.chunks_allocated() {
+        assert!(i < 200_000, "no metadata chunk allocated after {i} files");
+        t.create(5, pre, format!("f{i}").as_bytes(), a(0o100644))
+            .expect("create");
+        i += 1;
+    }
+    t.commit().expect("commit");
+    // New files in a new directory until their log would exceed what is free, no
+    // new chunk allocated: each needs at least 277 bytes of log items (its DIR_INDEX
+    // item, 25 + 30 + name, and the inode's two), so 250 per file is past it.
+    let d = t.create(5, 256, b"big", a(0o40755)).expect("mkdir");
+    let mut m = 0u64;
+    while m * 250 <= t.metadata_free_bytes() {
+        t.create(5, d, format!("g{m}").as_bytes(), a(0o100644))
+            .expect("create");
+        m += 1;
+    }
+    assert!(!t.chunks_allocated(), "a chunk allocated for {m} files");
+    assert!(m > 1000, "only {m} files fill the free space");
+    let r = log.fsync(&mut t, 5, d, false).expect("fsync");
+    let st = log.stats().clone();
+    assert_eq!(
+        r,
+        Synced::Committed("metadata space short for the log"),
+        "{m} files: {st:?}"
+    );
+    // Only the directory itself was looked at: no child was copied into the log.
+    assert!(st.inodes_logged <= 1, "{st:?}");
+    assert_eq!(st.blocks_written, 0, "{st:?}");
+    let img = image_file(&rec.image_after_flush(rec.flushes())).expect("image");
+    let fs = Filesystem::open_replayed(&[&img.path], OpenOptions::default()).expect("open");
+    let big = fs.resolve("/big").expect("/big");
+    assert_eq!(fs.readdir(big).expect("readdir").len() as u64, m);
+    drop(fs);
+    btrfs_check(&img.path, None).expect("btrfs check");
+}

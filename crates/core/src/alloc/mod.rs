@@ -299,13 +299,10 @@ impl Allocator {
         Ok((b, take))
     }
 
-    /// Bytes of type `ty` (DATA or METADATA) allocations could take now: what the
-    /// groups serving it have free (space freed in this transaction is pinned and
-    /// not counted until the commit), plus what new chunks could take of the device
-    /// space (data leaving metadata its room, as [`Allocator::alloc_chunk`] does).
-    pub(crate) fn available(&self, total_bytes: u64, ty: u64) -> u64 {
-        let in_groups: u64 = self
-            .bgs
+    /// Bytes the block groups serving type `ty` have free now, without new chunks
+    /// (space freed in this transaction is pinned and not counted until the commit).
+    pub(crate) fn free_in_groups(&self, ty: u64) -> u64 {
+        self.bgs
             .values()
             .filter(|b| self.open_for(b, ty))
             .map(|b| {
@@ -315,7 +312,15 @@ impl Allocator {
                     b.length.saturating_sub(b.used)
                 }
             })
-            .sum();
+            .sum()
+    }
+
+    /// Bytes of type `ty` (DATA or METADATA) allocations could take now: what the
+    /// groups serving it have free (space freed in this transaction is pinned and
+    /// not counted until the commit), plus what new chunks could take of the device
+    /// space (data leaving metadata its room, as [`Allocator::alloc_chunk`] does).
+    pub(crate) fn available(&self, total_bytes: u64, ty: u64) -> u64 {
+        let in_groups = self.free_in_groups(ty);
         let profile = self.profile_for(ty);
         let Some(copies) = block_group::profile_copies(profile) else {
             return in_groups;

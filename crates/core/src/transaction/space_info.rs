@@ -168,6 +168,12 @@ impl Trans {
             .available(self.fs.info.sb.total_bytes, BLOCK_GROUP_DATA)
     }
 
+    /// Metadata bytes free in the metadata block groups there are now (pinned space
+    /// excluded, no new chunk counted): where a tree log's blocks must come from.
+    pub fn metadata_free_bytes(&self) -> u64 {
+        self.alloc.free_in_groups(BLOCK_GROUP_METADATA)
+    }
+
     /// Bytes allocated in data block groups (extents in use, as `btrfs filesystem df`
     /// counts "used" for data).
     pub fn data_used_bytes(&self) -> u64 {

@@ -32,8 +32,10 @@
 //! logged earlier in the transaction removed, a subvolume entry in a directory to log,
 //! a subvolume's entry renamed or removed in this transaction, a directory holding a
 //! subvolume's entry moved away from a logged name, a chunk allocated in this transaction
-//! (the log could not be read before the commit), metadata space short, items this
-//! log does not copy (verity), or a log past its size limit.
+//! (the log could not be read before the commit), metadata space short (known
+//! before the children of a directory are copied: their items' lower bound against
+//! the free metadata space), items this log does not copy (verity), or a log past
+//! its size limit.
 //!
 //! Owns: the in-memory log trees and writing them. May use: `transaction` (the
 //! handle, its commit), `alloc` (log blocks), `io`, `tree`.
@@ -315,10 +317,34 @@ struct Visit {
     /// The transaction's file extent changes, taken for this fsync: (tree, inode) ->
     /// lowest offset changed. What no inode logged here used goes back.
     changes: HashMap<(u64, u64), u64>,
+    /// Item bytes (headers and data) the metadata space free when the fsync began
+    /// could hold in log leaves: the log's blocks can come from nowhere else.
+    room_bytes: u64,
+    /// Item bytes this fsync has put into the log trees so far.
+    need_bytes: u64,
 }
+
+impl Visit {
+    /// Whether the items logged so far plus `ahead_bytes` more would not fit into
+    /// the free metadata space: then the fsync commits at once, before copying what
+    /// could not be written (a directory of a million new files: the log would need
+    /// more than the free space, and stopping after the directory's own items saves
+    /// the copying of every child that a commit makes durable anyway).
+    fn short(&self, ahead_bytes: u64) -> bool {
+        self.need_bytes + ahead_bytes > self.room_bytes
+    }
+}
+
+/// The fewest item bytes logging an inode not logged before adds: its INODE_ITEM
+/// (160 bytes) and one INODE_REF (index and name length, 10 bytes, then a name of
+/// at least one byte), each with its item header: the log's lower bound per child.
+const CHILD_LOG_BYTES_MIN: u64 = (2 * ITEM_SIZE + 160 + 10 + 1) as u64;
 
 /// A reason to commit instead of logging.
 type Fallback = Option<&'static str>;
+
+/// The fallback when the log's blocks would not fit into the free metadata space.
+const SPACE_SHORT: &str = "metadata space short for the log";
 
 fn is_dir(mode: u32) -> bool {
     mode & S_IFMT == S_IFDIR
@@ -432,6 +458,12 @@ impl TreeLog {
                 t.track_log_changes();
                 std::mem::take(t.file_extent_changes.get_or_insert_with(HashMap::new))
             },
+            room_bytes: {
+                let ns = t.fs.info.nodesize as u64;
+                let free = t.alloc.free_in_groups(BLOCK_GROUP_METADATA);
+                free / ns * (ns - HEADER_SIZE as u64)
+            },
+            need_bytes: 0,
         };
         let why = self.log_inodes(t, root, ino, &mut v)?;
         // Changes of inodes this fsync did not log stay for their turn.
@@ -741,6 +773,17 @@ impl TreeLog {
                 items.extend(holes);
                 items.sort_by_key(|a| a.0);
             }
+        }
+        v.need_bytes += items
+            .iter()
+            .map(|(_, d)| (ITEM_SIZE + d.len()) as u64)
+            .sum::<u64>();
+        let children_new = new_children
+            .iter()
+            .filter(|c| !self.logged.contains_key(&(root, **c)))
+            .count() as u64;
+        if v.short(children_new * CHILD_LOG_BYTES_MIN) {
+            return Ok(Some(SPACE_SHORT));
         }
         let buf = self.subvols.entry(root).or_default();
         self.stats.items_logged += match fast_from {
@@ -1212,7 +1255,7 @@ impl TreeLog {
                 Error::corrupt(format!("internal: log of subvolume {id} vanished"))
             })?;
             let Some((bytenr, level)) = write_tree(t, buf, &mut garbage, &mut self.stats)? else {
-                return Ok(Some("metadata space short for the log"));
+                return Ok(Some(SPACE_SHORT));
             };
             // Unchanged roots give the same item, which `set` leaves alone.
             let ns = t.fs.info.nodesize as u64;
@@ -1231,7 +1274,7 @@ impl TreeLog {
         let Some((top, top_level)) =
             write_tree(t, &mut self.root_tree, &mut garbage, &mut self.stats)?
         else {
-            return Ok(Some("metadata space short for the log"));
+            return Ok(Some(SPACE_SHORT));
         };
         flush_all(t)?;
         for (devid, sb) in &mut self.supers {
