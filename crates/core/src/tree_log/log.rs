@@ -136,6 +136,9 @@ struct LogBuf {
     nodes: HashMap<Vec<(Key, u64)>, u64>,
     /// The root block last written: (bytenr, level).
     root: Option<(u64, u8)>,
+    /// Item bytes (headers and data) stored anew over the buffer's life: what
+    /// leaves to be written hold (an item stored again unchanged is not counted).
+    stored_bytes: u64,
 }
 
 impl LogBuf {
@@ -172,6 +175,7 @@ impl LogBuf {
     /// Stores an item without marking its leaf: false when it is there already.
     fn put(&mut self, k: Key, v: Vec<u8>) -> bool {
         use std::collections::btree_map::Entry;
+        let bytes = (ITEM_SIZE + v.len()) as u64;
         match self.items.entry(k) {
             Entry::Occupied(mut o) => {
                 if *o.get() == v {
@@ -183,6 +187,7 @@ impl LogBuf {
                 e.insert(v);
             }
         }
+        self.stored_bytes += bytes;
         true
     }
 
@@ -320,8 +325,9 @@ struct Visit {
     /// Item bytes (headers and data) the metadata space free when the fsync began
     /// could hold in log leaves: the log's blocks can come from nowhere else.
     room_bytes: u64,
-    /// Item bytes this fsync has put into the log trees so far.
-    need_bytes: u64,
+    /// Item bytes the log trees had stored when this fsync began
+    /// ([`LogBuf::stored_bytes`]): what it stores is the difference.
+    start_bytes: u64,
 }
 
 impl Visit {
@@ -330,8 +336,9 @@ impl Visit {
     /// could not be written (a directory of a million new files: the log would need
     /// more than the free space, and stopping after the directory's own items saves
     /// the copying of every child that a commit makes durable anyway).
-    fn short(&self, ahead_bytes: u64) -> bool {
-        self.need_bytes + ahead_bytes > self.room_bytes
+    fn short(&self, log: &TreeLog, ahead_bytes: u64) -> bool {
+        let stored = log.stored_bytes().saturating_sub(self.start_bytes);
+        stored + ahead_bytes > self.room_bytes
     }
 }
 
@@ -370,6 +377,11 @@ impl TreeLog {
     /// Counters so far.
     pub fn stats(&self) -> &LogStats {
         &self.stats
+    }
+
+    /// Item bytes the log trees of the running transaction have stored anew.
+    fn stored_bytes(&self) -> u64 {
+        self.subvols.values().map(|b| b.stored_bytes).sum()
     }
 
     /// Items held in the log trees of the running transaction.
@@ -463,7 +475,7 @@ impl TreeLog {
                 let free = t.alloc.free_in_groups(BLOCK_GROUP_METADATA);
                 free / ns * (ns - HEADER_SIZE as u64)
             },
-            need_bytes: 0,
+            start_bytes: self.stored_bytes(),
         };
         let why = self.log_inodes(t, root, ino, &mut v)?;
         // Changes of inodes this fsync did not log stay for their turn.
@@ -774,17 +786,6 @@ impl TreeLog {
                 items.sort_by_key(|a| a.0);
             }
         }
-        v.need_bytes += items
-            .iter()
-            .map(|(_, d)| (ITEM_SIZE + d.len()) as u64)
-            .sum::<u64>();
-        let children_new = new_children
-            .iter()
-            .filter(|c| !self.logged.contains_key(&(root, **c)))
-            .count() as u64;
-        if v.short(children_new * CHILD_LOG_BYTES_MIN) {
-            return Ok(Some(SPACE_SHORT));
-        }
         let buf = self.subvols.entry(root).or_default();
         self.stats.items_logged += match fast_from {
             None => buf.replace_range(lo, hi_copy, items),
@@ -798,6 +799,15 @@ impl TreeLog {
             for (_, fe) in &extents {
                 self.log_csums(t, root, fe)?;
             }
+        }
+        // What is stored so far, and what the children still to log need at least,
+        // against the free space (stopping here leaves a log the commit replaces).
+        let children_new = new_children
+            .iter()
+            .filter(|c| !self.logged.contains_key(&(root, **c)))
+            .count() as u64;
+        if v.short(self, children_new * CHILD_LOG_BYTES_MIN) {
+            return Ok(Some(SPACE_SHORT));
         }
         // Logged whole by a nested call while this one logged its names only.
         let logged_mode = if v.seen_full.contains(&(root, ino)) {
