@@ -249,7 +249,8 @@ pub struct TreeLog {
     committed_roots: HashMap<u64, Option<RootPtr>>,
     /// Log blocks the next durable sync frees (replaced by this one).
     garbage: Vec<u64>,
-    stats: LogStats,
+    /// The counters, and the leaf hint of the fsync running.
+    copy: Copier,
 }
 
 /// A directory name against the last commit.
@@ -379,7 +380,7 @@ impl TreeLog {
 
     /// Counters so far.
     pub fn stats(&self) -> &LogStats {
-        &self.stats
+        &self.copy.stats
     }
 
     /// Item bytes the log trees of the running transaction have stored anew.
@@ -396,7 +397,7 @@ impl TreeLog {
     /// commits the transaction where a log cannot say it (see the module comment).
     /// `datasync` (fdatasync) is logged as fsync is.
     pub fn fsync(&mut self, t: &mut Trans, root: u64, ino: u64, _datasync: bool) -> Result<Synced> {
-        self.stats.fsyncs += 1;
+        self.copy.stats.fsyncs += 1;
         // A log replays over the last commit's superblock: a commit still being
         // written must be durable first.
         t.commit_finish()?;
@@ -409,7 +410,7 @@ impl TreeLog {
         }
         match self.sync(t)? {
             None => {
-                self.stats.logged += 1;
+                self.copy.stats.logged += 1;
                 Ok(Synced::Logged)
             }
             Some(why) => self.commit_instead(t, why),
@@ -428,20 +429,23 @@ impl TreeLog {
     fn commit_instead(&mut self, t: &mut Trans, why: &'static str) -> Result<Synced> {
         t.commit()?;
         self.reset(t.transid);
-        self.stats.full_commits += 1;
-        *self.stats.commit_reasons.entry(why).or_insert(0) += 1;
+        self.copy.stats.full_commits += 1;
+        *self.copy.stats.commit_reasons.entry(why).or_insert(0) += 1;
         Ok(Synced::Committed(why))
     }
 
     /// Forgets the log of an earlier transaction (its blocks went back to the free
     /// space when that transaction committed).
     fn reset(&mut self, transid: u64) {
-        let stats = std::mem::take(&mut self.stats);
+        let stats = std::mem::take(&mut self.copy.stats);
         let old = std::mem::replace(
             self,
             TreeLog {
                 transid,
-                stats,
+                copy: Copier {
+                    stats,
+                    last_leaf: None,
+                },
                 ..TreeLog::default()
             },
         );
@@ -456,6 +460,14 @@ impl TreeLog {
     }
 
     fn try_log(&mut self, t: &mut Trans, root: u64, ino: u64) -> Result<Fallback> {
+        // The trees may have changed since the last fsync: its leaf is no hint.
+        self.copy.last_leaf = None;
+        let why = self.try_log_inner(t, root, ino);
+        self.copy.last_leaf = None;
+        why
+    }
+
+    fn try_log_inner(&mut self, t: &mut Trans, root: u64, ino: u64) -> Result<Fallback> {
         if !t.alloc.pending_chunks.is_empty() {
             return Ok(Some("chunk allocated in this transaction"));
         }
@@ -586,7 +598,7 @@ impl TreeLog {
         let Some(ptr) = self.committed_root(t, root)? else {
             return Ok(Vec::new());
         };
-        copy_items(t, &ptr, lo, hi, &mut self.stats)
+        copy_items(t, &ptr, lo, hi, &mut self.copy)
     }
 
     /// Logs one inode (and what its durability needs); returns a reason to commit
@@ -670,12 +682,12 @@ impl TreeLog {
             })
         };
         let src = match fast_from {
-            None => copy_items_then(t, &ptr, lo, hi_copy, head_hi, &mut self.stats, |h| {
+            None => copy_items_then(t, &ptr, lo, hi_copy, head_hi, &mut self.copy, |h| {
                 !partial_dir(h)
             })?,
             Some(_) => {
-                let mut a = copy_items(t, &ptr, lo, head_hi, &mut self.stats)?;
-                a.extend(copy_items(t, &ptr, tail_lo, hi, &mut self.stats)?);
+                let mut a = copy_items(t, &ptr, lo, head_hi, &mut self.copy)?;
+                a.extend(copy_items(t, &ptr, tail_lo, hi, &mut self.copy)?);
                 a
             }
         };
@@ -689,8 +701,8 @@ impl TreeLog {
         if inode.nlink == 0 {
             return Ok(self.forget_gone(root, ino));
         }
-        self.stats.inodes_logged += 1;
-        self.stats.fast_path += u64::from(fast_from.is_some());
+        self.copy.stats.inodes_logged += 1;
+        self.copy.stats.fast_path += u64::from(fast_from.is_some());
         let mut items = Vec::with_capacity(src.len() + 1);
         let mut parents = Vec::new();
         let mut new_children = Vec::new();
@@ -791,7 +803,7 @@ impl TreeLog {
             }
         }
         let buf = self.subvols.entry(root).or_default();
-        self.stats.items_logged += match fast_from {
+        self.copy.stats.items_logged += match fast_from {
             None => buf.replace_range(lo, hi_copy, items),
             Some(_) => {
                 let (head, tail): (Vec<_>, Vec<_>) =
@@ -850,7 +862,7 @@ impl TreeLog {
             &ptr,
             Key::new(ino, INODE_REF_KEY, 0),
             Key::new(ino, INODE_EXTREF_KEY, u64::MAX),
-            &mut self.stats,
+            &mut self.copy,
         )?;
         let mut dirs = BTreeSet::new();
         for (k, d) in names {
@@ -894,7 +906,7 @@ impl TreeLog {
                 // New: log it (its own parents follow from there).
                 return self.log_inode(t, root, cur, Mode::Exists, v);
             }
-            let now = copy_items(t, &t.root_ptr(root)?, lo, hi, &mut self.stats)?;
+            let now = copy_items(t, &t.root_ptr(root)?, lo, hi, &mut self.copy)?;
             let refs = |items: &[(Key, Vec<u8>)]| -> Vec<(Key, Vec<u8>)> {
                 items
                     .iter()
@@ -944,7 +956,7 @@ impl TreeLog {
                 Some(None) => {}
             }
         }
-        self.stats.searches += 2;
+        self.copy.stats.searches += 2;
         let now_leaves = range_leaves(t, &t.root_ptr(root)?, lo, hi)?;
         let then_leaves = range_leaves(t, &old_ptr, lo, hi)?;
         let then_blocks: BTreeSet<u64> = then_leaves.iter().map(|b| b.bytenr).collect();
@@ -973,7 +985,7 @@ impl TreeLog {
                     }
                 }
             } else {
-                self.stats.leaf_copies += 1;
+                self.copy.stats.leaf_copies += 1;
                 now.extend(items.into_iter().map(|(k, d)| (k, Some(d))));
             }
         }
@@ -1017,7 +1029,7 @@ impl TreeLog {
         let mut prev: Option<u64> = None;
         for &i in changed {
             let k = Key::new(dir, DIR_INDEX_KEY, i);
-            self.stats.searches += 2;
+            self.copy.stats.searches += 2;
             let then = lookup_exact(&t.fs.info, old_ptr, &k)?.map(|it| it.data().to_vec());
             let now = lookup_exact(&t.fs.info, &now_ptr, &k)?.map(|it| it.data().to_vec());
             let entries = match (then, now) {
@@ -1266,7 +1278,7 @@ impl TreeLog {
             }
             trim_csums(buf, a, b, t.fs.info.csum_type.size(), ss);
             buf.set(key, data);
-            self.stats.items_logged += 1;
+            self.copy.stats.items_logged += 1;
             i = j;
         }
         Ok(())
@@ -1282,7 +1294,8 @@ impl TreeLog {
             let buf = self.subvols.get_mut(&id).ok_or_else(|| {
                 Error::corrupt(format!("internal: log of subvolume {id} vanished"))
             })?;
-            let Some((bytenr, level)) = write_tree(t, buf, &mut garbage, &mut self.stats)? else {
+            let Some((bytenr, level)) = write_tree(t, buf, &mut garbage, &mut self.copy.stats)?
+            else {
                 return Ok(Some(SPACE_SHORT));
             };
             // Unchanged roots give the same item, which `set` leaves alone.
@@ -1300,7 +1313,7 @@ impl TreeLog {
             self.root_tree.set(log_root_key(id), r.to_bytes());
         }
         let Some((top, top_level)) =
-            write_tree(t, &mut self.root_tree, &mut garbage, &mut self.stats)?
+            write_tree(t, &mut self.root_tree, &mut garbage, &mut self.copy.stats)?
         else {
             return Ok(Some(SPACE_SHORT));
         };
@@ -1318,7 +1331,7 @@ impl TreeLog {
             dev.write_at(SUPER_INFO_OFFSET, &bytes).map_err(|e| {
                 Error::io(format!("writing the log superblock on {}", dev.name()), e)
             })?;
-            self.stats.bytes_written += bytes.len() as u64;
+            self.copy.stats.bytes_written += bytes.len() as u64;
         }
         flush_all(t)?;
         // Durable: what the previous log used and this one does not is free now.
@@ -1410,26 +1423,82 @@ fn copy_items(
     ptr: &RootPtr,
     lo: Key,
     hi: Key,
-    stats: &mut LogStats,
+    c: &mut Copier,
 ) -> Result<Vec<(Key, Vec<u8>)>> {
-    copy_items_then(t, ptr, lo, hi, hi, stats, |_| true)
+    copy_items_then(t, ptr, lo, hi, hi, c, |_| true)
+}
+
+/// What the item copies of one fsync share: the counters, and the leaf the last
+/// copy ended in, of the tree it was found in (tree id, root block). The trees do
+/// not change while one fsync logs (it holds the transaction shared), so a range
+/// that lies inside that leaf is copied from it without a search: the inodes of
+/// seed 004's directory sit side by side, a hundred to a leaf.
+#[derive(Debug, Default)]
+struct Copier {
+    stats: LogStats,
+    last_leaf: Option<(u64, u64, Arc<TreeBlock>)>,
+}
+
+/// The first slot of a leaf whose key is `>= key`.
+fn leaf_lower_bound(leaf: &TreeBlock, key: &Key) -> Result<usize> {
+    let v = leaf.view();
+    let (mut lo, mut hi) = (0usize, leaf.nritems());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        let k = v
+            .item_key(mid)
+            .map_err(|e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr)))?;
+        if k < *key {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+/// The last leaf, when it holds every item of [lo, hi] there is: its first key at
+/// or below `lo` (no earlier leaf has one) and its last key above `hi` (no later
+/// leaf has one).
+fn hinted_leaf(c: &Copier, ptr: &RootPtr, lo: &Key, hi: &Key) -> Result<Option<Arc<TreeBlock>>> {
+    let Some((id, root, leaf)) = &c.last_leaf else {
+        return Ok(None);
+    };
+    let n = leaf.nritems();
+    if *id != ptr.id || *root != ptr.bytenr || n == 0 {
+        return Ok(None);
+    }
+    let v = leaf.view();
+    let bad = |e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr));
+    let inside = v.item_key(0).map_err(bad)? <= *lo && v.item_key(n - 1).map_err(bad)? > *hi;
+    Ok(inside.then(|| leaf.clone()))
 }
 
 /// [`copy_items`], asking `go_on` with the items up to `split` whether to copy the
-/// rest (still one search).
+/// rest (still one search, or none when the last leaf holds the range).
 fn copy_items_then(
     t: &Trans,
     ptr: &RootPtr,
     lo: Key,
     hi: Key,
     split: Key,
-    stats: &mut LogStats,
+    c: &mut Copier,
     go_on: impl FnOnce(&[(Key, Vec<u8>)]) -> bool,
 ) -> Result<Vec<(Key, Vec<u8>)>> {
-    stats.searches += 1;
     let mut go_on = Some(go_on);
     let mut out = Vec::new();
-    let mut path = search_slot(&t.fs.info, ptr, &lo)?;
+    let mut path = match hinted_leaf(c, ptr, &lo, &hi)? {
+        Some(leaf) => {
+            let slot = leaf_lower_bound(&leaf, &lo)?;
+            crate::tree::ctree::Path {
+                nodes: vec![(leaf, slot)],
+            }
+        }
+        None => {
+            c.stats.searches += 1;
+            search_slot(&t.fs.info, ptr, &lo)?
+        }
+    };
     loop {
         let leaf = path.leaf().clone();
         let v = leaf.view();
@@ -1441,14 +1510,21 @@ fn copy_items_then(
             let k = v.item_key(slot).map_err(bad)?;
             let stop = k > hi || (k > split && go_on.take().is_some_and(|f| !f(&out)));
             if stop {
-                stats.leaf_copies += u64::from(copied);
+                c.stats.leaf_copies += u64::from(copied);
+                c.last_leaf = Some((ptr.id, ptr.bytenr, leaf.clone()));
                 return Ok(out);
             }
             out.push((k, v.item_data(slot).map_err(bad)?.to_vec()));
             copied = true;
         }
-        stats.leaf_copies += u64::from(copied);
+        c.stats.leaf_copies += u64::from(copied);
+        c.last_leaf = Some((ptr.id, ptr.bytenr, leaf.clone()));
         path.nodes[0].1 = leaf.nritems();
+        // A path made from the hint has no nodes above: the range ends inside the
+        // leaf, so the loop never gets here with it.
+        if path.nodes.len() == 1 && ptr.level > 0 {
+            return Ok(out);
+        }
         if !next_leaf(&t.fs.info, &mut path)? {
             return Ok(out);
         }
