@@ -1439,39 +1439,19 @@ struct Copier {
     last_leaf: Option<(u64, u64, Arc<TreeBlock>)>,
 }
 
-/// The first slot of a leaf whose key is `>= key`.
-fn leaf_lower_bound(leaf: &TreeBlock, key: &Key) -> Result<usize> {
-    let v = leaf.view();
-    let (mut lo, mut hi) = (0usize, leaf.nritems());
-    while lo < hi {
-        let mid = (lo + hi) / 2;
-        let k = v
-            .item_key(mid)
-            .map_err(|e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr)))?;
-        if k < *key {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    Ok(lo)
-}
-
 /// The last leaf, when it holds every item of [lo, hi] there is: its first key at
 /// or below `lo` (no earlier leaf has one) and its last key above `hi` (no later
 /// leaf has one).
-fn hinted_leaf(c: &Copier, ptr: &RootPtr, lo: &Key, hi: &Key) -> Result<Option<Arc<TreeBlock>>> {
-    let Some((id, root, leaf)) = &c.last_leaf else {
-        return Ok(None);
-    };
+fn hinted_leaf(c: &Copier, ptr: &RootPtr, lo: &Key, hi: &Key) -> Option<Arc<TreeBlock>> {
+    let (id, root, leaf) = c.last_leaf.as_ref()?;
     let n = leaf.nritems();
-    if *id != ptr.id || *root != ptr.bytenr || n == 0 {
-        return Ok(None);
-    }
-    let v = leaf.view();
-    let bad = |e| Error::corrupt(format!("tree block {}: {e}", leaf.bytenr));
-    let inside = v.item_key(0).map_err(bad)? <= *lo && v.item_key(n - 1).map_err(bad)? > *hi;
-    Ok(inside.then(|| leaf.clone()))
+    // A leaf read through the cache was validated: its keys are in bounds.
+    let inside = *id == ptr.id
+        && *root == ptr.bytenr
+        && n > 0
+        && eb::item_key(&leaf.data, 0) <= *lo
+        && eb::item_key(&leaf.data, n - 1) > *hi;
+    inside.then(|| leaf.clone())
 }
 
 /// [`copy_items`], asking `go_on` with the items up to `split` whether to copy the
@@ -1487,9 +1467,9 @@ fn copy_items_then(
 ) -> Result<Vec<(Key, Vec<u8>)>> {
     let mut go_on = Some(go_on);
     let mut out = Vec::new();
-    let mut path = match hinted_leaf(c, ptr, &lo, &hi)? {
+    let mut path = match hinted_leaf(c, ptr, &lo, &hi) {
         Some(leaf) => {
-            let slot = leaf_lower_bound(&leaf, &lo)?;
+            let slot = eb::bin_search(&leaf.data, &lo).unwrap_or_else(|s| s);
             crate::tree::ctree::Path {
                 nodes: vec![(leaf, slot)],
             }
@@ -1520,11 +1500,8 @@ fn copy_items_then(
         c.stats.leaf_copies += u64::from(copied);
         c.last_leaf = Some((ptr.id, ptr.bytenr, leaf.clone()));
         path.nodes[0].1 = leaf.nritems();
-        // A path made from the hint has no nodes above: the range ends inside the
-        // leaf, so the loop never gets here with it.
-        if path.nodes.len() == 1 && ptr.level > 0 {
-            return Ok(out);
-        }
+        // (A path made from the hint stops inside its leaf, above: it never gets
+        // here, and next_leaf would end it, having no nodes above the leaf.)
         if !next_leaf(&t.fs.info, &mut path)? {
             return Ok(out);
         }
