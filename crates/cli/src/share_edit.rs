@@ -27,8 +27,7 @@ pub enum ReflinkMode {
 #[derive(Args)]
 pub struct CpArgs {
     /// Image file or block device, or a directory of a read-write `ubtrfs mount`
-    /// (its process copies; SRC and DEST are then relative to that directory, and
-    /// DEST must not exist yet).
+    /// (its process copies; SRC and DEST are then relative to that directory).
     pub image: PathBuf,
     /// Source path inside the image.
     pub src: String,
@@ -74,14 +73,13 @@ pub fn cp(a: CpArgs) -> Result<()> {
         ReflinkMode::Auto => CoreReflink::Auto,
         ReflinkMode::Never => CoreReflink::Never,
     };
-    let mut opts = CpOptions {
+    let opts = CpOptions {
         reflink,
         archive: a.archive,
         recursive: a.recursive,
-        replace: true,
     };
     if a.image.is_dir() {
-        opts.replace = false;
+        same_file_refused(&a)?;
         let dir = std::fs::File::open(&a.image)
             .with_context(|| format!("{}: cannot open", a.image.display()))?;
         let r = ubtrfs_fuse::cp_ops::client::cp(&dir, &a.src, &a.dest, &opts)
@@ -97,6 +95,29 @@ pub fn cp(a: CpArgs) -> Result<()> {
         eprintln!("cp: {w}");
     }
     t.commit()?;
+    Ok(())
+}
+
+/// Through a mount the server's refusal of a file copied onto itself reaches the
+/// command as a bare EINVAL: the same check here first, with cp's words.
+fn same_file_refused(a: &CpArgs) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let at = |p: &str| a.image.join(p.trim_start_matches('/'));
+    let (src, mut dest) = (at(&a.src), at(&a.dest));
+    if dest.is_dir() {
+        if let Some(name) = src.file_name() {
+            dest.push(name);
+        }
+    }
+    if let (Ok(s), Ok(d)) = (src.symlink_metadata(), dest.symlink_metadata()) {
+        if (s.dev(), s.ino()) == (d.dev(), d.ino()) {
+            anyhow::bail!(
+                "cp {} {}: the source and the destination are the same file",
+                a.src,
+                a.dest
+            );
+        }
+    }
     Ok(())
 }
 

@@ -2,7 +2,11 @@
 //! - cp: the same copies made by GNU cp on a kernel mount of a twin image and by
 //!   `ubtrfs cp` offline give the same trees, and the kernel's `btrfs filesystem du`
 //!   finds the same exclusive bytes in every copy (0 for a reflink, all for
-//!   `--reflink=never`), across subvolumes too; a read-only snapshot refuses;
+//!   `--reflink=never`), across subvolumes too; existing files are overwritten in
+//!   place (`-a` gives them the source's owner and mode) and existing directories
+//!   merged into; a read-only snapshot refuses, and so does a file copied onto
+//!   itself; through a mount, the kernel's cached pages, sizes and names of what
+//!   was overwritten or added are gone at once;
 //! - dedupe: on a tree with duplicates (a copy with some files changed),
 //!   `ubtrfs dedupe` frees at least what `duperemove -dr` frees on a kernel mount of
 //!   a twin image, the contents stay identical, `btrfs check` is clean, and the
@@ -32,6 +36,7 @@ random.seed(11)
 os.makedirs('d/sub', exist_ok=True)
 open('d/big', 'wb').write(random.randbytes(5 * 1048576 + 123))
 open('d/aligned', 'wb').write(random.randbytes(256 * 1024))
+open('d/aligned2', 'wb').write(random.randbytes(256 * 1024))
 open('d/small', 'wb').write(b'inline\n' * 50)
 with open('d/holey', 'wb') as f:
     f.truncate(2 << 20)
@@ -104,7 +109,10 @@ fn cp_as_the_kernel(through_mount: bool) {
     kernel_writes(
         &kimg,
         "cp -r --reflink=always d d2; cp --reflink=always d/big sv/big; \
-         cp --reflink=never d/big bignever; cp --reflink=auto d/aligned autocopy; sync",
+         cp --reflink=never d/big bignever; cp --reflink=auto d/aligned autocopy; \
+         cp --reflink=always d/aligned d2/holey; cp --reflink=always d/aligned d2/aligned2; \
+         cp -a --reflink=always d/sub/x autocopy; \
+         cp -r --reflink=always sv d2/sub; sync",
         "kernel copies",
     );
     let mut fm = through_mount
@@ -130,6 +138,52 @@ fn cp_as_the_kernel(through_mount: bool) {
     ] {
         UBTRFS.stdout(args);
     }
+    // Overwrites: a file in place (and a copy of a file onto itself is refused).
+    if let Some(m) = &fm {
+        // The kernel holds the old pages and sizes of d2/holey and d2/aligned2 (the
+        // same size as its new contents: only the pages tell), an open descriptor
+        // keeps the latter's inode, and "no such name" for d2/sub/sv.
+        bash_ok(
+            &m.mnt,
+            &format!(
+                "exec 3<d2/aligned2; cat d2/holey d2/aligned2 autocopy >/dev/null; \
+                 test ! -e d2/sub/sv; \
+                 {bin} cp . /d/aligned /d2/holey --reflink=always; \
+                 {bin} cp . /d/aligned /d2/aligned2 --reflink=always; \
+                 cmp - d/aligned <&3; test \"$(stat -c %s d2/holey)\" = 262144; \
+                 cmp d/aligned d2/holey",
+                bin = UBTRFS.bin
+            ),
+        )
+        .unwrap_or_else(|e| panic!("overwrite through the mount: {e}"));
+    } else {
+        UBTRFS.stdout(&["cp", img_s, "/d/aligned", "/d2/holey", "--reflink=always"]);
+        UBTRFS.stdout(&[
+            "cp",
+            img_s,
+            "/d/aligned",
+            "/d2/aligned2",
+            "--reflink=always",
+        ]);
+    }
+    for args in [
+        &[
+            "cp",
+            img_s,
+            "-a",
+            "/d/sub/x",
+            "/autocopy",
+            "--reflink=always",
+        ][..],
+        &["cp", img_s, "-r", "/sv", "/d2/sub", "--reflink=always"],
+    ] {
+        UBTRFS.stdout(args);
+    }
+    let (ok, _, err) = UBTRFS.run(&["cp", img_s, "/d/big", "/d/big"]);
+    assert!(
+        !ok && err.contains("same file"),
+        "cp of a file onto itself: {err}"
+    );
     // What the kernel refuses: writing into a read-only snapshot; a directory
     // without -r.
     let (ok, _, err) = UBTRFS.run(&["cp", img_s, "/d/big", "/ro/big"]);
@@ -143,13 +197,13 @@ fn cp_as_the_kernel(through_mount: bool) {
         "cp of a directory: {err}"
     );
     if let Some(m) = fm.as_mut() {
-        // Through a mount an existing destination is refused.
-        let (ok, _, err) = UBTRFS.run(&["cp", img_s, "/d/big", "/autocopy"]);
-        assert!(!ok && err.contains("File exists"), "cp over a file: {err}");
-        // The mount shows the copies at once (no stale "no such name").
+        // The mount shows the copies at once (no stale "no such name", size, owner
+        // or pages).
         bash_ok(
             &m.mnt,
-            "cmp d/big bignever && cmp d/big sv/big && cmp -s d/small d2/small",
+            "cmp d/big bignever && cmp d/big sv/big && cmp -s d/small d2/small && \
+             cmp sv/big d2/sub/sv/big && cmp d/sub/x autocopy && \
+             test \"$(stat -c %s:%u:%a autocopy)\" = \"$(stat -c %s:%u:%a d/sub/x)\"",
         )
         .unwrap_or_else(|e| panic!("copies seen through the mount: {e}"));
         let st = m.unmount();

@@ -7,9 +7,15 @@
 //! directory of the mount with both paths relative to it.
 //!
 //! Rules: CAP_SYS_ADMIN or the user who mounted (the copy is made as cp run by
-//! root makes it); EROFS on a read-only mount or into a read-only snapshot; the
-//! destination name must not exist yet (EEXIST: the kernel would keep a replaced
-//! file's cached pages); the kernel is told of the new name at once.
+//! root makes it); EROFS on a read-only mount or into a read-only snapshot. An
+//! existing destination is overwritten as GNU cp does (a file in place, a directory
+//! merged into). The kernel caches what the copy changes behind its back, so before
+//! answering the server has it forget every name the copy made or replaced in a
+//! directory that existed, and the pages and attributes of every file overwritten
+//! in place (NOTIFY_INVAL_ENTRY, NOTIFY_INVAL_INODE). The client writes back the
+//! kernel's dirty pages of the filesystem first (syncfs): a page of a shared
+//! mapping still dirty in the kernel would otherwise be written over the copy when
+//! it is dropped.
 
 use crate::abi::InHeader;
 use crate::channel::Channel;
@@ -97,7 +103,6 @@ impl Ops {
             reflink,
             archive: flags & CP_ARCHIVE != 0,
             recursive: flags & CP_RECURSIVE != 0,
-            replace: false,
         };
         let from = self.node(h.nodeid)?.node;
         let Engine::ReadWrite(w) = &self.engine else {
@@ -107,13 +112,16 @@ impl Ops {
             let resolve = |fs: &Filesystem, p: &str| resolve_below(fs, from, p.as_bytes());
             cp_paths(t, &resolve, src, dest, &opts)
         })?;
-        if let Some((dir, name)) = &report.target {
-            // The kernel may hold "no such name" for the new one, and the old size
-            // and times of its directory.
-            if let Some(id) = self.nodes.lasting_id(NodeKey::new(*dir, 0)) {
-                crate::subvol_ops::invalidate_soon(ch, id, name.clone());
-            }
-        }
+        // The kernel may hold "no such name" or the old inode for a name, the old
+        // size and times of a directory, the old pages of an overwritten file.
+        let id = |n: &Node| self.nodes.lasting_id(NodeKey::new(*n, 0));
+        let names = report
+            .changed_names
+            .iter()
+            .filter_map(|(dir, name)| Some((id(dir)?, name.clone())))
+            .collect();
+        let inodes = report.rewritten.iter().filter_map(id).collect();
+        crate::subvol_ops::invalidate_soon(ch, names, inodes);
         Ok(encode(&report))
     }
 }
@@ -143,7 +151,8 @@ pub mod client {
     use std::io;
 
     /// Copies `src` to `dest` (both relative to the directory `dir`) through the
-    /// mount holding `dir`; what it did (`target` is not answered).
+    /// mount holding `dir`; what it did (the changed names and inodes are not
+    /// answered).
     pub fn cp(dir: &File, src: &str, dest: &str, opts: &CpOptions) -> io::Result<CpReport> {
         let mut a = vec![0u8; CP_ARG_BYTES];
         let mut flags = 0;
@@ -167,6 +176,7 @@ pub mod client {
         a[64..64 + s.len()].copy_from_slice(s.as_bytes());
         let at = 64 + s.len() + 1;
         a[at..at + d.len()].copy_from_slice(d.as_bytes());
+        crate::subvol_ops::client::syncfs(dir)?;
         crate::subvol_ops::client::ubtrfs_ioctl(dir, UBTRFS_IOC_CP, &mut a, "cp --reflink")?;
         let w = |i: usize| crate::subvol_ops::client::answer_word(&a, i);
         let n = w(2) as usize;
@@ -179,7 +189,8 @@ pub mod client {
             shared_bytes: w(0),
             copied_bytes: w(1),
             warnings,
-            target: None,
+            changed_names: Vec::new(),
+            rewritten: Vec::new(),
         })
     }
 }

@@ -1188,7 +1188,7 @@ impl Ops {
                     // lookup right after the ioctl (`btrfs subvolume snapshot`, then
                     // `ls`) would else be answered ENOENT from the cache. Through
                     // /dev/fuse the answer is handed over as it is written.
-                    crate::subvol_ops::invalidate_soon(ch, h.nodeid, name);
+                    crate::subvol_ops::invalidate_soon(ch, vec![(h.nodeid, name)], Vec::new());
                     // fuse_ioctl_out: result, flags, in_iovs, out_iovs.
                     let mut o = Out::with_capacity(16);
                     o.i32(0).u32(0).u32(0).u32(0);

@@ -333,31 +333,42 @@ pub(crate) fn invalidate(ch: &Channel, parent: u64, name: &[u8]) {
     inval_inode(ch, parent, 0);
 }
 
-/// [`invalidate`] from a thread of its own, waited for up to a second; called
-/// before the answer, so the caller's next lookup sees the new name (a negative
-/// entry the kernel cached before is gone). Not from the handler's thread: the
-/// kernel takes the directory's lock for the notification, and a task holding that
-/// lock may be waiting for a request this thread would serve next (through io_uring
-/// this thread still holds its queue entry until the handler returns). Normally
-/// the notification is done within a millisecond; if not, the answer goes anyway
-/// and the notification follows.
-pub(crate) fn invalidate_soon(ch: &Channel, parent: u64, name: Vec<u8>) {
+/// [`invalidate`] of each of `names` (directory id, name), and of the pages and
+/// attributes of each of `inodes`, from a thread of its own, waited for up to a
+/// second; called before the answer, so the caller's next lookup sees the new name
+/// (a negative entry the kernel cached before is gone) and the next read the new
+/// data. Not from the handler's thread: the kernel takes a directory's lock for a
+/// name and an inode's page locks for its pages, and a task holding them may be
+/// waiting for a request this thread would serve next (through io_uring this
+/// thread still holds its queue entry until the handler returns). Normally the
+/// notifications are done within a millisecond; if not, the answer goes anyway and
+/// they follow.
+pub(crate) fn invalidate_soon(ch: &Channel, names: Vec<(u64, Vec<u8>)>, inodes: Vec<u64>) {
+    fn all(ch: &Channel, names: &[(u64, Vec<u8>)], inodes: &[u64]) {
+        for (parent, name) in names {
+            invalidate(ch, *parent, name);
+        }
+        for id in inodes {
+            crate::reply::inval_inode(ch, *id, 0);
+        }
+    }
     let Ok(own) = ch.try_clone() else {
-        return invalidate(ch, parent, &name);
+        return all(ch, &names, &inodes);
     };
+    let work = std::sync::Arc::new((names, inodes));
+    let theirs = std::sync::Arc::clone(&work);
     let (tx, rx) = std::sync::mpsc::channel();
-    let mine = name.clone();
     let spawned = std::thread::Builder::new()
         .name("ubtrfs-notify".into())
         .spawn(move || {
-            invalidate(&own, parent, &mine);
+            all(&own, &theirs.0, &theirs.1);
             let _ = tx.send(());
         });
     match spawned {
         Ok(_) => {
             let _ = rx.recv_timeout(std::time::Duration::from_secs(1));
         }
-        Err(_) => invalidate(ch, parent, &name),
+        Err(_) => all(ch, &work.0, &work.1),
     }
 }
 
@@ -511,6 +522,12 @@ pub mod client {
     pub fn delete_subvolume(dir: &File, name: &[u8]) -> io::Result<()> {
         let mut a = vol_args_v2(0, 0, name)?;
         ioctl(dir, super::BTRFS_IOC_SNAP_DESTROY_V2, &mut a)
+    }
+
+    /// syncfs(2) of the filesystem holding `f`: the kernel writes back the pages it
+    /// holds dirty for it (a FUSE server is not asked to commit by it).
+    pub(crate) fn syncfs(f: &File) -> io::Result<()> {
+        nix::unistd::syncfs(f.as_raw_fd()).map_err(io::Error::from)
     }
 
     /// BTRFS_IOC_SYNC (`btrfs filesystem sync`): the mount commits.

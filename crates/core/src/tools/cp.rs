@@ -2,9 +2,12 @@
 //! extent (the kernel's FICLONE rules: `Trans::clone_range`), `auto` shares whole
 //! sectors and copies the rest (copy_file_range on btrfs), `never` copies the bytes.
 //! Directories recursively, symlinks, special files; `archive` keeps owner, mode,
-//! times and xattrs (cp -a), else the copy is as cp run by root makes it. Nothing is
-//! committed here. `ubtrfs cp` runs it on an image; a mount's process runs it for
-//! `ubtrfs cp MNT ...`.
+//! times and xattrs (cp -a), else the copy is as cp run by root makes it. An existing
+//! destination is overwritten as GNU cp overwrites it: a regular file in place (same
+//! inode, its data replaced), a directory merged into, anything else unlinked and
+//! made anew. Nothing is committed here. `ubtrfs cp` runs it on an image; a mount's
+//! process runs it for `ubtrfs cp MNT ...` and then tells the kernel what the report
+//! lists as changed.
 
 use crate::error::{Error, Result};
 use crate::fs::Filesystem;
@@ -44,9 +47,6 @@ pub struct CpOptions {
     pub archive: bool,
     /// Copy directories (with everything below them).
     pub recursive: bool,
-    /// An existing destination file may be replaced (offline; a mount refuses it:
-    /// the kernel would keep the old file's pages).
-    pub replace: bool,
 }
 
 /// What a copy did.
@@ -58,8 +58,13 @@ pub struct CpReport {
     pub copied_bytes: u64,
     /// Things a user should know (a nested subvolume copied as a directory).
     pub warnings: Vec<String>,
-    /// The directory the copy went into and its name there.
-    pub target: Option<(Node, Vec<u8>)>,
+    /// Every name the copy made or replaced in a directory that existed before it
+    /// (directory, name): what a cache of names (a mount's kernel) must forget.
+    pub changed_names: Vec<(Node, Vec<u8>)>,
+    /// Inodes that existed before the copy and whose data or attributes it changed
+    /// (a file overwritten in place, a directory merged into with `archive`): what
+    /// a cache of pages and attributes must forget.
+    pub rewritten: Vec<Node>,
 }
 
 /// The parent path and last name of `path` (no `.`/`..` as the name).
@@ -99,17 +104,11 @@ pub fn cp_paths(
     if t.fs.subvol_root_item(dir.root)?.flags & ROOT_SUBVOL_RDONLY != 0 {
         return Err(Error::ReadOnly(dest.to_string()));
     }
-    if !opts.replace && t.lookup(dir.root, dir.ino, &name)?.is_some() {
-        return Err(Error::Exists(format!(
-            "{dest}: the destination exists (remove it first: a mount does not replace files)"
-        )));
-    }
     let mut c = Copy {
         opts,
         report: CpReport::default(),
     };
-    c.copy(t, s, dir, &name, src)?;
-    c.report.target = Some((dir, name));
+    c.copy(t, s, dir, true, &name, src)?;
     Ok(c.report)
 }
 
@@ -119,11 +118,14 @@ struct Copy<'a> {
 }
 
 impl Copy<'_> {
+    /// Copies `src` as `name` in `dir`; `dir_existed`: `dir` was there before the
+    /// copy began (its names may be cached by someone).
     fn copy(
         &mut self,
         t: &mut Trans,
         src: Node,
         dir: Node,
+        dir_existed: bool,
         name: &[u8],
         shown: &str,
     ) -> Result<()> {
@@ -157,6 +159,18 @@ impl Copy<'_> {
             }
         };
         let existing = t.lookup(dir.root, dir.ino, name)?;
+        if let Some((ino, _, _)) = existing {
+            if dir.root == src.root && ino == src.ino {
+                // GNU cp's refusal: overwriting a file in place with itself (the same
+                // name, or another hard link of it) would lose its data.
+                return Err(Error::Invalid(format!(
+                    "{shown}: the source and the destination are the same file"
+                )));
+            }
+        }
+        if dir_existed {
+            self.report.changed_names.push((dir, name.to_vec()));
+        }
         let ino = match si.mode & S_IFMT {
             S_IFDIR => match existing {
                 Some((ino, FT_DIR, _)) => ino,
@@ -177,6 +191,7 @@ impl Copy<'_> {
             S_IFREG => match existing {
                 Some((ino, FT_REG_FILE, _)) => {
                     t.truncate(dir.root, ino, 0, now())?;
+                    self.report.rewritten.push(Node::new(dir.root, ino));
                     ino
                 }
                 Some(_) => {
@@ -194,6 +209,12 @@ impl Copy<'_> {
             }
         };
         let dst = Node::new(dir.root, ino);
+        // A directory or file that was there before: cp -a gives it the source's
+        // owner and mode too (a new inode got them when it was made).
+        let kept = matches!(existing, Some((i, _, _)) if i == ino);
+        if kept && self.opts.archive && si.mode & S_IFMT == S_IFDIR {
+            self.report.rewritten.push(dst);
+        }
         match si.mode & S_IFMT {
             S_IFREG => self.copy_data(t, src, &si, dst, shown)?,
             S_IFDIR => {
@@ -207,7 +228,7 @@ impl Copy<'_> {
                         ));
                     }
                     let child = format!("{shown}/{}", String::from_utf8_lossy(&e.name));
-                    self.copy(t, e.node, dst, &e.name, &child)?;
+                    self.copy(t, e.node, dst, kept, &e.name, &child)?;
                 }
             }
             _ => {}
@@ -217,6 +238,11 @@ impl Copy<'_> {
                 t.set_xattr(dst.root, dst.ino, &n, &v, now())?;
             }
             let mut di = t.read_inode(dst.root, dst.ino)?;
+            if kept {
+                di.mode = (di.mode & S_IFMT) | (si.mode & 0o7777);
+                di.uid = si.uid;
+                di.gid = si.gid;
+            }
             di.atime = si.atime;
             di.mtime = si.mtime;
             t.write_inode(dst.root, dst.ino, &di)?;
