@@ -15,6 +15,7 @@ if [ -z "${UBTRFS:-}" ]; then
     cargo build --release -q -p ubtrfs-cli
     UBTRFS=${CARGO_TARGET_DIR:-$PWD/target}/release/ubtrfs
 fi
+touch_memory
 command -v duperemove >/dev/null || apt-get install -y -qq duperemove >/dev/null
 M=$WORK/mnt
 mkdir -p "$M"
