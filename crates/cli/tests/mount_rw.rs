@@ -504,6 +504,53 @@ fn rw_mount_through_io_uring_matches_kernel() {
         ),
         "subvolumes",
     );
+    // Removed files go when the kernel forgets them: under io_uring the FORGETs come
+    // through /dev/fuse, gathered into batches, and their inodes are deleted a group
+    // to a change. Their space must be free again while the mount still runs (the
+    // unmount would delete leftover orphans itself and hide a lost eviction).
+    let free = |fm: &ubtrfs_sim::mount::FuseMount| -> u64 {
+        // BTRFS_IOC_SYNC: the mount commits (freed extents count as free after it).
+        let out = fm.run(
+            "python3 -c \"import fcntl, os; fcntl.ioctl(os.open('.', os.O_RDONLY), 0x9408)\" \
+             && stat -f -c '%f %S' .",
+            "commit and statfs",
+        );
+        let v: Vec<u64> = out
+            .split_whitespace()
+            .map(|x| x.parse().expect("stat -f number"))
+            .collect();
+        v[0] * v[1]
+    };
+    let before = free(&fm);
+    fm.run(
+        "mkdir gone && python3 -c \"
+import os
+for i in range(1000):
+    with open(f'gone/f{i}', 'wb') as f:
+        f.write(os.urandom(65536))
+\"",
+        "1,000 files of 64 KiB",
+    );
+    let full = free(&fm);
+    assert!(
+        before - full >= 60 << 20,
+        "the files took {} bytes",
+        before - full
+    );
+    fm.run("rm -r gone", "rm of 1,000 files");
+    let t0 = std::time::Instant::now();
+    let mut now = free(&fm);
+    while before.saturating_sub(now) > 4 << 20 && t0.elapsed() < std::time::Duration::from_secs(30)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        now = free(&fm);
+    }
+    assert!(
+        before.saturating_sub(now) <= 4 << 20,
+        "removed files' space not freed while mounted: {before} free before, {full} with \
+         the files, {now} after rm: {}",
+        fm.log()
+    );
     let seen = walk_mounted(&fm.mnt);
     let st = fm.unmount();
     assert!(st.success(), "server exit {st}: {}", fm.log());

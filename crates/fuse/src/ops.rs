@@ -548,11 +548,17 @@ impl Ops {
         if a.u32().is_none() {
             return;
         }
+        let mut gone = Vec::new();
         for _ in 0..count {
             let (Some(id), Some(n)) = (a.u64(), a.u64()) else {
-                return;
+                break;
             };
-            self.forget(id, n);
+            if let Some(k) = self.nodes.forget(id, n) {
+                gone.push((k.node.root, k.node.ino));
+            }
+        }
+        if let Engine::ReadWrite(w) = &self.engine {
+            w.forgotten_all(&gone);
         }
     }
 

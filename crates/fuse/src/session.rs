@@ -7,7 +7,7 @@ use crate::ops::Ops;
 use crate::reply::Reply;
 use nix::sys::signal::{SigSet, Signal};
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 
@@ -40,6 +40,9 @@ pub struct Session {
     tuning: Tuning,
     /// The kernel took FUSE_OVER_IO_URING: requests come through per-CPU rings.
     uring: bool,
+    /// Set once a ring has served a request: the kernel sends requests to the rings
+    /// now, and /dev/fuse only FORGET and INTERRUPT ([`serve`]).
+    rings_serving: Arc<AtomicBool>,
 }
 
 impl Session {
@@ -51,6 +54,7 @@ impl Session {
             ops: Arc::new(ops),
             tuning,
             uring: false,
+            rings_serving: Arc::new(AtomicBool::new(false)),
         };
         match s.handshake() {
             Ok(uring) => s.uring = uring,
@@ -211,10 +215,11 @@ impl Session {
         for i in 0..self.tuning.threads.max(1) {
             let ch = self.ch.clone();
             let ops = self.ops.clone();
+            let rings = self.rings_serving.clone();
             workers.push(
                 thread::Builder::new()
                     .name(format!("ubtrfs-fuse-{i}"))
-                    .spawn(move || serve(&ch, &ops))?,
+                    .spawn(move || serve(&ch, &ops, i == 0, &rings))?,
             );
         }
         let rings = if self.uring {
@@ -275,13 +280,18 @@ impl Session {
             for i in 0..threads {
                 let ch = self.ch.clone();
                 let ops = self.ops.clone();
+                let serving = self.rings_serving.clone();
                 let Ok(qid16) = u16::try_from(qid) else {
                     return Err((v, io::Error::other("too many CPUs")));
                 };
                 let spawned = thread::Builder::new()
                     .name(format!("ubtrfs-ring-{qid}.{i}"))
                     .spawn(move || {
-                        let r = crate::uring::serve_queue(&ch, &ops, qid16, payload, &count_ring);
+                        let counted = |h: &abi::InHeader, took: std::time::Duration| {
+                            serving.store(true, Ordering::Relaxed);
+                            count_ring(h, took);
+                        };
+                        let r = crate::uring::serve_queue(&ch, &ops, qid16, payload, &counted);
                         if let Err(e) = &r {
                             eprintln!("ubtrfs: FUSE over io_uring queue {qid}: {e}");
                         }
@@ -363,9 +373,18 @@ fn print_counts() {
 }
 
 /// One worker: read a request, answer it, repeat until the connection goes away.
-fn serve(ch: &Channel, ops: &Ops) -> io::Result<()> {
+fn serve(ch: &Channel, ops: &Ops, first: bool, rings_serving: &AtomicBool) -> io::Result<()> {
     let mut buf = vec![0u8; BUF_SIZE];
     loop {
+        if rings_serving.load(Ordering::Relaxed) {
+            // The kernel hands requests to the rings now: /dev/fuse brings only
+            // FORGET and INTERRUPT, for which one thread is enough. Gathering the
+            // forgets there matters: an `rm` of many files makes one FORGET per
+            // file, and a reader per FORGET cost a wakeup each.
+            if !first {
+                return Ok(());
+            }
+        }
         let Some(n) = ch.receive(&mut buf)? else {
             return Ok(());
         };
@@ -383,5 +402,16 @@ fn serve(ch: &Channel, ops: &Ops) -> io::Result<()> {
         if h.opcode == op::DESTROY {
             return Ok(());
         }
+        if matches!(h.opcode, op::FORGET | op::BATCH_FORGET)
+            && rings_serving.load(Ordering::Relaxed)
+        {
+            // Let the kernel queue the next ones: its next read answers with all of
+            // them in one BATCH_FORGET. An INTERRUPT waits this long at most.
+            thread::sleep(FORGET_GATHER);
+        }
     }
 }
+
+/// How long the one /dev/fuse reader left under FUSE over io_uring waits after a
+/// FORGET before reading again (see [`serve`]).
+const FORGET_GATHER: std::time::Duration = std::time::Duration::from_millis(1);

@@ -21,7 +21,10 @@
 //! COMMIT_AND_FETCH command hands it over and waits for the next request. The
 //! queues start taking requests once every queue has an entry; FORGET and
 //! INTERRUPT, and requests sent before that, still come through /dev/fuse, so its
-//! threads keep serving. Unmounting ends the entries' commands with an error.
+//! threads keep serving until a ring has served a request; then one stays, and it
+//! waits a millisecond after each FORGET so that the kernel gathers the next ones
+//! into one BATCH_FORGET (`session::serve`). Unmounting ends the entries' commands
+//! with an error.
 
 use crate::abi::{self, op, IN_HEADER_SIZE, OUT_HEADER_SIZE};
 use crate::channel::Channel;

@@ -24,6 +24,8 @@ use crate::ops::errno;
 /// Items a namespace change may touch (the kernel's btrfs_create reserves 5: inode
 /// item, inode ref, dir item, dir index, a security xattr; a rename up to 11).
 pub(crate) const DEFAULT_ITEMS: u64 = 11;
+/// Orphans deleted in one change when the kernel forgets many inodes at once.
+const EVICT_BATCH: usize = 16;
 
 /// The engine behind a mount.
 pub enum Engine {
@@ -659,15 +661,35 @@ impl Writer {
 
     /// The kernel forgot an inode: if it was unlinked while held, delete it now.
     pub fn forgotten(&self, root: u64, ino: u64) {
-        let was_orphan = self
-            .orphans
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&(root, ino));
-        if was_orphan {
-            let _ = self.change_reserved("evict", Reservation::freeing(DEFAULT_ITEMS), |t| {
-                t.evict_orphan(root, ino)
+        self.forgotten_all(&[(root, ino)]);
+    }
+
+    /// [`Writer::forgotten`] of many inodes (a BATCH_FORGET): the orphans among them
+    /// are deleted [`EVICT_BATCH`] to a change, so an `rm` of many files takes the
+    /// transaction once per group instead of once per file.
+    pub fn forgotten_all(&self, nodes: &[(u64, u64)]) {
+        let gone: Vec<(u64, u64)> = {
+            let mut o = self.orphans.lock().unwrap_or_else(|p| p.into_inner());
+            nodes.iter().copied().filter(|k| o.remove(k)).collect()
+        };
+        for group in gone.chunks(EVICT_BATCH) {
+            let items = DEFAULT_ITEMS * group.len() as u64;
+            let mut done = 0;
+            let r = self.change_reserved("evict", Reservation::freeing(items), |t| {
+                for &(root, ino) in group {
+                    t.evict_orphan(root, ino)?;
+                    done += 1;
+                }
+                Ok(())
             });
+            if r.is_err() {
+                // Those not deleted stay orphans: the unmount (or the next mount's
+                // orphan cleanup) deletes them.
+                self.orphans
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(group[done..].iter().copied());
+            }
         }
     }
 
