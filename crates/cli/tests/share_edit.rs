@@ -112,7 +112,8 @@ fn cp_as_the_kernel(through_mount: bool) {
          cp --reflink=never d/big bignever; cp --reflink=auto d/aligned autocopy; \
          cp --reflink=always d/aligned d2/holey; cp --reflink=always d/aligned d2/aligned2; \
          cp -a --reflink=always d/sub/x autocopy; \
-         cp -r --reflink=always sv d2/sub; sync",
+         cp -r --reflink=always sv d2/sub; cp --reflink=always d/small d2/sub/sv/small; \
+         cp -r --reflink=always d2/sub/sv .; sync",
         "kernel copies",
     );
     let mut fm = through_mount
@@ -176,6 +177,15 @@ fn cp_as_the_kernel(through_mount: bool) {
             "--reflink=always",
         ][..],
         &["cp", img_s, "-r", "/sv", "/d2/sub", "--reflink=always"],
+        &[
+            "cp",
+            img_s,
+            "/d/small",
+            "/d2/sub/sv/small",
+            "--reflink=always",
+        ],
+        // Merged into the subvolume sv (another tree): big again, small anew.
+        &["cp", img_s, "-r", "/d2/sub/sv", "/", "--reflink=always"],
     ] {
         UBTRFS.stdout(args);
     }
@@ -202,7 +212,7 @@ fn cp_as_the_kernel(through_mount: bool) {
         bash_ok(
             &m.mnt,
             "cmp d/big bignever && cmp d/big sv/big && cmp -s d/small d2/small && \
-             cmp sv/big d2/sub/sv/big && cmp d/sub/x autocopy && \
+             cmp sv/big d2/sub/sv/big && cmp d/sub/x autocopy && cmp d/small sv/small && \
              test \"$(stat -c %s:%u:%a autocopy)\" = \"$(stat -c %s:%u:%a d/sub/x)\"",
         )
         .unwrap_or_else(|e| panic!("copies seen through the mount: {e}"));

@@ -158,9 +158,11 @@ impl Copy<'_> {
                 time: now(),
             }
         };
-        let existing = t.lookup(dir.root, dir.ino, name)?;
-        if let Some((ino, _, _)) = existing {
-            if dir.root == src.root && ino == src.ino {
+        // What the name holds now: a subvolume's entry resolves to its root, so a
+        // directory merged into may lie in another tree.
+        let existing = t.fs.lookup(dir, name)?.map(|e| (e.node, e.ty));
+        if let Some((node, _)) = existing {
+            if node == src {
                 // GNU cp's refusal: overwriting a file in place with itself (the same
                 // name, or another hard link of it) would lose its data.
                 return Err(Error::Invalid(format!(
@@ -168,50 +170,71 @@ impl Copy<'_> {
                 )));
             }
         }
+        let not_dir = |what: &str| {
+            Error::Exists(format!("{shown}: cannot overwrite a directory with {what}"))
+        };
         if dir_existed {
             self.report.changed_names.push((dir, name.to_vec()));
         }
-        let ino = match si.mode & S_IFMT {
+        let dst = match si.mode & S_IFMT {
             S_IFDIR => match existing {
-                Some((ino, FT_DIR, _)) => ino,
+                Some((node, FT_DIR)) => {
+                    if node.is_placeholder() {
+                        // The empty stand-in of a subvolume a snapshot does not hold:
+                        // nothing can be made in it, as on the kernel.
+                        return Err(Error::NotPermitted(format!(
+                            "{shown}: the destination is the placeholder of a subvolume"
+                        )));
+                    }
+                    if node.root != dir.root
+                        && t.fs.subvol_root_item(node.root)?.flags & ROOT_SUBVOL_RDONLY != 0
+                    {
+                        return Err(Error::ReadOnly(shown.to_string()));
+                    }
+                    node
+                }
                 Some(_) => {
                     return Err(Error::Exists(format!(
                         "{shown}: cannot overwrite a non-directory with a directory"
                     )))
                 }
-                None => t.create(dir.root, dir.ino, name, attr)?,
+                None => Node::new(dir.root, t.create(dir.root, dir.ino, name, attr)?),
             },
             S_IFLNK => {
-                if existing.is_some() {
-                    t.unlink(dir.root, dir.ino, name, now())?;
+                match existing {
+                    Some((_, FT_DIR)) => return Err(not_dir("a symlink")),
+                    Some(_) => t.unlink(dir.root, dir.ino, name, now())?,
+                    None => {}
                 }
                 let target = t.fs.readlink(src)?;
-                t.symlink(dir.root, dir.ino, name, &target, attr)?
+                Node::new(dir.root, t.symlink(dir.root, dir.ino, name, &target, attr)?)
             }
             S_IFREG => match existing {
-                Some((ino, FT_REG_FILE, _)) => {
-                    t.truncate(dir.root, ino, 0, now())?;
-                    self.report.rewritten.push(Node::new(dir.root, ino));
-                    ino
+                Some((node, FT_REG_FILE)) => {
+                    t.truncate(node.root, node.ino, 0, now())?;
+                    self.report.rewritten.push(node);
+                    node
                 }
+                Some((_, FT_DIR)) => return Err(not_dir("a file")),
                 Some(_) => {
                     return Err(Error::Exists(format!(
                         "{shown}: the destination exists and is not a regular file"
                     )))
                 }
-                None => t.create(dir.root, dir.ino, name, attr)?,
+                None => Node::new(dir.root, t.create(dir.root, dir.ino, name, attr)?),
             },
             _ => {
-                if existing.is_some() {
-                    t.unlink(dir.root, dir.ino, name, now())?;
+                match existing {
+                    Some((_, FT_DIR)) => return Err(not_dir("a special file")),
+                    Some(_) => t.unlink(dir.root, dir.ino, name, now())?,
+                    None => {}
                 }
-                t.create(dir.root, dir.ino, name, attr)?
+                Node::new(dir.root, t.create(dir.root, dir.ino, name, attr)?)
             }
         };
-        let dst = Node::new(dir.root, ino);
         // A directory or file that was there before: cp -a gives it the source's
         // owner and mode too (a new inode got them when it was made).
-        let kept = matches!(existing, Some((i, _, _)) if i == ino);
+        let kept = matches!(existing, Some((n, _)) if n == dst);
         if kept && self.opts.archive && si.mode & S_IFMT == S_IFDIR {
             self.report.rewritten.push(dst);
         }
