@@ -8,6 +8,9 @@
 #        (a commit per fdatasync on each side); device bytes written per fdatasync.
 #        Free memory is touched once first (bench/lib.sh touch_memory: a VM's first
 #        touch of a page skews whichever side reaches it).
+#   busy: the same four, while another process makes BUSY_RATE (1000) small files a
+#        second elsewhere, unsynced (SKIP_BUSY=1 skips it): the transaction then
+#        holds other changes, which a commit per fsync must write and the log not.
 #   dir: seed 004 (shared/kernel-bench/dir-fsync.sh): N empty files (default
 #        100,000) made in one directory, then `xfs_io -c fsync` of the directory;
 #        then a commit (`btrfs filesystem sync`), 1,000 of them deleted, and the
@@ -88,6 +91,41 @@ wal() {
     echo "$out $(( (b1 - b0) / COUNT ))"
 }
 
+# wal_busy kernel|ubtrfs [OPTS]: the same, while another process makes BUSY_RATE small
+# files a second (4 KiB each, never synced) in another directory, so the running
+# transaction holds other changes, as on a filesystem in use: a commit per fsync must
+# write them all, the tree log only the fsynced file's.
+BUSY_PY='
+import os, sys, time
+d, rate, stop = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+os.makedirs(d, exist_ok=True)
+buf = b"b" * 4096
+t0 = time.monotonic(); n = 0
+while not os.path.exists(stop):
+    with open(os.path.join(d, "f%d" % n), "wb") as f:
+        f.write(buf)
+    n += 1
+    ahead = n / rate - (time.monotonic() - t0)
+    if ahead > 0:
+        time.sleep(ahead)
+print(n)
+'
+wal_busy() {
+    fresh "$@"
+    local b0 out b1 pid stop="$WORK/busy.stop"
+    rm -f "$stop"
+    btrfs filesystem sync "$MNT" >/dev/null 2>&1 || true
+    python3 -c "$BUSY_PY" "$MNT/busy" "${BUSY_RATE:-1000}" "$stop" >"$WORK/busy.count" &
+    pid=$!
+    sleep 0.5
+    b0=$(written)
+    out=$(python3 -c "$WAL_PY" "$MNT/wal" "$COUNT")
+    b1=$(written)
+    touch "$stop"; wait "$pid" || true
+    cleanup >&2
+    echo "$out $(( (b1 - b0) / COUNT ))"
+}
+
 touch_memory
 echo "== wal: append 4 KiB + fdatasync x $COUNT (node size $LEAF) =="
 read -r k_mean k_p99 k_total k_bytes <<<"$(wal kernel)"
@@ -124,6 +162,22 @@ dirfsync() {
     cleanup >&2
     echo "$t1 $w1 $t2 $w2"
 }
+
+if [ "${SKIP_BUSY:-0}" != 1 ]; then
+    echo "== wal while another process makes ${BUSY_RATE:-1000} small files a second =="
+    read -r kb_mean kb_p99 kb_total kb_bytes <<<"$(wal_busy kernel)"
+    read -r ub_mean ub_p99 ub_total ub_bytes <<<"$(wal_busy ubtrfs)"
+    read -r ucb_mean ucb_p99 ucb_total ucb_bytes <<<"$(wal_busy ubtrfs notreelog)"
+    read -r kcb_mean kcb_p99 kcb_total kcb_bytes <<<"$(wal_busy kernel notreelog)"
+    cleanup
+    printf '%-24s %10s %10s %9s %14s\n' "" "mean us" "p99 us" "total s" "bytes/fsync"
+    printf '%-24s %10s %10s %9s %14s\n' kernel "$kb_mean" "$kb_p99" "$kb_total" "$kb_bytes"
+    printf '%-24s %10s %10s %9s %14s\n' "ubtrfs (tree log)" "$ub_mean" "$ub_p99" "$ub_total" "$ub_bytes"
+    printf '%-24s %10s %10s %9s %14s\n' "ubtrfs -o notreelog" "$ucb_mean" "$ucb_p99" "$ucb_total" "$ucb_bytes"
+    printf '%-24s %10s %10s %9s %14s\n' "kernel -o notreelog" "$kcb_mean" "$kcb_p99" "$kcb_total" "$kcb_bytes"
+    echo "busy wal mean: ubtrfs/kernel $(ratio "$ub_mean" "$kb_mean")x, p99 $(ratio "$ub_p99" "$kb_p99")x;" \
+        "commit per fsync / tree log: ubtrfs $(ratio "$ucb_mean" "$ub_mean")x, kernel $(ratio "$kcb_mean" "$kb_mean")x"
+fi
 
 [ "${SKIP_DIR:-0}" = 1 ] && exit 0
 echo "== dir: seed 004, $N files in one directory, fsync; 1,000 deleted, fsync =="

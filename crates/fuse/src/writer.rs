@@ -665,7 +665,7 @@ impl Writer {
     }
 
     /// [`Writer::forgotten`] of many inodes (a BATCH_FORGET): the orphans among them
-    /// are deleted [`EVICT_BATCH`] to a change, so an `rm` of many files takes the
+    /// are deleted 16 to a change (`EVICT_BATCH`), so an `rm` of many files takes the
     /// transaction once per group instead of once per file.
     pub fn forgotten_all(&self, nodes: &[(u64, u64)]) {
         let gone: Vec<(u64, u64)> = {
