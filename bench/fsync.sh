@@ -126,22 +126,29 @@ wal_busy() {
     echo "$out $(( (b1 - b0) / COUNT ))"
 }
 
+# wal_table FN LABEL: FN (wal or wal_busy) on the kernel, ubtrfs, and both with
+# -o notreelog (the kernel's own cost of a commit per fsync, for the same comparison
+# on this device); a table and the ratios.
+wal_table() {
+    local fn=$1 label=$2 k u c kc
+    read -r -a k <<<"$($fn kernel)"
+    read -r -a u <<<"$($fn ubtrfs)"
+    grep 'tree log:' "$WORK/server.log" | tail -1 || true
+    read -r -a c <<<"$($fn ubtrfs notreelog)"
+    read -r -a kc <<<"$($fn kernel notreelog)"
+    cleanup
+    printf '%-24s %10s %10s %9s %14s\n' "" "mean us" "p99 us" "total s" "bytes/fsync"
+    printf '%-24s %10s %10s %9s %14s\n' kernel "${k[@]}"
+    printf '%-24s %10s %10s %9s %14s\n' "ubtrfs (tree log)" "${u[@]}"
+    printf '%-24s %10s %10s %9s %14s\n' "ubtrfs -o notreelog" "${c[@]}"
+    printf '%-24s %10s %10s %9s %14s\n' "kernel -o notreelog" "${kc[@]}"
+    echo "$label mean: ubtrfs/kernel $(ratio "${u[0]}" "${k[0]}")x, p99 $(ratio "${u[1]}" "${k[1]}")x;" \
+        "commit per fsync / tree log: ubtrfs $(ratio "${c[0]}" "${u[0]}")x, kernel $(ratio "${kc[0]}" "${k[0]}")x"
+}
+
 touch_memory
 echo "== wal: append 4 KiB + fdatasync x $COUNT (node size $LEAF) =="
-read -r k_mean k_p99 k_total k_bytes <<<"$(wal kernel)"
-read -r u_mean u_p99 u_total u_bytes <<<"$(wal ubtrfs)"
-read -r c_mean c_p99 c_total c_bytes <<<"$(wal ubtrfs notreelog)"
-# The kernel's own cost of a commit per fsync, for the same comparison on this device.
-read -r kc_mean kc_p99 kc_total kc_bytes <<<"$(wal kernel notreelog)"
-cleanup
-grep 'tree log:' "$WORK/server.log" | tail -1 || true
-printf '%-24s %10s %10s %9s %14s\n' "" "mean us" "p99 us" "total s" "bytes/fsync"
-printf '%-24s %10s %10s %9s %14s\n' kernel "$k_mean" "$k_p99" "$k_total" "$k_bytes"
-printf '%-24s %10s %10s %9s %14s\n' "ubtrfs (tree log)" "$u_mean" "$u_p99" "$u_total" "$u_bytes"
-printf '%-24s %10s %10s %9s %14s\n' "ubtrfs -o notreelog" "$c_mean" "$c_p99" "$c_total" "$c_bytes"
-printf '%-24s %10s %10s %9s %14s\n' "kernel -o notreelog" "$kc_mean" "$kc_p99" "$kc_total" "$kc_bytes"
-echo "wal mean: ubtrfs/kernel $(ratio "$u_mean" "$k_mean")x, p99 $(ratio "$u_p99" "$k_p99")x;" \
-    "commit per fsync / tree log: ubtrfs $(ratio "$c_mean" "$u_mean")x, kernel $(ratio "$kc_mean" "$k_mean")x"
+wal_table wal wal
 
 dirfsync() {
     fresh "$@"
@@ -165,18 +172,7 @@ dirfsync() {
 
 if [ "${SKIP_BUSY:-0}" != 1 ]; then
     echo "== wal while another process makes ${BUSY_RATE:-1000} small files a second =="
-    read -r kb_mean kb_p99 kb_total kb_bytes <<<"$(wal_busy kernel)"
-    read -r ub_mean ub_p99 ub_total ub_bytes <<<"$(wal_busy ubtrfs)"
-    read -r ucb_mean ucb_p99 ucb_total ucb_bytes <<<"$(wal_busy ubtrfs notreelog)"
-    read -r kcb_mean kcb_p99 kcb_total kcb_bytes <<<"$(wal_busy kernel notreelog)"
-    cleanup
-    printf '%-24s %10s %10s %9s %14s\n' "" "mean us" "p99 us" "total s" "bytes/fsync"
-    printf '%-24s %10s %10s %9s %14s\n' kernel "$kb_mean" "$kb_p99" "$kb_total" "$kb_bytes"
-    printf '%-24s %10s %10s %9s %14s\n' "ubtrfs (tree log)" "$ub_mean" "$ub_p99" "$ub_total" "$ub_bytes"
-    printf '%-24s %10s %10s %9s %14s\n' "ubtrfs -o notreelog" "$ucb_mean" "$ucb_p99" "$ucb_total" "$ucb_bytes"
-    printf '%-24s %10s %10s %9s %14s\n' "kernel -o notreelog" "$kcb_mean" "$kcb_p99" "$kcb_total" "$kcb_bytes"
-    echo "busy wal mean: ubtrfs/kernel $(ratio "$ub_mean" "$kb_mean")x, p99 $(ratio "$ub_p99" "$kb_p99")x;" \
-        "commit per fsync / tree log: ubtrfs $(ratio "$ucb_mean" "$ub_mean")x, kernel $(ratio "$kcb_mean" "$kb_mean")x"
+    wal_table wal_busy "busy wal"
 fi
 
 [ "${SKIP_DIR:-0}" = 1 ] && exit 0
