@@ -263,7 +263,7 @@ impl Ops {
             op::FORGET => {
                 let mut a = a;
                 if let Some(n) = a.u64() {
-                    self.forget(h.nodeid, n);
+                    self.forget(&[(h.nodeid, n)]);
                 }
                 reply.none();
             }
@@ -548,24 +548,26 @@ impl Ops {
         if a.u32().is_none() {
             return;
         }
-        let mut gone = Vec::new();
+        let mut lookups = Vec::new();
         for _ in 0..count {
             let (Some(id), Some(n)) = (a.u64(), a.u64()) else {
                 break;
             };
-            if let Some(k) = self.nodes.forget(id, n) {
-                gone.push((k.node.root, k.node.ino));
-            }
+            lookups.push((id, n));
         }
-        if let Engine::ReadWrite(w) = &self.engine {
-            w.forgotten_all(&gone);
-        }
+        self.forget(&lookups);
     }
 
-    /// The kernel forgets a node: an unlinked inode it held goes now.
-    fn forget(&self, id: u64, n: u64) {
-        if let (Some(k), Engine::ReadWrite(w)) = (self.nodes.forget(id, n), &self.engine) {
-            w.forgotten(k.node.root, k.node.ino);
+    /// The kernel drops `n` lookups of each (node id, n): an unlinked inode it held
+    /// goes once it forgets it.
+    fn forget(&self, lookups: &[(u64, u64)]) {
+        let gone: Vec<(u64, u64)> = lookups
+            .iter()
+            .filter_map(|&(id, n)| self.nodes.forget(id, n))
+            .map(|k| (k.node.root, k.node.ino))
+            .collect();
+        if let Engine::ReadWrite(w) = &self.engine {
+            w.forgotten(&gone);
         }
     }
 

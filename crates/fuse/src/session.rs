@@ -376,14 +376,12 @@ fn print_counts() {
 fn serve(ch: &Channel, ops: &Ops, first: bool, rings_serving: &AtomicBool) -> io::Result<()> {
     let mut buf = vec![0u8; BUF_SIZE];
     loop {
-        if rings_serving.load(Ordering::Relaxed) {
+        if !first && rings_serving.load(Ordering::Relaxed) {
             // The kernel hands requests to the rings now: /dev/fuse brings only
             // FORGET and INTERRUPT, for which one thread is enough. Gathering the
             // forgets there matters: an `rm` of many files makes one FORGET per
             // file, and a reader per FORGET cost a wakeup each.
-            if !first {
-                return Ok(());
-            }
+            return Ok(());
         }
         let Some(n) = ch.receive(&mut buf)? else {
             return Ok(());

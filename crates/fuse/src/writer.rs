@@ -659,37 +659,23 @@ impl Writer {
         self.change_seq.load(Ordering::Acquire)
     }
 
-    /// The kernel forgot an inode: if it was unlinked while held, delete it now.
-    pub fn forgotten(&self, root: u64, ino: u64) {
-        self.forgotten_all(&[(root, ino)]);
-    }
-
-    /// [`Writer::forgotten`] of many inodes (a BATCH_FORGET): the orphans among them
-    /// are deleted 16 to a change (`EVICT_BATCH`), so an `rm` of many files takes the
-    /// transaction once per group instead of once per file.
-    pub fn forgotten_all(&self, nodes: &[(u64, u64)]) {
+    /// The kernel forgot these inodes (root, inode): those unlinked while held are
+    /// deleted now, 16 to a change (`EVICT_BATCH`), so an `rm` of many files (a
+    /// BATCH_FORGET) takes the transaction once per group instead of once per file.
+    pub fn forgotten(&self, nodes: &[(u64, u64)]) {
         let gone: Vec<(u64, u64)> = {
             let mut o = self.orphans.lock().unwrap_or_else(|p| p.into_inner());
             nodes.iter().copied().filter(|k| o.remove(k)).collect()
         };
         for group in gone.chunks(EVICT_BATCH) {
             let items = DEFAULT_ITEMS * group.len() as u64;
-            let mut done = 0;
-            let r = self.change_reserved("evict", Reservation::freeing(items), |t| {
-                for &(root, ino) in group {
-                    t.evict_orphan(root, ino)?;
-                    done += 1;
-                }
-                Ok(())
+            // As for one inode: a failed eviction leaves its ORPHAN_ITEM on disk,
+            // which the next mount's orphan cleanup deletes.
+            let _ = self.change_reserved("evict", Reservation::freeing(items), |t| {
+                group
+                    .iter()
+                    .try_for_each(|&(root, ino)| t.evict_orphan(root, ino))
             });
-            if r.is_err() {
-                // Those not deleted stay orphans: the unmount (or the next mount's
-                // orphan cleanup) deletes them.
-                self.orphans
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .extend(group[done..].iter().copied());
-            }
         }
     }
 
