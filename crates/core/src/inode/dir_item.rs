@@ -7,7 +7,7 @@ use crate::transaction::Trans;
 use crate::tree::ctree::{lookup_exact, lookup_prev, TreeIter};
 use ubtrfs_format::consts::*;
 use ubtrfs_format::csum::name_hash;
-use ubtrfs_format::items::{parse_dir_items, DirItem, RootRef};
+use ubtrfs_format::items::{parse_dir_items, DirItem, InodeItem, RootRef};
 use ubtrfs_format::key::Key;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -204,6 +204,25 @@ impl Trans {
         let index = in_tree.max(*floor);
         *floor = index + 1;
         Ok(index)
+    }
+
+    /// Removes `name`'s DIR_ITEM entry and its DIR_INDEX `index` from directory `dir`
+    /// and takes the name from the directory's size; returns the directory's inode
+    /// item for the caller to stamp and write (its times depend on who asks).
+    pub(crate) fn remove_dir_entry(
+        &mut self,
+        root: u64,
+        dir: u64,
+        name: &[u8],
+        index: u64,
+    ) -> Result<InodeItem> {
+        let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
+        self.remove_from_item(root, &dkey, |d| dir_entry_span(d, name))?;
+        self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
+        self.dir_index_freed(root, dir, index);
+        let mut d = self.read_inode(root, dir)?;
+        d.size = d.size.saturating_sub(name.len() as u64 * 2);
+        Ok(d)
     }
 
     /// Notes that `index` of directory `dir` was removed (see `next_dir_index`).

@@ -380,14 +380,7 @@ impl Trans {
             ));
         }
         let index = self.del_inode_ref(root, ino, dir, name)?;
-        let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
-        self.remove_from_item(root, &dkey, |d| {
-            crate::inode::dir_item::dir_entry_span(d, name)
-        })?;
-        self.delete_item(root, &Key::new(dir, DIR_INDEX_KEY, index))?;
-        self.dir_index_freed(root, dir, index);
-        let mut d = self.read_inode(root, dir)?;
-        d.size = d.size.saturating_sub(name.len() as u64 * 2);
+        let mut d = self.remove_dir_entry(root, dir, name, index)?;
         match dir_time {
             Some(t) => self.touch(&mut d, t, true),
             None => {

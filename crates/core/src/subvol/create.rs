@@ -108,22 +108,57 @@ impl Trans {
             ..Default::default()
         };
         self.insert_root_dir(id, &ino)?;
-        // The entry in the parent directory points at the tree, not an inode.
+        self.link_new_subvol(parent, dir, name, id, &uuid, t)?;
+        Ok(id)
+    }
+
+    /// Names the new tree `id` as `name` in directory `dir` of tree `parent`: the
+    /// directory entry (pointing at the tree, not an inode), ROOT_REF and
+    /// ROOT_BACKREF, and the UUID tree's entry for `uuid`. Subvolume creation and
+    /// snapshots alike.
+    pub(crate) fn link_new_subvol(
+        &mut self,
+        parent: u64,
+        dir: u64,
+        name: &[u8],
+        id: u64,
+        uuid: &[u8; 16],
+        t: Timespec,
+    ) -> Result<()> {
         let index = self.add_subvol_entry(parent, dir, name, id, t)?;
+        self.put_root_refs(parent, id, dir, index, name, false)?;
+        self.uuid_tree_add(uuid, UUID_KEY_SUBVOL, id)
+    }
+
+    /// Writes ROOT_REF (parent to child) and ROOT_BACKREF (child to parent), one
+    /// body for both: the child `id` is `name` at DIR_INDEX `index` of directory
+    /// `dir` in tree `parent`. `replace` overwrites existing ones (a rename).
+    pub(crate) fn put_root_refs(
+        &mut self,
+        parent: u64,
+        id: u64,
+        dir: u64,
+        index: u64,
+        name: &[u8],
+        replace: bool,
+    ) -> Result<()> {
         let rr = RootRef {
             dirid: dir,
             sequence: index,
             name: name.to_vec(),
         }
         .to_bytes();
-        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(parent, ROOT_REF_KEY, id), &rr)?;
-        self.insert_item(
-            ROOT_TREE_OBJECTID,
-            &Key::new(id, ROOT_BACKREF_KEY, parent),
-            &rr,
-        )?;
-        self.uuid_tree_add(&uuid, UUID_KEY_SUBVOL, id)?;
-        Ok(id)
+        for key in [
+            Key::new(parent, ROOT_REF_KEY, id),
+            Key::new(id, ROOT_BACKREF_KEY, parent),
+        ] {
+            if replace {
+                self.replace_item(ROOT_TREE_OBJECTID, &key, &rr)?;
+            } else {
+                self.insert_item(ROOT_TREE_OBJECTID, &key, &rr)?;
+            }
+        }
+        Ok(())
     }
 
     pub(crate) fn add_subvol_entry(

@@ -23,7 +23,6 @@ use crate::tree::tree_checker::Expect;
 use crate::tree::TreeBlock;
 use std::sync::Arc;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::csum::name_hash;
 use ubtrfs_format::items::{parse_dir_items, RootRef, Timespec};
 use ubtrfs_format::key::Key;
 
@@ -199,18 +198,7 @@ impl Trans {
         }
         self.remove_subvol_entry(parent, odir, oname, Some(rr.sequence), t)?;
         let index = self.add_subvol_entry(parent, ndir, nname, id, t)?;
-        let rr = RootRef {
-            dirid: ndir,
-            sequence: index,
-            name: nname.to_vec(),
-        }
-        .to_bytes();
-        self.replace_item(ROOT_TREE_OBJECTID, &Key::new(parent, ROOT_REF_KEY, id), &rr)?;
-        self.replace_item(
-            ROOT_TREE_OBJECTID,
-            &Key::new(id, ROOT_BACKREF_KEY, parent),
-            &rr,
-        )?;
+        self.put_root_refs(parent, id, ndir, index, nname, true)?;
         self.touch_root(parent, t)
     }
 
@@ -229,14 +217,7 @@ impl Trans {
             Some(i) => i,
             None => self.dir_index_of(parent, dir, name)?,
         };
-        let dkey = Key::new(dir, DIR_ITEM_KEY, name_hash(name));
-        self.remove_from_item(parent, &dkey, |d| {
-            crate::inode::dir_item::dir_entry_span(d, name)
-        })?;
-        self.delete_item(parent, &Key::new(dir, DIR_INDEX_KEY, index))?;
-        self.dir_index_freed(parent, dir, index);
-        let mut d = self.read_inode(parent, dir)?;
-        d.size = d.size.saturating_sub(name.len() as u64 * 2);
+        let mut d = self.remove_dir_entry(parent, dir, name, index)?;
         self.touch(&mut d, t, true);
         self.write_inode(parent, dir, &d)?;
         Ok(())

@@ -9,7 +9,7 @@ use crate::transaction::Trans;
 use crate::tree::block_edit as eb;
 use crate::tree::tree_checker::Expect;
 use ubtrfs_format::consts::*;
-use ubtrfs_format::items::{RootRef, Timespec};
+use ubtrfs_format::items::Timespec;
 use ubtrfs_format::key::Key;
 
 impl Trans {
@@ -96,20 +96,7 @@ impl Trans {
         // copy is charged to neither tree.
         *self.root_bytes_delta.entry(id).or_insert(0) -= self.fs.info.nodesize as i64;
         self.qgroup_new_subvolume(id, Some(src), parent)?;
-        let index = self.add_subvol_entry(parent, dir, name, id, t)?;
-        let rr = RootRef {
-            dirid: dir,
-            sequence: index,
-            name: name.to_vec(),
-        }
-        .to_bytes();
-        self.insert_item(ROOT_TREE_OBJECTID, &Key::new(parent, ROOT_REF_KEY, id), &rr)?;
-        self.insert_item(
-            ROOT_TREE_OBJECTID,
-            &Key::new(id, ROOT_BACKREF_KEY, parent),
-            &rr,
-        )?;
-        self.uuid_tree_add(&uuid, UUID_KEY_SUBVOL, id)?;
+        self.link_new_subvol(parent, dir, name, id, &uuid, t)?;
         if received != [0; 16] {
             self.uuid_tree_add(&received, UUID_KEY_RECEIVED_SUBVOL, id)?;
         }
