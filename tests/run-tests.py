@@ -9,8 +9,8 @@ Binaries that touch the same host-wide thing never overlap: they share a group.
   golden-images  the golden images (and the fresh set made by make-golden.sh) have
                  fixed filesystem UUIDs: two kernel mounts of one fsid clash;
   mount-helper   /sbin/mount.fuse.ubtrfs is linked for a test and removed after it
-                 (HelperLink, fstests/run.sh), and mount_rw flips the fuse module's
-                 enable_uring parameter.
+                 (HelperLink, fstests/run.sh), and mount_rw and mount_enospc flip
+                 the fuse module's enable_uring parameter.
 Inside one binary, `ubtrfs_sim::host::serial()` keeps serialising the kernel tests.
 
 Some jobs race the kernel and run first, alone (EXCLUSIVE): they copy an image
@@ -50,7 +50,7 @@ import time
 
 # Wall seconds in CI (2 cores), to start the longest first; others count as 5 s.
 EXPECTED_S = {
-    "balance": 172, "mount_enospc": 144, "suites": 115, "log_crash": 93,
+    "balance": 172, "mount_enospc": 220, "suites": 115, "log_crash": 93,
     "balance_crash": 78, "fuzz_regress": 68, "fstests": 66, "quota": 64,
     "subvol_edit": 130, "log_replay": 57, "write": 53, "mount_fsstress": 65,
     "model": 42, "mount_tools": 41, "golden": 41, "squota": 40, "subvol_crash": 55, "log_names_crash": 100,
@@ -64,7 +64,7 @@ EXCLUSIVE = ["fresh-golden-treelog", "log_replay", "subvol_edit"]
 GROUPS = {
     "golden-images": {"golden", "mount", "check", "corrupt", "mount_tools", "fresh-golden",
                       "fresh-golden-treelog"},
-    "mount-helper": {"mount_rw", "mount_atime", "fstests"},
+    "mount-helper": {"mount_rw", "mount_atime", "fstests", "mount_enospc"},
 }
 
 

@@ -14,7 +14,7 @@
 use std::path::Path;
 use std::time::Duration;
 use ubtrfs_sim::golden::{compare_walks as compare, report, walk_mounted};
-use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, Ubtrfs};
+use ubtrfs_sim::host::{bash_in, btrfs_check, require_fuse, serial, EnableUring, Ubtrfs};
 use ubtrfs_sim::mount::{kernel_round_trip, kernel_writes, mkfs_btrfs, FuseMount, KernelMount};
 
 const UBTRFS: Ubtrfs = Ubtrfs::new(env!("CARGO_BIN_EXE_ubtrfs"));
@@ -435,28 +435,6 @@ fn rw_mount_readdir_while_renaming() {
     let fm = FuseMount::start(&UBTRFS, std::slice::from_ref(&img), &["rw"]);
     let (got, err) = bash_in(&fm.mnt, script);
     assert_eq!(got, want, "ubtrfs vs kernel ({err})");
-}
-
-/// Sets the fuse module's `enable_uring` parameter for the life of the guard and
-/// puts back what it was.
-struct EnableUring(Option<String>);
-
-const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
-
-impl EnableUring {
-    fn on() -> Option<EnableUring> {
-        let old = std::fs::read_to_string(ENABLE_URING).ok()?;
-        std::fs::write(ENABLE_URING, "Y").ok()?;
-        Some(EnableUring(Some(old.trim().to_string())))
-    }
-}
-
-impl Drop for EnableUring {
-    fn drop(&mut self) {
-        if let Some(old) = self.0.take() {
-            let _ = std::fs::write(ENABLE_URING, old);
-        }
-    }
 }
 
 /// FUSE over io_uring (the per-CPU queues the mount uses when the kernel offers

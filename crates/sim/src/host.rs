@@ -47,6 +47,31 @@ pub fn require_root(test: &str) -> bool {
     root
 }
 
+/// Sets the fuse module's `enable_uring` parameter (FUSE over io_uring, offered to
+/// mounts made while it is set) for the life of the guard, then puts back what it
+/// was. A host-wide setting: test binaries that use it never run at once
+/// (tests/run-tests.py's groups).
+pub struct EnableUring(Option<String>);
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+impl EnableUring {
+    /// Turns FUSE over io_uring on; None where the kernel has no such parameter.
+    pub fn on() -> Option<EnableUring> {
+        let old = std::fs::read_to_string(ENABLE_URING).ok()?;
+        std::fs::write(ENABLE_URING, "Y").ok()?;
+        Some(EnableUring(Some(old.trim().to_string())))
+    }
+}
+
+impl Drop for EnableUring {
+    fn drop(&mut self) {
+        if let Some(old) = self.0.take() {
+            let _ = std::fs::write(ENABLE_URING, old);
+        }
+    }
+}
+
 /// [`require_root`], and /dev/fuse for `ubtrfs mount`.
 pub fn require_fuse(test: &str) -> bool {
     if !require_root(test) {
