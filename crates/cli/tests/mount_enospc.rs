@@ -113,11 +113,8 @@ fn rw_mount_full_filesystem_recovers_over_io_uring() {
         return;
     }
     let _serial = serial();
-    let Some(_uring) = EnableUring::on() else {
-        ubtrfs_sim::host::skip(
-            "rw_mount_full_filesystem_recovers_over_io_uring",
-            "the kernel has no FUSE over io_uring (fuse module parameter enable_uring)",
-        );
+    let Some(_uring) = EnableUring::on_or_skip("rw_mount_full_filesystem_recovers_over_io_uring")
+    else {
         return;
     };
     fill_free_fill(&["metadata"]);

@@ -446,11 +446,7 @@ fn rw_mount_through_io_uring_matches_kernel() {
         return;
     }
     let _serial = serial();
-    let Some(_uring) = EnableUring::on() else {
-        ubtrfs_sim::host::skip(
-            "rw_mount_through_io_uring_matches_kernel",
-            "the kernel has no FUSE over io_uring (fuse module parameter enable_uring)",
-        );
+    let Some(_uring) = EnableUring::on_or_skip("rw_mount_through_io_uring_matches_kernel") else {
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");

@@ -62,6 +62,19 @@ impl EnableUring {
         std::fs::write(ENABLE_URING, "Y").ok()?;
         Some(EnableUring(Some(old.trim().to_string())))
     }
+
+    /// [`EnableUring::on`], or `test` is skipped ([`skip`]: None, after one line
+    /// on stderr; in CI a panic) where the kernel has no FUSE over io_uring.
+    pub fn on_or_skip(test: &str) -> Option<EnableUring> {
+        let on = EnableUring::on();
+        if on.is_none() {
+            skip(
+                test,
+                "the kernel has no FUSE over io_uring (fuse module parameter enable_uring)",
+            );
+        }
+        on
+    }
 }
 
 impl Drop for EnableUring {
