@@ -882,11 +882,18 @@ fn uuid_tree_is_rebuilt_and_checked_like_the_kernel() {
         let km = KernelMount::new(&kimg, opts);
         // The kernel checks the tree in a thread of its own, which gives up when an
         // unmount begins (btrfs_uuid_tree_iterate stops on btrfs_fs_closing): wait
-        // for it, as its commit then stamps uuid_tree_generation current.
+        // for it, as its commit then stamps uuid_tree_generation current. Each round
+        // dirties the top directory's times so that the sync commits: a commit made
+        // while the check runs leaves uuid_tree_generation behind, and without one
+        // the generations of a StaleCurrent copy are equal before the check ends.
         let t0 = std::time::Instant::now();
         loop {
-            bash_ok(Path::new("/"), &format!("btrfs filesystem sync {}", km.q()))
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
+            let m = km.q();
+            bash_ok(
+                Path::new("/"),
+                &format!("touch {m} && btrfs filesystem sync {m}"),
+            )
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
             let (ug, g) = uuid_generations(&kimg);
             if ug == g || t0.elapsed() > std::time::Duration::from_secs(20) {
                 break;

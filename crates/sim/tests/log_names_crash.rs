@@ -424,3 +424,100 @@ fn names_survive_every_cut_as_fsynced() {
     );
     ubtrfs_sim::host::assert_no_failures(&failures);
 }
+
+/// A file fsynced, then unlinked in the same transaction (left an orphan, or
+/// evicted as the mount does once the kernel forgets it), then another file's fsync
+/// writes the log again: the replay must show the first file as fsynced or not at
+/// all, never at its contents of the last commit (the mount crash test found one
+/// back at 168,195 bytes after it had been fsynced at 334,141). The kernel replays
+/// the same image to the same tree, and `btrfs check` is clean after it.
+#[test]
+fn an_unlinked_fsynced_file_never_comes_back_older() {
+    let kernel = require_root("an_unlinked_fsynced_file_never_comes_back_older: the kernel replay");
+    let mut failures = Vec::new();
+    for evict in [false, true] {
+        let rec = RecordingDevice::new(vec![0u8; DEV_BYTES], "log-unlinked-fsynced");
+        let dev: Arc<dyn Device> = rec.clone();
+        let h = Harness::mkfs(dev, &FsConfig::default()).unwrap_or_else(|e| panic!("mkfs: {e}"));
+        let mut w = Work {
+            t: h.t,
+            log: TreeLog::new(),
+            dir_ino: BTreeMap::new(),
+            files: BTreeMap::new(),
+            frozen: BTreeSet::new(),
+            unlinked: BTreeMap::new(),
+            next_name: 0,
+            step: 1,
+        };
+        for d in DIRS {
+            let a = NewInode {
+                mode: 0o40755,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                time: ts(0),
+            };
+            let ino = w.t.create(5, 256, d.as_bytes(), a).expect("mkdir");
+            w.dir_ino.insert(d, ino);
+        }
+        let committed = write_data(168_195, 1);
+        w.create("a", committed.clone());
+        w.create("b", write_data(20_000, 2));
+        w.t.commit().expect("commit");
+        let (x, y) = (1 + w.dir_ino["c"], 2 + w.dir_ino["c"]);
+        assert_eq!(
+            w.files.keys().copied().collect::<Vec<_>>(),
+            vec![x, y],
+            "inode numbers"
+        );
+        let more = write_data(165_946, 3);
+        w.t.write(5, x, committed.len() as u64, &more, ts(2))
+            .expect("append");
+        let r = w.log.fsync(&mut w.t, 5, x, false).expect("fsync");
+        assert!(matches!(r, Synced::Logged), "the fsync of a/n1 is logged");
+        let durable = rec.flushes();
+        w.t.unlink(5, w.dir_ino["a"], b"n1", ts(3)).expect("unlink");
+        if evict {
+            for (root, ino) in w.t.take_orphans() {
+                w.t.evict_orphan(root, ino).expect("evict");
+            }
+        }
+        w.t.write(5, y, 20_000, &write_data(9_000, 4), ts(4))
+            .expect("append");
+        let r = w.log.fsync(&mut w.t, 5, y, false).expect("fsync");
+        assert!(matches!(r, Synced::Logged), "the fsync of b/n2 is logged");
+        let mut fsynced = committed.clone();
+        fsynced.extend_from_slice(&more);
+        for n in durable..=rec.flushes() {
+            let what = format!("evicted {evict}, cut after flush {n}");
+            let img = rec.image_after_flush(n);
+            let r = (|| -> Result<(), String> {
+                let cut = image_file(&img)?;
+                let fs = Filesystem::open_replayed(&[&cut.path], OpenOptions::default())
+                    .map_err(|e| format!("does not open: {e}"))?;
+                let tree = read_tree(&fs)?;
+                match tree.get("a/n1").and_then(|(_, d)| d.as_ref()) {
+                    None => {}
+                    Some(d) if *d == fsynced => {}
+                    Some(d) => return Err(format!("a/n1 came back with {} bytes", d.len())),
+                }
+                if !kernel {
+                    return Ok(());
+                }
+                let k = KernelMount::try_new(&[&cut.path], "")?;
+                let got = kernel_tree(&k.mnt);
+                k.try_umount()?;
+                if got? != tree {
+                    return Err("the kernel's replay differs from ubtrfs's".into());
+                }
+                btrfs_check(&cut.path, None)
+                    .map(|_| ())
+                    .map_err(|e| format!("btrfs check after the kernel's replay: {e}"))
+            })();
+            if let Err(e) = r {
+                failures.push(format!("{what}: {e}"));
+            }
+        }
+    }
+    ubtrfs_sim::host::assert_no_failures(&failures);
+}

@@ -59,6 +59,9 @@ struct Model {
     names: BTreeMap<String, u64>,
     next_ino: u64,
     paths: BTreeMap<String, PathLog>,
+    /// What each thread did, a line per operation with its flush counts (printed
+    /// with a failure).
+    trace: Vec<String>,
 }
 
 impl Model {
@@ -164,12 +167,14 @@ fn work(s: &Shared, t: usize, seed: u64) {
         let started = s.rec.flushes();
         let op = if names.is_empty() { 0 } else { rng.below(14) };
         let seedv = seed.wrapping_mul(1000) + step;
+        let mut did = String::new();
         match op {
             0 | 1 => {
                 // A new file (or one rewritten from the start, O_TRUNC).
                 let p = fresh(&mut rng);
                 let data = write_data(1 + rng.below(300_000), seedv);
                 std::fs::write(host(&p), &data).expect("write new");
+                did = format!("write {p} {} bytes", data.len());
                 let mut m = s.model();
                 let ino = match m.names.get(&p) {
                     Some(&i) => {
@@ -198,6 +203,7 @@ fn work(s: &Shared, t: usize, seed: u64) {
                 let off = if op == 2 { rng.below(len + 1) } else { len };
                 let data = write_data(1 + rng.below(150_000), seedv);
                 open_rw(&host(&p)).write_all_at(&data, off).expect("pwrite");
+                did = format!("pwrite {p} {} bytes at {off}", data.len());
                 let mut m = s.model();
                 let ino = m.names[&p];
                 let c = m.inodes.get_mut(&ino).expect("inode");
@@ -217,6 +223,7 @@ fn work(s: &Shared, t: usize, seed: u64) {
                     len + rng.below(100_000)
                 };
                 open_rw(&host(&p)).set_len(size).expect("truncate");
+                did = format!("truncate {p} to {size}");
                 let mut m = s.model();
                 let ino = m.names[&p];
                 m.inodes
@@ -240,6 +247,7 @@ fn work(s: &Shared, t: usize, seed: u64) {
                         n as i64,
                     )
                     .expect("punch hole");
+                    did = format!("punch {p} {n} at {off}");
                     let mut m = s.model();
                     let ino = m.names[&p];
                     m.inodes.get_mut(&ino).expect("inode")[off..off + n].fill(0);
@@ -251,23 +259,24 @@ fn work(s: &Shared, t: usize, seed: u64) {
                 let (from, to) = (pick(&mut rng), fresh(&mut rng));
                 if from != to {
                     std::fs::rename(host(&from), host(&to)).expect("rename");
+                    did = format!("rename {from} {to}");
                     let mut m = s.model();
-                    if m.names.get(&to) == m.names.get(&from) {
-                        // Two links of one inode: rename(2) leaves both.
-                        continue;
-                    }
-                    let ino = m.names.remove(&from).expect("renamed");
-                    if let Some(old) = m.names.insert(to, ino) {
-                        if !m.names.values().any(|&i| i == old) {
-                            m.inodes.remove(&old);
+                    // Two links of one inode: rename(2) leaves both.
+                    if m.names.get(&to) != m.names.get(&from) {
+                        let ino = m.names.remove(&from).expect("renamed");
+                        if let Some(old) = m.names.insert(to, ino) {
+                            if !m.names.values().any(|&i| i == old) {
+                                m.inodes.remove(&old);
+                            }
                         }
+                        m.record(dir, started);
                     }
-                    m.record(dir, started);
                 }
             }
             8 => {
                 let (from, to) = (pick(&mut rng), fresh(&mut rng));
                 if std::fs::hard_link(host(&from), host(&to)).is_ok() {
+                    did = format!("link {from} {to}");
                     let mut m = s.model();
                     let ino = m.names[&from];
                     m.names.insert(to, ino);
@@ -277,6 +286,7 @@ fn work(s: &Shared, t: usize, seed: u64) {
             9 => {
                 let p = pick(&mut rng);
                 std::fs::remove_file(host(&p)).expect("unlink");
+                did = format!("unlink {p}");
                 let mut m = s.model();
                 let ino = m.names.remove(&p).expect("unlinked");
                 if !m.names.values().any(|&i| i == ino) {
@@ -289,6 +299,7 @@ fn work(s: &Shared, t: usize, seed: u64) {
                 File::open(host(&format!("/{dir}")))
                     .and_then(|f| f.sync_all())
                     .expect("fsync dir");
+                did = format!("fsync /{dir}");
                 let flushes = s.rec.flushes();
                 let mut m = s.model();
                 let gone: Vec<String> = m
@@ -304,18 +315,30 @@ fn work(s: &Shared, t: usize, seed: u64) {
                     m.make_durable(&p, flushes);
                 }
             }
-            11 if step % 3 == 0 => s.commit(),
+            11 if step % 3 == 0 => {
+                s.commit();
+                did = "syncfs + commit".into();
+            }
             _ => {
                 let p = pick(&mut rng);
                 let f = open_rw(&host(&p));
                 if rng.below(2) == 0 {
                     f.sync_all().expect("fsync");
+                    did = format!("fsync {p}");
                 } else {
                     f.sync_data().expect("fdatasync");
+                    did = format!("fdatasync {p}");
                 }
                 let flushes = s.rec.flushes();
                 s.model().make_durable(&p, flushes);
             }
+        }
+        if !did.is_empty() {
+            let line = format!(
+                "{dir} step {step}, flushes {started}..{}: {did}",
+                s.rec.flushes()
+            );
+            s.model().trace.push(line);
         }
     }
 }
@@ -587,6 +610,30 @@ fn mount_workload_survives_every_cut() {
         stats.commit_reasons,
         final_flushes - base_flushes,
     );
+    if !failures.is_empty() {
+        // The history of the paths that failed, then every operation.
+        for (p, log) in &model.paths {
+            if failures.iter().any(|f| f.contains(&format!("{p}:"))) {
+                let states: Vec<String> = log
+                    .states
+                    .iter()
+                    .map(|(f, c)| {
+                        format!(
+                            "{f}:{}",
+                            c.as_ref().map_or("absent".into(), |c| c.len().to_string())
+                        )
+                    })
+                    .collect();
+                eprintln!(
+                    "{p}: states {states:?}, durable (flush, state) {:?}",
+                    log.durable
+                );
+            }
+        }
+        for l in &model.trace {
+            eprintln!("  {l}");
+        }
+    }
     assert!(stats.logged > 10, "most fsyncs are logged: {stats:?}");
     ubtrfs_sim::host::assert_no_failures(&failures);
 }
