@@ -69,6 +69,34 @@ struct Work {
 }
 
 impl Work {
+    /// A new filesystem on `rec` with the three directories (not committed yet).
+    fn mkfs(rec: &Arc<RecordingDevice>, fsc: &FsConfig) -> Work {
+        let dev: Arc<dyn Device> = rec.clone();
+        let h = Harness::mkfs(dev, fsc).unwrap_or_else(|e| panic!("mkfs: {e}"));
+        let mut w = Work {
+            t: h.t,
+            log: TreeLog::new(),
+            dir_ino: BTreeMap::new(),
+            files: BTreeMap::new(),
+            frozen: BTreeSet::new(),
+            unlinked: BTreeMap::new(),
+            next_name: 0,
+            step: 1,
+        };
+        for d in DIRS {
+            let a = NewInode {
+                mode: 0o40755,
+                uid: 0,
+                gid: 0,
+                rdev: 0,
+                time: ts(0),
+            };
+            let ino = w.t.create(5, 256, d.as_bytes(), a).expect("mkdir");
+            w.dir_ino.insert(d, ino);
+        }
+        w
+    }
+
     fn new_name(&mut self, dir: &'static str) -> (u64, String, String) {
         self.next_name += 1;
         let name = format!("n{}", self.next_name);
@@ -108,29 +136,7 @@ fn run_workload() -> (Arc<RecordingDevice>, Vec<Frozen>, Vec<Gone>, usize, usize
         ..FsConfig::default()
     };
     let rec = RecordingDevice::new(vec![0u8; DEV_BYTES], "log-names-crash");
-    let dev: Arc<dyn Device> = rec.clone();
-    let h = Harness::mkfs(dev, &fsc).unwrap_or_else(|e| panic!("mkfs: {e}"));
-    let mut w = Work {
-        t: h.t,
-        log: TreeLog::new(),
-        dir_ino: BTreeMap::new(),
-        files: BTreeMap::new(),
-        frozen: BTreeSet::new(),
-        unlinked: BTreeMap::new(),
-        next_name: 0,
-        step: 1,
-    };
-    for d in DIRS {
-        let a = NewInode {
-            mode: 0o40755,
-            uid: 0,
-            gid: 0,
-            rdev: 0,
-            time: ts(0),
-        };
-        let ino = w.t.create(5, 256, d.as_bytes(), a).expect("mkdir");
-        w.dir_ino.insert(d, ino);
-    }
+    let mut w = Work::mkfs(&rec, &fsc);
     for i in 0..9u64 {
         w.create(DIRS[(i % 3) as usize], write_data(3000 + i * 2500, i));
     }
@@ -437,29 +443,7 @@ fn an_unlinked_fsynced_file_never_comes_back_older() {
     let mut failures = Vec::new();
     for evict in [false, true] {
         let rec = RecordingDevice::new(vec![0u8; DEV_BYTES], "log-unlinked-fsynced");
-        let dev: Arc<dyn Device> = rec.clone();
-        let h = Harness::mkfs(dev, &FsConfig::default()).unwrap_or_else(|e| panic!("mkfs: {e}"));
-        let mut w = Work {
-            t: h.t,
-            log: TreeLog::new(),
-            dir_ino: BTreeMap::new(),
-            files: BTreeMap::new(),
-            frozen: BTreeSet::new(),
-            unlinked: BTreeMap::new(),
-            next_name: 0,
-            step: 1,
-        };
-        for d in DIRS {
-            let a = NewInode {
-                mode: 0o40755,
-                uid: 0,
-                gid: 0,
-                rdev: 0,
-                time: ts(0),
-            };
-            let ino = w.t.create(5, 256, d.as_bytes(), a).expect("mkdir");
-            w.dir_ino.insert(d, ino);
-        }
+        let mut w = Work::mkfs(&rec, &FsConfig::default());
         let committed = write_data(168_195, 1);
         w.create("a", committed.clone());
         w.create("b", write_data(20_000, 2));
