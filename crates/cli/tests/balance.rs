@@ -349,10 +349,12 @@ fn kernel_paused_balance_resumed_by_ubtrfs() {
             m = k.q()
         ));
         // Pause as soon as the balance runs; it stops after its current chunk.
+        // Waiting for the `balance start` process itself (not only for the
+        // status to leave "running") matters: until it exits it holds the
+        // mountpoint open, and the unmount below fails with "target is busy".
         sh(&format!(
-            "(btrfs balance start -d {m} >/dev/null 2>&1 &); sleep 0.{d}; \
-             btrfs balance pause {m} >/dev/null 2>&1 || true; \
-             for i in $(seq 1 100); do btrfs balance status {m} | grep -q running || break; sleep 0.1; done",
+            "btrfs balance start -d {m} >/dev/null 2>&1 & b=$!; sleep 0.{d}; \
+             btrfs balance pause {m} >/dev/null 2>&1 || true; wait $b || true",
             m = k.q(),
             d = attempt
         ));

@@ -148,7 +148,20 @@ impl KernelMount {
     /// Unmounts now and detaches the loop devices; an error if umount fails (the
     /// drop then still unmounts lazily).
     pub fn try_umount(mut self) -> Result<(), String> {
-        run_text(Command::new("umount").arg(&self.mnt))?;
+        // A process the test started may still be exiting and hold the
+        // mountpoint for a moment after its work is done ("target is busy");
+        // a few short retries cover that, a real leak still fails.
+        let mut tries_left = 20;
+        loop {
+            match run_text(Command::new("umount").arg(&self.mnt)) {
+                Ok(_) => break,
+                Err(e) if e.contains("busy") && tries_left > 0 => {
+                    tries_left -= 1;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(e) => return Err(e),
+            }
+        }
         self.mounted = false;
         self.detach();
         Ok(())
