@@ -305,6 +305,32 @@ fn kernel_tree(mnt: &std::path::Path) -> Result<Tree, String> {
 
 /// What a cut after flush `n` must show: every frozen file and gone name made
 /// durable by then.
+/// The kernel mounts a copy of the cut `img` (replaying its log) and shows `tree`,
+/// ubtrfs's replay of it; `btrfs check` is clean after the kernel's replay.
+fn kernel_replay_agrees(img: &[u8], tree: &Tree) -> Result<(), String> {
+    let cut = image_file(img)?;
+    let k = KernelMount::try_new(&[&cut.path], "")?;
+    let got = kernel_tree(&k.mnt);
+    k.try_umount()?;
+    let got = got?;
+    if got != *tree {
+        let only_k: Vec<_> = got.keys().filter(|p| !tree.contains_key(*p)).collect();
+        let only_u: Vec<_> = tree.keys().filter(|p| !got.contains_key(*p)).collect();
+        let differ: Vec<_> = tree
+            .iter()
+            .filter(|(p, v)| got.get(*p).is_some_and(|g| g != *v))
+            .map(|(p, _)| p)
+            .collect();
+        return Err(format!(
+            "the kernel's replay differs: only there {only_k:?}, only in ubtrfs's \
+             {only_u:?}, different {differ:?}"
+        ));
+    }
+    btrfs_check(&cut.path, None)
+        .map(|_| ())
+        .map_err(|e| format!("btrfs check after the kernel's replay: {e}"))
+}
+
 fn verify(tree: &Tree, frozen: &[Frozen], gone: &[Gone], n: usize) -> Result<(), String> {
     let mut bad = Vec::new();
     for f in frozen.iter().filter(|f| f.flushes <= n) {
@@ -385,33 +411,7 @@ fn names_survive_every_cut_as_fsynced() {
             };
             if kernel && !inside && n % 7 == 3 {
                 sampled += 1;
-                let r = (|| -> Result<(), String> {
-                    let cut = image_file(&img)?;
-                    let path = cut.path.clone();
-                    let k = KernelMount::try_new(&[&path], "")?;
-                    let got = kernel_tree(&k.mnt);
-                    k.try_umount()?;
-                    let got = got?;
-                    if got != tree {
-                        let only_k: Vec<_> =
-                            got.keys().filter(|p| !tree.contains_key(*p)).collect();
-                        let only_u: Vec<_> =
-                            tree.keys().filter(|p| !got.contains_key(*p)).collect();
-                        let differ: Vec<_> = tree
-                            .iter()
-                            .filter(|(p, v)| got.get(*p).is_some_and(|g| g != *v))
-                            .map(|(p, _)| p)
-                            .collect();
-                        return Err(format!(
-                            "the kernel's replay differs: only there {only_k:?}, only in \
-                             ubtrfs's {only_u:?}, different {differ:?}"
-                        ));
-                    }
-                    btrfs_check(&path, None)
-                        .map(|_| ())
-                        .map_err(|e| format!("btrfs check after the kernel's replay: {e}"))
-                })();
-                if let Err(e) = r {
+                if let Err(e) = kernel_replay_agrees(&img, &tree) {
                     failures.push(format!("{what}: kernel: {e}"));
                 }
             }
@@ -486,15 +486,7 @@ fn an_unlinked_fsynced_file_never_comes_back_older() {
                 if !kernel {
                     return Ok(());
                 }
-                let k = KernelMount::try_new(&[&cut.path], "")?;
-                let got = kernel_tree(&k.mnt);
-                k.try_umount()?;
-                if got? != tree {
-                    return Err("the kernel's replay differs from ubtrfs's".into());
-                }
-                btrfs_check(&cut.path, None)
-                    .map(|_| ())
-                    .map_err(|e| format!("btrfs check after the kernel's replay: {e}"))
+                kernel_replay_agrees(&img, &tree)
             })();
             if let Err(e) = r {
                 failures.push(format!("{what}: {e}"));
